@@ -1,0 +1,68 @@
+"""a2trio: durable, event-sourced sessions for Trio.
+
+An app declares a :func:`contract`; a :class:`Server` binds it to a store and
+to handlers. Appends are durable; handlers claim events under leases, run in
+nurseries, and complete, fail and retry, or dead-letter. See ``docs/``.
+
+``a2trio.testing`` (fixtures and helpers for your own tests) is imported
+explicitly, like ``trio.testing``.
+"""
+
+from __future__ import annotations
+
+from . import stores
+from .clock import SYSTEM_CLOCK, Clock, SystemClock, TrioClock
+from .contract import AppendInput, Contract, Event, Reducer, contract
+from .drain import DrainResult
+from .errors import A2Error, ErrorCode
+from .handlers import HandlerContext, HandlerSpec, Returned, handler
+from .presence import PresenceMap, PresencePatch, PresenceSnapshot, PresenceValue
+from .scheduler import AppendTask, DrainTask, ScheduledEvent, Scheduler, SchedulerTask
+from .server import PushedEvent, PushedPresence, PushValidation, Server
+from .session import HandlerSession, Session
+from .stores.base import Store
+from .telemetry import NOOP_TELEMETRY, Span, Telemetry
+from .timings import DEFAULT_TIMINGS, Timings
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_TIMINGS",
+    "NOOP_TELEMETRY",
+    "SYSTEM_CLOCK",
+    "A2Error",
+    "AppendInput",
+    "AppendTask",
+    "Clock",
+    "Contract",
+    "DrainResult",
+    "DrainTask",
+    "ErrorCode",
+    "Event",
+    "HandlerContext",
+    "HandlerSession",
+    "HandlerSpec",
+    "PresenceMap",
+    "PresencePatch",
+    "PresenceSnapshot",
+    "PresenceValue",
+    "PushValidation",
+    "PushedEvent",
+    "PushedPresence",
+    "Reducer",
+    "Returned",
+    "ScheduledEvent",
+    "Scheduler",
+    "SchedulerTask",
+    "Server",
+    "Session",
+    "Span",
+    "Store",
+    "SystemClock",
+    "Telemetry",
+    "Timings",
+    "TrioClock",
+    "contract",
+    "handler",
+    "stores",
+]

@@ -1,0 +1,256 @@
+"""Contracts: the vocabulary of a session type.
+
+A contract names its event types, each with a msgspec type for the payload,
+and optionally presence fields, each with a msgspec type for the value.
+Validation is msgspec's: a payload (a dict, or an instance of the declared
+type) is encoded to JSON builtins and converted back to the declared type, so
+both shapes pass through one path and what is stored is exactly what would be
+read back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+import msgspec
+
+from .errors import A2Error, ErrorCode
+
+__all__ = ["AppendInput", "Contract", "Event", "Reducer", "contract"]
+
+P = TypeVar("P")
+S = TypeVar("S")
+
+_NS = "\x1f"
+
+
+class AppendInput(msgspec.Struct, frozen=True):
+    """One event to append: its type, payload and optional client id.
+
+    Build it with :meth:`Contract.event`, which validates the payload at once.
+    A client id makes the append idempotent: appending the same ids again
+    returns the stored events instead of writing new ones.
+    """
+
+    type: str
+    payload: Any
+    id: str | None = None
+
+
+class Event(msgspec.Struct, Generic[P], frozen=True):
+    """An event read back from a session's log, its payload typed by the contract.
+
+    Attributes:
+      id: unique across the store.
+      type: the event type.
+      payload: decoded to the contract's msgspec type for ``type``.
+      index: the 1-based position in the session's log, contiguous.
+      session_id: the session (without the contract namespace).
+      created_at: when the store wrote it (UTC, from the store's clock).
+    """
+
+    id: str
+    type: str
+    payload: P
+    index: int
+    session_id: str
+    created_at: datetime
+
+
+class Reducer(Generic[S]):
+    """A named fold over a session's events, cached as snapshots.
+
+    Args:
+      name: the snapshot key; change it when ``fold`` changes meaning.
+      initial: the state before any event. Never mutated: each fold starts
+        from a fresh copy.
+      fold: ``fold(state, event) -> state``.
+      state_type: the msgspec type the state encodes to and decodes from.
+        A cached snapshot that fails to convert to it is rejected and the state
+        is refolded from the log. Defaults to ``type(initial)`` when ``initial``
+        is a msgspec Struct; otherwise snapshots are trusted as JSON values.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        initial: S,
+        fold: Callable[[S, Event[Any]], S],
+        state_type: type[S] | Any | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"reducer name must be a non-empty string, got {name!r}")
+        if not callable(fold):
+            raise TypeError(f"reducer fold must be callable, got {fold!r}")
+        self.name = name
+        self.initial = initial
+        self.fold = fold
+        if state_type is None and isinstance(initial, msgspec.Struct):
+            state_type = type(initial)
+        self.state_type = state_type
+
+    def fresh(self) -> S:
+        """A copy of ``initial`` that a fold may mutate safely."""
+        initial = self.initial
+        if isinstance(initial, int | float | str | bool | type(None)):
+            return initial
+        builtins = msgspec.to_builtins(initial)
+        target = self.state_type if self.state_type is not None else type(initial)
+        try:
+            return msgspec.convert(builtins, target)
+        except (msgspec.ValidationError, TypeError):
+            return initial
+
+    def __repr__(self) -> str:
+        return f"Reducer({self.name!r})"
+
+
+def _path_details(exc: msgspec.ValidationError) -> dict[str, str]:
+    message = str(exc)
+    path = "$"
+    marker = " - at `"
+    if marker in message:
+        message, _, rest = message.partition(marker)
+        path = rest.rstrip("`")
+    return {"message": message, "path": path}
+
+
+class Contract:
+    """A named set of event types (and presence fields) with msgspec schemas.
+
+    Create one with :func:`contract`. Construction validates the declaration
+    and does no I/O.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        events: Mapping[str, Any],
+        presence: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"contract name must be a non-empty string, got {name!r}")
+        if _NS in name or "/" in name:
+            raise ValueError(f"contract name {name!r} must not contain '/' or U+001F")
+        if not isinstance(events, Mapping) or not events:
+            raise TypeError(f"contract {name!r} needs at least one event type")
+        for kind, label in ((events, "event type"), (presence or {}, "presence field")):
+            for key, schema in kind.items():
+                if not isinstance(key, str) or not key:
+                    raise TypeError(
+                        f"contract {name!r}: {label} {key!r} must be a non-empty string"
+                    )
+                try:
+                    msgspec.inspect.type_info(schema)
+                except (TypeError, ValueError) as exc:
+                    raise TypeError(
+                        f"contract {name!r}: {label} {key!r} has type {schema!r}, "
+                        f"which msgspec cannot validate: {exc}"
+                    ) from None
+        self.name = name
+        self.events: dict[str, Any] = dict(events)
+        self.presence: dict[str, Any] = dict(presence or {})
+
+    @property
+    def declares_presence(self) -> bool:
+        """Whether the contract declares any presence field."""
+        return bool(self.presence)
+
+    def event(self, type: str, payload: Any, id: str | None = None) -> AppendInput:
+        """Build a validated append input.
+
+        Args:
+          type: a declared event type.
+          payload: a dict (or any value) msgspec converts to the declared type,
+            or an instance of it.
+          id: an optional client id; makes appending it idempotent.
+
+        Raises:
+          A2Error: ``UNKNOWN_EVENT_TYPE`` or ``INVALID_PAYLOAD`` (``details``
+            carries msgspec's message and the JSON path to the bad field).
+          TypeError: ``id`` is given but is not a non-empty string.
+        """
+        if id is not None and (not isinstance(id, str) or not id):
+            raise TypeError(f"event id must be a non-empty string or None, got {id!r}")
+        typed, _ = self.validate(type, payload)
+        return AppendInput(type, typed, id)
+
+    def validate(self, type: str, payload: Any) -> tuple[Any, Any]:
+        """Validate ``payload`` for ``type``: return (typed value, JSON builtins)."""
+        schema = self.events.get(type) if isinstance(type, str) else None
+        if schema is None:
+            raise A2Error(
+                ErrorCode.UNKNOWN_EVENT_TYPE,
+                f"contract '{self.name}' has no event type {type!r}",
+            )
+        return self._convert(schema, payload, f"event '{type}'")
+
+    def validate_presence(self, field: str, value: Any) -> Any:
+        """Validate a presence value; return its JSON builtins."""
+        schema = self.presence.get(field)
+        if schema is None:
+            raise A2Error(
+                ErrorCode.UNKNOWN_PRESENCE_FIELD,
+                f"contract '{self.name}' has no presence field {field!r}",
+            )
+        return self._convert(schema, value, f"presence field '{field}'")[1]
+
+    def decode(self, type: str, payload: Any) -> Any:
+        """Convert stored JSON builtins back to the declared type (trusted data)."""
+        schema = self.events.get(type)
+        if schema is None:
+            return payload
+        return msgspec.convert(payload, schema)
+
+    def decode_presence(self, field: str, value: Any) -> Any:
+        """Convert a stored presence value back to the declared type."""
+        schema = self.presence.get(field)
+        if schema is None or value is None:
+            return value
+        return msgspec.convert(value, schema)
+
+    def _convert(self, schema: Any, payload: Any, what: str) -> tuple[Any, Any]:
+        try:
+            builtins = msgspec.to_builtins(payload)
+            typed = msgspec.convert(builtins, schema)
+        except msgspec.ValidationError as exc:
+            raise A2Error(
+                ErrorCode.INVALID_PAYLOAD,
+                f"invalid payload for {what} on contract '{self.name}': {exc}",
+                _path_details(exc),
+            ) from None
+        except TypeError as exc:
+            raise A2Error(
+                ErrorCode.INVALID_PAYLOAD,
+                f"invalid payload for {what} on contract '{self.name}': {exc}",
+                {"message": str(exc), "path": "$"},
+            ) from None
+        return typed, builtins
+
+    def __repr__(self) -> str:
+        return f"Contract({self.name!r}, events={sorted(self.events)})"
+
+
+def contract(
+    name: str,
+    events: Mapping[str, Any],
+    presence: Mapping[str, Any] | None = None,
+) -> Contract:
+    """Declare a contract.
+
+    Args:
+      name: the contract's name; namespaces its sessions in a shared store and
+        names its HTTP mount.
+      events: event type -> msgspec type of its payload.
+      presence: presence field -> msgspec type of its value (optional).
+
+    Raises:
+      TypeError: an empty name, no events, or a type msgspec cannot validate.
+    """
+    return Contract(name, events, presence)
+
+
+for _cls in (AppendInput, Contract, Event, Reducer):
+    _cls.__module__ = "a2trio"

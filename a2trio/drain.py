@@ -1,0 +1,406 @@
+"""The drain engine: claim, run under leases, complete or fail.
+
+Theory of operation
+-------------------
+
+A *drain* processes one session until nothing is claimable. It owns a nursery
+holding one heartbeat task, the abort hub (while some running handler has
+``abort_on``) and one task per claimed event. Nothing it starts outlives it.
+
+Claims. A drain claims every eligible event at once under a random holder id
+and a ttl. The store advances each event's durable ``attempt`` and stamps the
+claim's expiry on its own clock. Before asking, the drain notes Trio time: the
+*local lease estimate* is that instant + ttl, never later than the store's
+stamp, so a drain can conclude "my claim may be gone" with zero I/O, even
+while the store is unreachable.
+
+Two cancel scopes wrap each handler:
+
+* the **lease scope**, whose deadline is the local lease estimate. The
+  heartbeat renews every active claim each ``heartbeat_s`` and moves the
+  deadlines it renewed; after a failed renewal it retries promptly (jittered)
+  while any lease is still saveable. If the deadline passes the handler is
+  cancelled: *surrendered*, no completion and no failure spent; the claim
+  expires in the store and a later drain retries with attempt + 1. A renewal
+  that reports a newer attempt (durable proof of supersession) cancels the
+  scope at once, and so does this drain re-claiming an index it still tracks.
+* the **abort scope**, cancelled by the abort hub when a matching ``abort_on``
+  event lands after the trigger. The attempt then completes with no returned
+  events and the span is marked aborted. A handler that shields itself can
+  watch ``ctx.aborted`` and return events instead.
+
+Outcomes are decided from the scopes after the ``with`` blocks, never from a
+bare ``except Cancelled``. A handler that returns normally is completed even
+if its lease was cancelled while it returned: the store's attempt fence
+decides (a zombie's completion comes back ``superseded`` and counts for
+nothing). Any exception is a failure, recorded by ``fail_attempt``; after
+``max_failures`` the event is dead-lettered and its lane stays blocked.
+
+A store failure while completing or failing leaves the claim to lapse: the
+event is retried, and the store's idempotency makes the retry safe.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import traceback
+import uuid
+from typing import TYPE_CHECKING, Any, Literal
+
+import msgspec
+import trio
+
+from .abort import AbortHub, AbortSubscription
+from .stores.base import Busy, Claimed, ClaimRef, StoredEvent
+
+if TYPE_CHECKING:
+    from .server import Server
+
+__all__ = ["DrainOutcome", "DrainResult", "DrainSignal", "drain_session"]
+
+DrainOutcome = Literal["settled", "busy", "stalled"]
+EventStatus = Literal["processed", "failed", "dead_lettered", "superseded", "surrendered"]
+
+
+class DrainResult(msgspec.Struct, frozen=True):
+    """What a drain did.
+
+    Attributes:
+      settled: nothing actionable remains (no failure and no live claim elsewhere).
+      outcome: ``settled``; ``busy`` (claims held elsewhere, ``retry_at_ms``
+        says when they expire); ``stalled`` (an event failed or was
+        dead-lettered during this drain).
+      processed: events completed by this drain.
+    """
+
+    settled: bool
+    outcome: DrainOutcome
+    processed: int
+    retry_at_ms: int | None = None
+
+
+class DrainSignal:
+    """Wakes a running background drain instead of starting a second one."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.closed = False
+        self._listener: _Drain | None = None
+
+    def notify(self) -> None:
+        self.version += 1
+        if self._listener is not None:
+            self._listener.poke()
+
+
+class _Entry:
+    __slots__ = ("attempt", "expires_at", "fenced", "index", "lease")
+
+    def __init__(self, index: int, attempt: int, expires_at: float) -> None:
+        self.index = index
+        self.attempt = attempt
+        self.expires_at = expires_at
+        self.lease = trio.CancelScope(deadline=expires_at)
+        self.fenced = False
+
+    def fence(self, reason: str) -> None:
+        self.fenced = True
+        self.lease.cancel(reason=reason)
+
+
+class _Window(msgspec.Struct, frozen=True):
+    ttl_ms: int
+    expires_at: float
+    watchdog_at_ms: int
+
+
+class _Drain:
+    def __init__(
+        self,
+        server: Server,
+        session_id: str,
+        signal: DrainSignal | None,
+        watchdog_due_at_ms: int | None,
+    ) -> None:
+        self.server = server
+        self.store = server.store
+        self.timings = server.timings
+        self.session_id = session_id
+        self.key = server._key(session_id)
+        self.signal = signal
+        self.watchdog_due_at_ms = watchdog_due_at_ms
+        self.holder = str(uuid.uuid4())
+        self.active: dict[int, _Entry] = {}
+        self.excluded: set[int] = set()
+        self.processed = 0
+        self.saw_failure = False
+        self.claim_again = False
+        self._dirty = False
+        self._changed = trio.Event()
+        self._stop_renewing = False
+        self._hub: AbortHub | None = None
+        self._nursery: trio.Nursery | None = None
+
+    def poke(self) -> None:
+        self._dirty = True
+        self._changed.set()
+
+    async def _wait_changed(self) -> None:
+        if not self._dirty:
+            self._changed = trio.Event()
+            await self._changed.wait()
+        self._dirty = False
+
+    def _window(self) -> _Window:
+        ttl_s = self.timings.claim_ttl_s
+        expires_ms = self.server.clock.now_ms() + int(ttl_s * 1000)
+        return _Window(
+            ttl_ms=int(ttl_s * 1000),
+            expires_at=trio.current_time() + ttl_s,
+            watchdog_at_ms=expires_ms + int(self.timings.watchdog_grace_s * 1000),
+        )
+
+    def _request_watchdog(self, due_at_ms: int) -> None:
+        if self.server.scheduler is None:
+            return
+        if self.watchdog_due_at_ms is not None:
+            # Stay on the grid of the watchdog that started us, so heartbeats
+            # re-arm the same slots instead of a new one per beat.
+            beat_ms = int(self.timings.heartbeat_s * 1000)
+            beats = max(0, math.ceil((due_at_ms - self.watchdog_due_at_ms) / beat_ms))
+            due_at_ms = self.watchdog_due_at_ms + beats * beat_ms
+        self.server._arm_watchdog(self.session_id, due_at_ms)
+
+    async def run(self) -> DrainResult:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            if self.signal is not None:
+                self.signal._listener = self
+            nursery.start_soon(self._heartbeat)
+            try:
+                result = await self._loop()
+            except BaseException:
+                self._stop_renewing = True
+                raise
+            finally:
+                if self.signal is not None:
+                    self.signal.closed = True
+                    self.signal._listener = None
+            self._stop_renewing = True
+            nursery.cancel_scope.cancel(reason="drain finished")
+        return result
+
+    async def _loop(self) -> DrainResult:
+        should_claim = True
+        claim = None
+        while True:
+            version = self.signal.version if self.signal is not None else 0
+            claim = None
+            if should_claim:
+                window = self._window()
+                try:
+                    claim = await self.store.claim_available(
+                        self.key,
+                        holder=self.holder,
+                        ttl_ms=window.ttl_ms,
+                        exclude=sorted(self.excluded),
+                    )
+                except Exception:
+                    # Let running handlers finish (or lapse) before reporting.
+                    while self.active:
+                        await self._wait_changed()
+                    raise
+                if isinstance(claim, Claimed):
+                    self._request_watchdog(window.watchdog_at_ms)
+                    for event in claim.events:
+                        self._start(event, window.expires_at)
+                    should_claim = False
+            if self.active:
+                await self._wait_changed()
+                changed = self.signal is not None and self.signal.version != version
+                should_claim = self.claim_again or not self.active or changed
+                self.claim_again = False
+                continue
+            if not should_claim:
+                should_claim = True
+                continue
+            if claim is None:
+                continue
+            if self.signal is not None and self.signal.version != version:
+                continue
+            if isinstance(claim, Busy):
+                grace_ms = int(self.timings.watchdog_grace_s * 1000)
+                self._request_watchdog(claim.retry_at_ms + grace_ms)
+                return DrainResult(False, "busy", self.processed, claim.retry_at_ms)
+            if self.saw_failure:
+                return DrainResult(False, "stalled", self.processed)
+            return DrainResult(True, "settled", self.processed)
+
+    def _start(self, event: StoredEvent, expires_at: float) -> None:
+        previous = self.active.get(event.index)
+        if previous is not None:
+            # Our own re-claim advanced the attempt: durable proof the old one lost.
+            previous.fence("superseded by this drain's re-claim")
+        entry = _Entry(event.index, event.attempt_count, expires_at)
+        self.active[event.index] = entry
+        assert self._nursery is not None
+        self._nursery.start_soon(self._run_event, event, entry)
+
+    async def _run_event(self, event: StoredEvent, entry: _Entry) -> None:
+        status, opens_lane, appended = await self._attempt(event, entry)
+        if self.active.get(event.index) is entry:
+            del self.active[event.index]
+        if not entry.fenced:
+            if status == "processed":
+                self.processed += 1
+            elif status in ("failed", "dead_lettered"):
+                self.excluded.add(event.index)
+                self.saw_failure = True
+            self.claim_again = self.claim_again or opens_lane or appended
+        self.poke()
+
+    async def _attempt(self, event: StoredEvent, entry: _Entry) -> tuple[EventStatus, bool, bool]:
+        server = self.server
+        registration = server._handlers.get(event.type)
+        attributes: dict[str, str | int | bool] = {
+            "a2.contract": server.contract.name,
+            "a2.session_id": self.session_id,
+            "a2.event.type": event.type,
+            "a2.event.index": event.index,
+            "a2.event.id": event.id,
+            "a2.event.attempt": event.attempt_count,
+            "a2.event.handled": registration is not None,
+        }
+        if event.lane is not None:
+            attributes["a2.event.lane"] = event.lane
+        with server.telemetry.span("a2.event", attributes) as span:
+            aborted = trio.Event()
+            abort_scope = trio.CancelScope()
+            subscription: AbortSubscription | None = None
+            result: Any = None
+            try:
+                if registration is not None and registration.abort_on is not None:
+                    subscription = self._abort_hub().subscribe(
+                        event, registration.abort_on, event.attempt_count, abort_scope, aborted
+                    )
+                with entry.lease:
+                    if subscription is not None:
+                        await subscription.catch_up()
+                    with abort_scope:
+                        if registration is not None:
+                            ctx = server._handler_context(event, aborted)
+                            result = await registration.fn(ctx)
+                if subscription is not None and subscription.error is not None:
+                    raise subscription.error
+                if entry.fenced:
+                    span.set_attribute("a2.event.outcome", "superseded")
+                    return "superseded", False, False
+                if entry.lease.cancelled_caught or (
+                    abort_scope.cancelled_caught and entry.lease.cancel_called
+                ):
+                    span.set_attribute("a2.event.outcome", "surrendered")
+                    return "surrendered", False, False
+                was_aborted = aborted.is_set()
+                returned = [] if abort_scope.cancelled_caught else server._returned(event, result)
+            except Exception as exc:
+                span.record_error(exc)
+                return await self._fail(event, exc, span)
+            finally:
+                if subscription is not None:
+                    subscription.close()
+            try:
+                completion = await self.store.complete_attempt(
+                    self.key, index=event.index, attempt=event.attempt_count, events=returned
+                )
+            except Exception as exc:
+                span.record_error(exc)
+                span.set_attribute("a2.event.outcome", "surrendered")
+                return "surrendered", False, False
+            if completion.outcome == "superseded":
+                span.set_attribute("a2.event.outcome", "superseded")
+                return "superseded", False, False
+            span.set_attribute("a2.event.outcome", "processed")
+            if was_aborted:
+                span.set_attribute("a2.event.aborted", True)
+            return "processed", event.lane is not None, bool(completion.events)
+
+    async def _fail(
+        self, event: StoredEvent, error: BaseException, span: Any
+    ) -> tuple[EventStatus, bool, bool]:
+        try:
+            failure = await self.store.fail_attempt(
+                self.key,
+                index=event.index,
+                attempt=event.attempt_count,
+                error="".join(traceback.format_exception(error)),
+                max_failures=self.timings.max_failures,
+            )
+        except Exception as exc:
+            span.record_error(exc)
+            span.set_attribute("a2.event.outcome", "surrendered")
+            return "surrendered", False, False
+        span.set_attribute("a2.event.outcome", failure.outcome)
+        return failure.outcome, False, False
+
+    def _abort_hub(self) -> AbortHub:
+        if self._hub is None:
+            assert self._nursery is not None
+            self._hub = AbortHub(self.store, self.key, self._nursery, self.server._to_public)
+        return self._hub
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await trio.sleep(self.timings.heartbeat_s)
+            await self._renew()
+
+    async def _renew(self) -> None:
+        while not self._stop_renewing:
+            entries = [e for e in self.active.values() if not e.lease.cancel_called]
+            if not entries:
+                return
+            window = self._window()
+            self._request_watchdog(window.watchdog_at_ms)
+            try:
+                result = await self.store.renew_claims(
+                    self.key,
+                    holder=self.holder,
+                    claims=[ClaimRef(e.index, e.attempt) for e in entries],
+                    ttl_ms=window.ttl_ms,
+                )
+            except Exception:
+                # A missed beat spends lease slack: retry soon, jittered, while a
+                # lease can still be saved. The lease deadlines end this naturally.
+                now = trio.current_time()
+                if not any(e.expires_at > now for e in self.active.values()):
+                    return
+                await trio.sleep(self.timings.renew_retry_s * (0.5 + random.random() * 0.5))
+                continue
+            for index in result.renewed:
+                entry = self.active.get(index)
+                if entry is not None and not entry.lease.cancel_called:
+                    entry.expires_at = window.expires_at
+                    entry.lease.deadline = window.expires_at
+            for index in result.superseded:
+                entry = self.active.pop(index, None)
+                if entry is not None:
+                    # Release the slot now; the cancelled task ends on its own.
+                    entry.fence("superseded: a newer attempt owns this event")
+                    self.poke()
+            return
+
+
+async def drain_session(
+    server: Server,
+    session_id: str,
+    *,
+    signal: DrainSignal | None = None,
+    watchdog_due_at_ms: int | None = None,
+) -> DrainResult:
+    """Run one drain of ``session_id`` to the end (see the module docstring)."""
+    attributes = {"a2.contract": server.contract.name, "a2.session_id": session_id}
+    with server.telemetry.span("a2.drain", attributes) as span:
+        result = await _Drain(server, session_id, signal, watchdog_due_at_ms).run()
+        span.set_attribute("a2.drain.processed", result.processed)
+        span.set_attribute("a2.drain.outcome", result.outcome)
+        return result

@@ -1,0 +1,93 @@
+"""The one error family a caller can act on.
+
+Every failure a caller can do something about is an :class:`A2Error` with a
+:class:`ErrorCode`. Programmer errors (a bad session id, bad bounds, a handler
+for an undeclared type) are plain :class:`TypeError` / :class:`ValueError`,
+raised before anything is written.
+
+=========================== ==========================================================
+code                        meaning
+=========================== ==========================================================
+``INVALID_PAYLOAD``         a payload or presence value failed its msgspec schema
+``FORBIDDEN``               ``authorize`` or ``validate_push`` refused the operation
+``UNKNOWN_EVENT_TYPE``      the contract declares no such event type
+``PARTIAL_DUPLICATE_BATCH`` a batch mixes stored and fresh ids, or reuses a foreign id
+``SUPERSEDED_ATTEMPT``      a newer attempt owns the triggering event (the fence)
+``CLAIM_EXPIRED``           the local lease estimate lapsed without renewal
+``STORE_UNAVAILABLE``       the backend failed; the original is ``__cause__``
+``STORE_NOT_CONFIGURED``    ``A2_ENV=production`` and no store was given
+``UNKNOWN_PRESENCE_FIELD``  the contract declares no such presence field
+``PRESENCE_NOT_SUPPORTED``  the store has no presence capability
+=========================== ==========================================================
+
+HTTP statuses for these codes live in one table, ``a2trio.transport.wire``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = ["A2Error", "ErrorCode", "store_unavailable"]
+
+
+class ErrorCode(enum.StrEnum):
+    """The seed's ten error codes, spelled as on the wire."""
+
+    INVALID_PAYLOAD = "INVALID_PAYLOAD"
+    FORBIDDEN = "FORBIDDEN"
+    UNKNOWN_EVENT_TYPE = "UNKNOWN_EVENT_TYPE"
+    PARTIAL_DUPLICATE_BATCH = "PARTIAL_DUPLICATE_BATCH"
+    SUPERSEDED_ATTEMPT = "SUPERSEDED_ATTEMPT"
+    CLAIM_EXPIRED = "CLAIM_EXPIRED"
+    STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
+    STORE_NOT_CONFIGURED = "STORE_NOT_CONFIGURED"
+    UNKNOWN_PRESENCE_FIELD = "UNKNOWN_PRESENCE_FIELD"
+    PRESENCE_NOT_SUPPORTED = "PRESENCE_NOT_SUPPORTED"
+
+
+class A2Error(Exception):
+    """An error a caller can act on, identified by its :attr:`code`.
+
+    Args:
+      code: one of :class:`ErrorCode` (a plain string naming one is accepted).
+      message: a sentence naming the bad value and, where there is one, the fix.
+      details: structured detail, e.g. msgspec's message and JSON path for
+        ``INVALID_PAYLOAD``. Must be JSON-encodable: it travels in the wire
+        envelope.
+    """
+
+    code: ErrorCode
+    message: str
+    details: Any
+
+    def __init__(self, code: ErrorCode | str, message: str, details: Any = None) -> None:
+        self.code = ErrorCode(code)
+        self.message = message
+        self.details = details
+        super().__init__(f"{self.code}: {message}")
+
+    def __repr__(self) -> str:
+        return f"A2Error({self.code.value!r}, {self.message!r})"
+
+
+@contextmanager
+def store_unavailable(what: str) -> Iterator[None]:
+    """Translate any backend failure inside the block into ``STORE_UNAVAILABLE``.
+
+    ``A2Error``, ``TypeError`` and ``ValueError`` pass through unchanged: they
+    are verdicts (a fence, a duplicate batch) or programmer errors, not outages.
+    Trio's ``Cancelled`` is a ``BaseException`` and is never caught.
+    """
+    try:
+        yield
+    except (A2Error, TypeError, ValueError):
+        raise
+    except Exception as exc:
+        raise A2Error(ErrorCode.STORE_UNAVAILABLE, f"{what} failed: {exc}") from exc
+
+
+A2Error.__module__ = "a2trio"
+ErrorCode.__module__ = "a2trio"

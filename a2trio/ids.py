@@ -1,0 +1,59 @@
+"""Deterministic ids: the same work, retried, writes the same rows once.
+
+A handler that is retried after a crash or a lapsed lease appends again; the
+ids of what it appends, returns and schedules are derived from stable parts
+(the trigger's id, a name, a position), so the store's idempotent replay turns
+the retry into a no-op instead of a duplicate.
+
+The derivation is part of the storage format and never changes: SHA-256 over
+a version tag and the parts joined with U+001F, the first 16 bytes formatted
+as a UUID string. A part never contains U+001F (session ids reject it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+
+__all__ = [
+    "deterministic_id",
+    "handler_event_id",
+    "random_id",
+    "returned_event_id",
+    "schedule_id",
+    "scheduled_event_id",
+]
+
+_SEP = "\x1f"
+
+
+def deterministic_id(kind: str, *parts: str | int) -> str:
+    """Hash ``kind`` and ``parts`` into a stable UUID-shaped id."""
+    text = _SEP.join(["a2:v1", kind, *(str(part) for part in parts)])
+    digest = hashlib.sha256(text.encode()).digest()
+    return str(uuid.UUID(bytes=digest[:16]))
+
+
+def handler_event_id(trigger_id: str, name: str, position: int) -> str:
+    """Id of the ``position``-th event of ``ctx.session.append(name, ...)``."""
+    return deterministic_id("append", trigger_id, name, position)
+
+
+def returned_event_id(trigger_id: str, position: int) -> str:
+    """Id of the ``position``-th event a handler returns."""
+    return deterministic_id("returned", trigger_id, position)
+
+
+def schedule_id(contract: str, session_id: str, trigger_id: str | None, name: str) -> str:
+    """Id of a schedule: one per (contract, session, trigger or none, name)."""
+    return deterministic_id("schedule", contract, session_id, trigger_id or "", name)
+
+
+def scheduled_event_id(schedule: str, position: int) -> str:
+    """Id of the ``position``-th event of a schedule."""
+    return deterministic_id("scheduled", schedule, position)
+
+
+def random_id() -> str:
+    """A fresh random id for an event appended without one."""
+    return str(uuid.uuid4())

@@ -1,0 +1,306 @@
+"""The presence plane: ephemeral per-participant fields beside the log.
+
+Presence (cursors, typing, progress) is never appended: each (participant,
+field) is a last-writer-wins register on the sender's ``at`` stamp, expiring
+``presence_ttl_ms`` after its last write on the store's clock.
+
+Two tiers, chosen by the store:
+
+* **push** (memory, Postgres): the store delivers each applied patch to
+  subscribers as it applies.
+* **degraded** (sqlite): the feed re-reads the map and diffs it against what it
+  has painted, on the event feed's cadence and at least every ``poll_idle_s``.
+  Later, never lost while watched; cleared and expired fields surface as
+  ``None`` patches.
+
+The two-plane feed (``session.stream(presence=True)``) yields exactly one
+:class:`PresenceSnapshot` first, then patches interleaved with events. It
+subscribes before reading the snapshot, so a patch landing in between is
+painted twice, never lost (repaints are idempotent). Arrivals wait in a
+coalescing queue keyed by (participant, field) with per-field LWW, so a stalled
+reader holds at most the live presence cardinality, never the arrival history.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import trio
+
+from .contract import Event
+from .errors import store_unavailable
+from .stores._feed import Feed
+from .stores.base import PresenceRow, PresenceStore, StoredPresencePatch
+
+if TYPE_CHECKING:
+    from .server import PushedPresence, Server
+
+__all__ = [
+    "PresenceMap",
+    "PresencePatch",
+    "PresenceSnapshot",
+    "PresenceValue",
+    "open_presence_feed",
+    "read_presence",
+    "set_presence",
+]
+
+_fingerprint = msgspec.json.Encoder(order="sorted").encode
+
+
+class PresenceValue(msgspec.Struct, frozen=True):
+    """One field's value with its stamps: the index the sender had seen and its
+    LWW stamp in epoch ms."""
+
+    value: Any
+    seen: int
+    at_ms: int
+
+
+#: participant -> field -> value with stamps.
+PresenceMap = dict[str, dict[str, PresenceValue]]
+
+
+class PresencePatch(msgspec.Struct, frozen=True):
+    """A change to one participant's fields; a ``None`` value clears a field."""
+
+    participant: str
+    values: dict[str, Any]
+    seen: int
+    at_ms: int
+
+
+class PresenceSnapshot(msgspec.Struct, frozen=True):
+    """The whole pruned map: the first item of a two-plane feed."""
+
+    snapshot: PresenceMap
+
+
+def _api(server: Server) -> PresenceStore:
+    if not server.contract.declares_presence:
+        raise TypeError(f"contract '{server.contract.name}' declares no presence fields")
+    api = server.store.presence
+    assert api is not None  # checked at construction
+    return api
+
+
+async def set_presence(
+    server: Server,
+    session_id: str,
+    participant: str | PushedPresence,
+    values: Mapping[str, Any],
+    seen: int | None,
+    at: int | None,
+    fallback_seen: int,
+) -> None:
+    """Validate the whole patch, then store it (see ``Session.set_presence``)."""
+    from .server import (
+        MAX_DATE_MS,
+        RESERVED_PARTICIPANTS,
+        PushedPresence,
+        PushValidation,
+    )
+
+    api = _api(server)
+    if isinstance(participant, PushedPresence):
+        pushed = participant
+        # Copy before the hook: authorization must not rewrite what is stored.
+        values = dict(pushed.values)
+        await server._check_push(
+            PushValidation(session_id, (), msgspec.structs.replace(pushed, values=dict(values)))
+        )
+        participant, seen, at = pushed.participant, pushed.seen, pushed.at
+    if not isinstance(participant, str) or not participant:
+        raise TypeError(f"presence participant must be a non-empty string, got {participant!r}")
+    if participant in RESERVED_PARTICIPANTS:
+        raise ValueError(f"presence participant must not be {participant!r}")
+    if at is not None:
+        if isinstance(at, bool) or not isinstance(at, int | float):
+            raise TypeError(f"presence at must be epoch milliseconds, got {at!r}")
+        if not math.isfinite(at) or not 0 <= at <= MAX_DATE_MS:
+            raise ValueError(f"presence at must be epoch milliseconds in range, got {at!r}")
+    if seen is not None and (isinstance(seen, bool) or not isinstance(seen, int) or seen < 0):
+        raise ValueError(f"presence seen must be a non-negative integer, got {seen!r}")
+    if not isinstance(values, Mapping):
+        raise TypeError(f"presence values must be a mapping of field -> value, got {values!r}")
+    validated: dict[str, Any] = {}
+    for field, value in values.items():
+        validated[field] = (
+            None if value is None else server.contract.validate_presence(field, value)
+        )
+        if value is None and field not in server.contract.presence:
+            server.contract.validate_presence(field, True)  # raises UNKNOWN_PRESENCE_FIELD
+    if not validated:
+        return
+    with store_unavailable("presence set"):
+        await api.set(
+            server._key(session_id),
+            participant,
+            validated,
+            seen=seen if seen is not None else fallback_seen,
+            at_ms=int(at) if at is not None else server.clock.now_ms(),
+            ttl_ms=server.presence_ttl_ms,
+        )
+
+
+def _fold(server: Server, rows: list[PresenceRow]) -> PresenceMap:
+    presence: PresenceMap = {}
+    for row in rows:
+        presence.setdefault(row.participant, {})[row.field] = PresenceValue(
+            server.contract.decode_presence(row.field, row.value), row.seen, row.at_ms
+        )
+    return presence
+
+
+async def read_presence(server: Server, session_id: str) -> PresenceMap:
+    """The pruned presence map of a session."""
+    api = _api(server)
+    with store_unavailable("presence read"):
+        rows = await api.read(server._key(session_id))
+    return _fold(server, rows)
+
+
+class _Stamp(msgspec.Struct, frozen=True):
+    seen: int
+    at_ms: int
+    value: bytes
+
+
+class _TwoPlaneFeed(Feed["Event[Any] | PresencePatch | PresenceSnapshot"]):
+    def __init__(self, server: Server, key: str, api: PresenceStore) -> None:
+        self._server = server
+        self._key = key
+        self._api = api
+        self._snapshot: PresenceSnapshot | None = None
+        self._painted: dict[tuple[str, str], _Stamp] = {}
+        self._queue: dict[tuple[str, str], tuple[Any, int, int]] = {}
+        self._event: Event[Any] | None = None
+        self._taken = trio.Event()
+        self._wake = trio.Event()
+        self._events_flowing = trio.Event()
+        self._error: BaseException | None = None
+        self._done = False
+
+    def queued(self) -> int:
+        """Patches waiting in the coalescing queue (bounded by the live cardinality)."""
+        return len(self._queue)
+
+    def enqueue(self, patch: StoredPresencePatch) -> None:
+        for field, value in patch.values.items():
+            key = (patch.participant, field)
+            queued = self._queue.get(key)
+            # Per-field LWW inside the queue: delivery order is not apply order.
+            if queued is not None and queued[2] > patch.at_ms:
+                continue
+            self._queue[key] = (value, patch.seen, patch.at_ms)
+        self._wake.set()
+
+    def _paint(self, key: tuple[str, str], value: Any, seen: int, at_ms: int) -> None:
+        if value is None:
+            self._painted.pop(key, None)
+        else:
+            self._painted[key] = _Stamp(seen, at_ms, _fingerprint(value))
+
+    def _diff(self, rows: list[PresenceRow]) -> None:
+        live = set()
+        for row in rows:
+            key = (row.participant, row.field)
+            live.add(key)
+            stamp = _Stamp(row.seen, row.at_ms, _fingerprint(row.value))
+            if self._painted.get(key) != stamp:
+                self.enqueue(
+                    StoredPresencePatch(
+                        row.participant, {row.field: row.value}, row.seen, row.at_ms
+                    )
+                )
+        now = self._server.clock.now_ms()
+        for key, prior in list(self._painted.items()):
+            if key not in live and key not in self._queue:
+                # A cleared or expired field has no row left: its last painted
+                # `seen` and the observation time are the honest stamps.
+                self.enqueue(StoredPresencePatch(key[0], {key[1]: None}, prior.seen, now))
+
+    async def start(self, nursery: trio.Nursery, start_after: int) -> None:
+        with store_unavailable("presence read"):
+            rows = await self._api.read(self._key)
+        for row in rows:
+            self._paint((row.participant, row.field), row.value, row.seen, row.at_ms)
+        self._snapshot = PresenceSnapshot(_fold(self._server, rows))
+        nursery.start_soon(self._pump_events, start_after)
+        if not self._api.push:
+            nursery.start_soon(self._poll_presence)
+
+    async def _pump_events(self, start_after: int) -> None:
+        try:
+            async with self._server.store.stream(self._key, start_after=start_after) as rows:
+                async for row in rows:
+                    self._event = self._server._to_public(row)
+                    self._taken = trio.Event()
+                    self._events_flowing.set()
+                    self._wake.set()
+                    await self._taken.wait()
+        except Exception as exc:
+            self._error = exc
+        self._done = True
+        self._wake.set()
+
+    async def _poll_presence(self) -> None:
+        while True:
+            self._events_flowing = trio.Event()
+            with trio.move_on_after(self._server.timings.poll_idle_s):
+                await self._events_flowing.wait()
+            try:
+                rows = await self._api.read(self._key)
+            except Exception as exc:
+                self._error = exc
+                self._done = True
+                self._wake.set()
+                return
+            self._diff(rows)
+
+    async def receive(self) -> Event[Any] | PresencePatch | PresenceSnapshot:
+        while True:
+            if self._snapshot is not None:
+                snapshot, self._snapshot = self._snapshot, None
+                return snapshot
+            if self._queue:
+                key = next(iter(self._queue))
+                value, seen, at_ms = self._queue.pop(key)
+                self._paint(key, value, seen, at_ms)
+                values = {key[1]: self._server.contract.decode_presence(key[1], value)}
+                return PresencePatch(key[0], values, seen, at_ms)
+            if self._event is not None:
+                event, self._event = self._event, None
+                self._taken.set()
+                return event
+            if self._done:
+                if self._error is not None:
+                    raise self._error
+                raise StopAsyncIteration
+            self._wake = trio.Event()
+            await self._wake.wait()
+
+
+@asynccontextmanager
+async def open_presence_feed(
+    server: Server, session_id: str, start_after: int
+) -> AsyncIterator[_TwoPlaneFeed]:
+    """The two-plane feed; see the module docstring."""
+    api = _api(server)
+    key = server._key(session_id)
+    feed = _TwoPlaneFeed(server, key, api)
+    unsubscribe = api.subscribe(key, feed.enqueue) if api.push else None
+    try:
+        async with trio.open_nursery() as nursery:
+            await feed.start(nursery, start_after)
+            try:
+                yield feed
+            finally:
+                nursery.cancel_scope.cancel(reason="feed closed")
+    finally:
+        if unsubscribe is not None:
+            unsubscribe()

@@ -1,0 +1,456 @@
+"""The store seam: what every backend promises, and the records it speaks.
+
+A store is the durable half of a2trio. The server never imports a concrete
+store; it calls the operations below, whose semantics are those of the seed's
+``store-postgres.ts``. ``a2trio.stores.conformance`` is the executable form of
+this page: every backend passes it unchanged.
+
+Obligations every backend keeps:
+
+* **Indexes** are per session, contiguous, from 1. **Ids** are unique across
+  the whole store.
+* **Append** is atomic. A batch whose ids all exist in the session replays
+  idempotently (the stored rows come back); a mix of stored and fresh ids, an id
+  stored in another session, or an id twice in the batch is
+  ``PARTIAL_DUPLICATE_BATCH``. Events carrying a ``cause`` are fenced: the
+  cause's attempt must still be the parent's latest and the parent not dead
+  lettered, else ``SUPERSEDED_ATTEMPT`` and nothing is written.
+* **Lanes**: ``lane_ready`` is true only for the oldest unprocessed event of
+  its lane; completing it hands readiness to the next.
+* **Settled** events (types without a handler) are stored processed.
+* **Claims** are fenced by ``attempt``: completion, failure and renewal of an
+  attempt that is no longer the latest report ``superseded`` and change nothing.
+* **Snapshots** never move backwards.
+* **Presence** is field-wise last-writer-wins on the sender's ``at`` (ties go
+  to the incoming write); expiry runs on the store's own clock.
+* Every timestamp comes from the store's injected :class:`~a2trio.Clock`.
+* Any backend failure surfaces as ``A2Error(STORE_UNAVAILABLE)`` with the
+  original as ``__cause__``.
+
+Cancellation: every async operation is a checkpoint. A cancelled operation
+either committed entirely or not at all, and never leaves a connection
+mid-transaction; retrying with the same ids is always safe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import msgspec
+
+from ..errors import A2Error, ErrorCode
+from ._feed import Feed
+
+__all__ = [
+    "AppendEvent",
+    "AppendResult",
+    "Busy",
+    "ClaimRef",
+    "ClaimResult",
+    "Claimed",
+    "CompleteResult",
+    "EventCause",
+    "EventPage",
+    "FailResult",
+    "Feed",
+    "Inspection",
+    "PresenceRow",
+    "PresenceStore",
+    "RenewResult",
+    "SessionPage",
+    "SessionSummary",
+    "Settled",
+    "Snapshot",
+    "SnapshotInfo",
+    "StateRead",
+    "Store",
+    "StoredEvent",
+    "StoredPresencePatch",
+    "replay",
+]
+
+
+class EventCause(msgspec.Struct, frozen=True):
+    """The handler attempt that appended an event: its trigger's index and attempt.
+
+    ``batch_size`` is set on handler appends whose ids were generated, so the
+    replay of a retried attempt can be checked for the same shape.
+    """
+
+    index: int
+    attempt: int
+    batch_size: int | None = None
+
+
+class AppendEvent(msgspec.Struct, frozen=True):
+    """A validated event on its way into a store.
+
+    ``payload`` is JSON builtins (what ``msgspec.to_builtins`` returns).
+    ``id`` is None when the store should generate one.
+    """
+
+    type: str
+    payload: Any
+    id: str | None = None
+    cause: EventCause | None = None
+    lane: str | None = None
+    settled: bool = False
+
+
+class StoredEvent(msgspec.Struct, frozen=True):
+    """An event row with its dispatch bookkeeping (the seed's ``StoredEvent``).
+
+    Times are epoch milliseconds from the store's clock.
+    """
+
+    id: str
+    type: str
+    payload: Any
+    index: int
+    session_id: str
+    created_at_ms: int
+    cause: EventCause | None = None
+    lane: str | None = None
+    processed_at_ms: int | None = None
+    processed_by_attempt: int | None = None
+    returned_event_ids: list[str] | None = None
+    first_claimed_at_ms: int | None = None
+    last_claimed_at_ms: int | None = None
+    attempt_count: int = 0
+    failure_count: int = 0
+    last_failed_at_ms: int | None = None
+    last_failed_attempt: int | None = None
+    last_error: str | None = None
+    failed_at_ms: int | None = None
+    claim_holder: str | None = None
+    claim_expires_at_ms: int | None = None
+
+
+class AppendResult(msgspec.Struct, frozen=True):
+    """The appended (or replayed) rows, and whether the session has pending work."""
+
+    events: list[StoredEvent]
+    has_pending: bool
+
+
+class Claimed(msgspec.Struct, frozen=True, tag="claimed"):
+    """Events claimed by this holder, in index order, ``attempt_count`` advanced."""
+
+    events: list[StoredEvent]
+
+
+class Busy(msgspec.Struct, frozen=True, tag="busy"):
+    """Nothing claimable now; live claims held elsewhere expire at ``retry_at_ms``."""
+
+    retry_at_ms: int
+
+
+class Settled(msgspec.Struct, frozen=True, tag="settled"):
+    """Nothing claimable and no live claim: the session is idle (or stalled)."""
+
+
+ClaimResult = Claimed | Busy | Settled
+
+
+class ClaimRef(msgspec.Struct, frozen=True):
+    """A claim this holder believes it owns: (index, attempt)."""
+
+    index: int
+    attempt: int
+
+
+class RenewResult(msgspec.Struct, frozen=True):
+    """Indexes whose claims moved forward, and those a newer attempt owns."""
+
+    renewed: list[int]
+    superseded: list[int]
+
+
+class CompleteResult(msgspec.Struct, frozen=True):
+    """``completed`` with the returned events as stored, or ``superseded``."""
+
+    outcome: Literal["completed", "superseded"]
+    events: list[StoredEvent] = msgspec.field(default_factory=list)
+
+
+class FailResult(msgspec.Struct, frozen=True):
+    """``failed`` (retryable), ``dead_lettered`` (at the limit) or ``superseded``."""
+
+    outcome: Literal["failed", "dead_lettered", "superseded"]
+    failure_count: int
+
+
+class Snapshot(msgspec.Struct, frozen=True):
+    """A cached reducer state folded through ``index``."""
+
+    index: int
+    state: Any
+
+
+class StateRead(msgspec.Struct, frozen=True):
+    """A snapshot (if any) and the events after it, read in one consistent view."""
+
+    snapshot: Snapshot | None
+    events: list[StoredEvent]
+
+
+class PresenceRow(msgspec.Struct, frozen=True):
+    """One live (participant, field) register."""
+
+    participant: str
+    field: str
+    value: Any
+    seen: int
+    at_ms: int
+    expires_at_ms: int
+
+
+class StoredPresencePatch(msgspec.Struct, frozen=True):
+    """What a presence write changed, as delivered to subscribers.
+
+    ``values`` maps each applied field to its value, ``None`` for a clear.
+    """
+
+    participant: str
+    values: dict[str, Any]
+    seen: int
+    at_ms: int
+
+
+class SessionSummary(msgspec.Struct, frozen=True):
+    """Inspection: one session's counters."""
+
+    session_id: str
+    event_count: int
+    pending_count: int
+    failed_count: int
+    attempt_count: int
+    failure_count: int
+    first_event_at_ms: int
+    updated_at_ms: int
+
+
+class SessionPage(msgspec.Struct, frozen=True):
+    """Inspection: a page of sessions, and the cursor for the next (None at the end)."""
+
+    sessions: list[SessionSummary]
+    cursor: str | None
+
+
+class EventPage(msgspec.Struct, frozen=True):
+    """Inspection: events in ``(after_index, through_index]``, at most ``limit``."""
+
+    events: list[StoredEvent]
+    through_index: int
+
+
+class SnapshotInfo(msgspec.Struct, frozen=True):
+    """Inspection: a snapshot's reducer, index and write time."""
+
+    reducer_name: str
+    index: int
+    updated_at_ms: int
+
+
+@runtime_checkable
+class PresenceStore(Protocol):
+    """The presence capability: field-wise LWW registers with a TTL."""
+
+    @property
+    def push(self) -> bool:
+        """True when :meth:`subscribe` delivers patches as they apply (push tier);
+        False for the degraded tier, where the server re-reads and diffs."""
+        ...
+
+    async def set(
+        self,
+        session_id: str,
+        participant: str,
+        values: dict[str, Any],
+        *,
+        seen: int,
+        at_ms: int,
+        ttl_ms: int,
+    ) -> StoredPresencePatch | None:
+        """Apply each field with LWW on ``at_ms``; a ``None`` value deletes the field.
+
+        Returns the patch of fields that applied (None if none did) and delivers
+        it to local subscribers before returning. Expiry is ``now + ttl_ms`` on
+        the store's clock.
+        """
+        ...
+
+    async def read(self, session_id: str) -> list[PresenceRow]:
+        """The live rows (expired ones pruned), ordered by participant, field."""
+        ...
+
+    def subscribe(
+        self, session_id: str, on_patch: Callable[[StoredPresencePatch], None]
+    ) -> Callable[[], None]:
+        """Call ``on_patch`` for each applied patch until the returned function is
+        called. ``on_patch`` must not block. Degraded-tier stores may never call it."""
+        ...
+
+
+@runtime_checkable
+class Inspection(Protocol):
+    """Read-only views for dashboards and tests."""
+
+    async def list_sessions(
+        self, *, prefix: str, limit: int, cursor: str | None = None
+    ) -> SessionPage:
+        """Sessions whose id starts with ``prefix``, ordered by id, after ``cursor``."""
+        ...
+
+    async def read_events(
+        self, session_id: str, *, after_index: int, limit: int, through_index: int | None = None
+    ) -> EventPage:
+        """Events after ``after_index`` up to ``min(through_index, frontier)``."""
+        ...
+
+    async def list_snapshots(self, session_id: str) -> list[SnapshotInfo]:
+        """The session's snapshots, ordered by reducer name."""
+        ...
+
+
+@runtime_checkable
+class Store(Protocol):
+    """What a backend implements. See the module docstring for the obligations.
+
+    Lifecycle: constructing a store does no I/O. ``async with store:`` gives it
+    a nursery for background work (a notification listener); it may be entered
+    by several servers at once and stays open until the last one leaves.
+    ``aclose()`` releases what the store created and is idempotent.
+    """
+
+    @property
+    def presence(self) -> PresenceStore | None:
+        """The presence capability, or None."""
+        ...
+
+    @property
+    def inspect(self) -> Inspection | None:
+        """The inspection capability, or None."""
+        ...
+
+    async def __aenter__(self) -> Store: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+    async def aclose(self) -> None:
+        """Release connections and files the store opened. Idempotent."""
+        ...
+
+    async def append(self, session_id: str, events: Sequence[AppendEvent]) -> AppendResult:
+        """Append atomically (see the obligations). An empty batch only reports
+        ``has_pending``."""
+        ...
+
+    async def read(
+        self,
+        session_id: str,
+        *,
+        after_index: int | None = None,
+        through_index: int | None = None,
+    ) -> list[StoredEvent]:
+        """Events with ``after_index < index <= through_index``, in order."""
+        ...
+
+    async def claim_available(
+        self,
+        session_id: str,
+        *,
+        holder: str,
+        ttl_ms: int,
+        expires_at_ms: int | None = None,
+        exclude: Sequence[int] = (),
+    ) -> ClaimResult:
+        """Claim every eligible event (unprocessed, not dead, lane-ready, claim free
+        or expired, not excluded) for ``holder`` until ``now + ttl_ms`` (or
+        ``expires_at_ms``), advancing each ``attempt_count``."""
+        ...
+
+    async def renew_claims(
+        self,
+        session_id: str,
+        *,
+        holder: str,
+        claims: Sequence[ClaimRef],
+        ttl_ms: int,
+        expires_at_ms: int | None = None,
+    ) -> RenewResult:
+        """Extend live claims this holder owns at these attempts; report the ones a
+        newer attempt owns. An expired claim is neither renewed nor superseded."""
+        ...
+
+    async def complete_attempt(
+        self,
+        session_id: str,
+        *,
+        index: int,
+        attempt: int,
+        events: Sequence[AppendEvent],
+    ) -> CompleteResult:
+        """Mark the event processed by ``attempt`` and append its returned events
+        (with ids, cause ``(index, attempt)``) in one transaction; hand the lane
+        on. A repeat by the same attempt with the same ids replays."""
+        ...
+
+    async def fail_attempt(
+        self,
+        session_id: str,
+        *,
+        index: int,
+        attempt: int,
+        error: str,
+        max_failures: int,
+    ) -> FailResult:
+        """Record a failure of ``attempt``, release the claim, dead-letter at
+        ``max_failures``. Repeats by the same attempt are idempotent."""
+        ...
+
+    async def read_state(self, session_id: str, reducer: str) -> StateRead:
+        """The reducer's snapshot and the events after it."""
+        ...
+
+    async def read_states(self, session_ids: Sequence[str], reducer: str) -> list[StateRead]:
+        """:meth:`read_state` for many sessions, aligned with ``session_ids``."""
+        ...
+
+    async def put_snapshot(self, session_id: str, reducer: str, index: int, state: Any) -> None:
+        """Store a snapshot unless one at a higher or equal index exists."""
+        ...
+
+    def stream(
+        self, session_id: str, *, start_after: int = 0
+    ) -> AbstractAsyncContextManager[Feed[StoredEvent]]:
+        """A live feed of events after ``start_after``: catch up, then follow."""
+        ...
+
+
+def replay(events: Sequence[AppendEvent], stored: Sequence[StoredEvent]) -> list[StoredEvent]:
+    """The stored rows of an idempotent re-append, in the batch's order.
+
+    ``stored`` holds the rows of every id in ``events`` (any order). A re-append
+    must name the same types as the original: a different type under a stored
+    id is a collision, not a replay (``PARTIAL_DUPLICATE_BATCH``).
+    """
+    by_id = {row.id: row for row in stored}
+    replayed = []
+    for event in events:
+        row = by_id[event.id or ""]
+        if row.type != event.type:
+            raise A2Error(
+                ErrorCode.PARTIAL_DUPLICATE_BATCH,
+                f"event id {row.id!r} is already stored with type {row.type!r}, not {event.type!r}",
+            )
+        replayed.append(row)
+    return replayed

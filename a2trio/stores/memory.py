@@ -1,0 +1,614 @@
+"""The in-memory store: a verified fake of the Postgres backend.
+
+It passes the same conformance suite as the durable stores and follows the
+seed's SQL statement by statement, so tests on it mean something. Payloads are
+kept as JSON bytes, so what a test reads back went through the same
+serialization as on a real backend. Every operation runs without an await
+between its reads and writes, which makes each one atomic under Trio.
+
+Not durable, single process. The default under ``A2_ENV=test``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
+from typing import Any
+
+import msgspec
+import trio
+
+from ..clock import SYSTEM_CLOCK, Clock
+from ..errors import A2Error, ErrorCode
+from ..ids import random_id
+from ._feed import Feed, FeedStatistics, Wakeups, open_pump_feed
+from .base import (
+    AppendEvent,
+    AppendResult,
+    Busy,
+    Claimed,
+    ClaimRef,
+    ClaimResult,
+    CompleteResult,
+    EventCause,
+    EventPage,
+    FailResult,
+    PresenceRow,
+    RenewResult,
+    SessionPage,
+    SessionSummary,
+    Settled,
+    Snapshot,
+    SnapshotInfo,
+    StateRead,
+    StoredEvent,
+    StoredPresencePatch,
+    replay,
+)
+
+__all__ = ["MemoryStore", "memory"]
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+
+
+@dataclasses.dataclass(slots=True)
+class _Row:
+    id: str
+    type: str
+    payload: bytes
+    index: int
+    session_id: str
+    created_at_ms: int
+    cause: EventCause | None
+    lane: str | None
+    lane_ready: bool
+    processed_at_ms: int | None
+    processed_by_attempt: int | None = None
+    returned_event_ids: list[str] | None = None
+    first_claimed_at_ms: int | None = None
+    last_claimed_at_ms: int | None = None
+    attempt_count: int = 0
+    failure_count: int = 0
+    last_failed_at_ms: int | None = None
+    last_failed_attempt: int | None = None
+    last_error: str | None = None
+    failed_at_ms: int | None = None
+    claim_holder: str | None = None
+    claim_expires_at_ms: int | None = None
+
+    def stored(self) -> StoredEvent:
+        return StoredEvent(
+            id=self.id,
+            type=self.type,
+            payload=_decode(self.payload),
+            index=self.index,
+            session_id=self.session_id,
+            created_at_ms=self.created_at_ms,
+            cause=self.cause,
+            lane=self.lane,
+            processed_at_ms=self.processed_at_ms,
+            processed_by_attempt=self.processed_by_attempt,
+            returned_event_ids=(
+                None if self.returned_event_ids is None else list(self.returned_event_ids)
+            ),
+            first_claimed_at_ms=self.first_claimed_at_ms,
+            last_claimed_at_ms=self.last_claimed_at_ms,
+            attempt_count=self.attempt_count,
+            failure_count=self.failure_count,
+            last_failed_at_ms=self.last_failed_at_ms,
+            last_failed_attempt=self.last_failed_attempt,
+            last_error=self.last_error,
+            failed_at_ms=self.failed_at_ms,
+            claim_holder=self.claim_holder,
+            claim_expires_at_ms=self.claim_expires_at_ms,
+        )
+
+
+@dataclasses.dataclass(slots=True)
+class _Register:
+    value: bytes
+    seen: int
+    at_ms: int
+    expires_at_ms: int
+
+
+def _no_event(session_id: str, index: int) -> ValueError:
+    return ValueError(f"no event at index {index} in session {session_id!r}")
+
+
+class _MemoryPresence:
+    push = True
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+        self._registers: dict[str, dict[tuple[str, str], _Register]] = {}
+        self._listeners: dict[str, set[Callable[[StoredPresencePatch], None]]] = {}
+
+    async def set(
+        self,
+        session_id: str,
+        participant: str,
+        values: dict[str, Any],
+        *,
+        seen: int,
+        at_ms: int,
+        ttl_ms: int,
+    ) -> StoredPresencePatch | None:
+        await trio.lowlevel.checkpoint()
+        registers = self._registers.setdefault(session_id, {})
+        expires_at_ms = self._store.clock.now_ms() + ttl_ms
+        applied: dict[str, Any] = {}
+        for field, value in values.items():
+            key = (participant, field)
+            current = registers.get(key)
+            # Field-wise LWW: a strictly newer stored `at` survives; ties go to
+            # the incoming write (store-postgres.ts `presence.set`).
+            if current is not None and current.at_ms > at_ms:
+                continue
+            if value is None:
+                registers.pop(key, None)
+            else:
+                registers[key] = _Register(_encode(value), seen, at_ms, expires_at_ms)
+            applied[field] = value
+        if not registers:
+            self._registers.pop(session_id, None)
+        if not applied:
+            return None
+        patch = StoredPresencePatch(participant, applied, seen, at_ms)
+        for listener in list(self._listeners.get(session_id, ())):
+            listener(patch)
+        return patch
+
+    async def read(self, session_id: str) -> list[PresenceRow]:
+        await trio.lowlevel.checkpoint()
+        registers = self._registers.get(session_id, {})
+        now = self._store.clock.now_ms()
+        for key in [key for key, reg in registers.items() if reg.expires_at_ms <= now]:
+            del registers[key]
+        return [
+            PresenceRow(p, f, _decode(r.value), r.seen, r.at_ms, r.expires_at_ms)
+            for (p, f), r in sorted(registers.items())
+        ]
+
+    def subscribe(
+        self, session_id: str, on_patch: Callable[[StoredPresencePatch], None]
+    ) -> Callable[[], None]:
+        listeners = self._listeners.setdefault(session_id, set())
+        listeners.add(on_patch)
+
+        def unsubscribe() -> None:
+            listeners.discard(on_patch)
+            if not listeners and self._listeners.get(session_id) is listeners:
+                del self._listeners[session_id]
+
+        return unsubscribe
+
+    def subscriber_count(self) -> int:
+        return sum(len(listeners) for listeners in self._listeners.values())
+
+
+class _MemoryInspection:
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+
+    async def list_sessions(
+        self, *, prefix: str, limit: int, cursor: str | None = None
+    ) -> SessionPage:
+        await trio.lowlevel.checkpoint()
+        ids = sorted(
+            sid
+            for sid in self._store._sessions
+            if sid.startswith(prefix) and (cursor is None or sid > cursor)
+        )
+        summaries = []
+        for sid in ids[:limit]:
+            rows = self._store._sessions[sid]
+            summaries.append(
+                SessionSummary(
+                    session_id=sid,
+                    event_count=len(rows),
+                    pending_count=sum(
+                        r.processed_at_ms is None and r.failed_at_ms is None for r in rows
+                    ),
+                    failed_count=sum(r.failed_at_ms is not None for r in rows),
+                    attempt_count=sum(r.attempt_count for r in rows),
+                    failure_count=sum(r.failure_count for r in rows),
+                    first_event_at_ms=min(r.created_at_ms for r in rows),
+                    updated_at_ms=max(
+                        max(
+                            r.created_at_ms,
+                            r.first_claimed_at_ms or 0,
+                            r.last_claimed_at_ms or 0,
+                            r.last_failed_at_ms or 0,
+                            r.processed_at_ms or 0,
+                            r.failed_at_ms or 0,
+                        )
+                        for r in rows
+                    ),
+                )
+            )
+        more = len(ids) > limit
+        return SessionPage(summaries, summaries[-1].session_id if more and summaries else None)
+
+    async def read_events(
+        self, session_id: str, *, after_index: int, limit: int, through_index: int | None = None
+    ) -> EventPage:
+        await trio.lowlevel.checkpoint()
+        rows = self._store._sessions.get(session_id, [])
+        frontier = len(rows)
+        through = frontier if through_index is None else min(through_index, frontier)
+        page = [r.stored() for r in rows[after_index:through]][:limit]
+        return EventPage(page, through)
+
+    async def list_snapshots(self, session_id: str) -> list[SnapshotInfo]:
+        await trio.lowlevel.checkpoint()
+        return [
+            SnapshotInfo(reducer, index, updated)
+            for (sid, reducer), (index, _, updated) in sorted(self._store._snapshots.items())
+            if sid == session_id
+        ]
+
+
+class MemoryStore:
+    """An in-memory :class:`~a2trio.stores.Store` with presence and inspection.
+
+    Args:
+      clock: where stored timestamps come from (``TrioClock`` under a mock clock).
+    """
+
+    def __init__(self, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.clock = clock
+        self._sessions: dict[str, list[_Row]] = {}
+        self._ids: dict[str, _Row] = {}
+        self._snapshots: dict[tuple[str, str], tuple[int, bytes, int]] = {}
+        self._wakeups = Wakeups()
+        self.presence: _MemoryPresence = _MemoryPresence(self)
+        self.inspect: _MemoryInspection = _MemoryInspection(self)
+
+    async def __aenter__(self) -> MemoryStore:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    def feed_statistics(self) -> FeedStatistics:
+        """Live feeds and presence subscribers (leak checks in tests)."""
+        stats = self._wakeups.statistics()
+        return FeedStatistics(
+            listeners=stats.listeners + self.presence.subscriber_count(), keys=stats.keys
+        )
+
+    def _pending(self, session_id: str) -> bool:
+        return any(r.processed_at_ms is None for r in self._sessions.get(session_id, ()))
+
+    def _insert(
+        self,
+        session_id: str,
+        rows: list[_Row],
+        event: AppendEvent,
+        event_id: str,
+        cause: EventCause | None,
+        now: int,
+    ) -> _Row:
+        lane = event.lane
+        lane_ready = lane is None or not any(
+            r.lane == lane and r.processed_at_ms is None for r in rows
+        )
+        row = _Row(
+            id=event_id,
+            type=event.type,
+            payload=_encode(event.payload),
+            index=len(rows) + 1,
+            session_id=session_id,
+            created_at_ms=now,
+            cause=cause,
+            lane=lane,
+            lane_ready=lane_ready,
+            processed_at_ms=now if event.settled else None,
+        )
+        rows.append(row)
+        self._ids[event_id] = row
+        return row
+
+    async def append(self, session_id: str, events: Sequence[AppendEvent]) -> AppendResult:
+        await trio.lowlevel.checkpoint()
+        if not events:
+            return AppendResult([], self._pending(session_id))
+        supplied = [e.id for e in events if e.id is not None]
+        if len(set(supplied)) != len(supplied):
+            raise A2Error(
+                ErrorCode.PARTIAL_DUPLICATE_BATCH, "batch contains the same event id more than once"
+            )
+        existing = [self._ids[i] for i in supplied if i in self._ids]
+        if existing:
+            foreign = next((r for r in existing if r.session_id != session_id), None)
+            if foreign is not None:
+                raise A2Error(
+                    ErrorCode.PARTIAL_DUPLICATE_BATCH,
+                    f"event id {foreign.id!r} already exists in another session",
+                )
+            if len(existing) == len(events):
+                return AppendResult(
+                    replay(events, [r.stored() for r in existing]), self._pending(session_id)
+                )
+            raise A2Error(
+                ErrorCode.PARTIAL_DUPLICATE_BATCH,
+                f"batch mixes {len(existing)} already-appended and "
+                f"{len(events) - len(existing)} fresh events",
+            )
+        rows = self._sessions.get(session_id, [])
+        for event in events:
+            if event.cause is None:
+                continue
+            if not 1 <= event.cause.index <= len(rows):
+                raise _no_event(session_id, event.cause.index)
+            parent = rows[event.cause.index - 1]
+            if parent.attempt_count != event.cause.attempt or parent.failed_at_ms is not None:
+                raise A2Error(
+                    ErrorCode.SUPERSEDED_ATTEMPT,
+                    f"attempt {event.cause.attempt} no longer owns event {event.cause.index} "
+                    f"in session {session_id!r}",
+                )
+        had_pending = self._pending(session_id)
+        now = self.clock.now_ms()
+        self._sessions[session_id] = rows
+        inserted = [
+            self._insert(session_id, rows, e, e.id or random_id(), e.cause, now).stored()
+            for e in events
+        ]
+        self._wakeups.notify(session_id)
+        return AppendResult(inserted, had_pending or any(not e.settled for e in events))
+
+    async def read(
+        self,
+        session_id: str,
+        *,
+        after_index: int | None = None,
+        through_index: int | None = None,
+    ) -> list[StoredEvent]:
+        await trio.lowlevel.checkpoint()
+        rows = self._sessions.get(session_id, [])
+        start = max(0, after_index or 0)
+        stop = len(rows) if through_index is None else max(start, through_index)
+        return [r.stored() for r in rows[start:stop]]
+
+    async def claim_available(
+        self,
+        session_id: str,
+        *,
+        holder: str,
+        ttl_ms: int,
+        expires_at_ms: int | None = None,
+        exclude: Sequence[int] = (),
+    ) -> ClaimResult:
+        await trio.lowlevel.checkpoint()
+        now = self.clock.now_ms()
+        expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
+        excluded = set(exclude)
+        live = [
+            r
+            for r in self._sessions.get(session_id, ())
+            if r.processed_at_ms is None and r.failed_at_ms is None and r.lane_ready
+        ]
+        claimed = []
+        for row in live:
+            if row.index in excluded:
+                continue
+            if row.claim_expires_at_ms is not None and row.claim_expires_at_ms > now:
+                continue
+            row.attempt_count += 1
+            if row.first_claimed_at_ms is None:
+                row.first_claimed_at_ms = now
+            row.last_claimed_at_ms = now
+            row.claim_holder = holder
+            row.claim_expires_at_ms = expires_at
+            claimed.append(row.stored())
+        if claimed:
+            return Claimed(claimed)
+        held = [
+            r.claim_expires_at_ms
+            for r in live
+            if r.claim_expires_at_ms is not None and r.claim_expires_at_ms > now
+        ]
+        return Busy(min(held)) if held else Settled()
+
+    async def renew_claims(
+        self,
+        session_id: str,
+        *,
+        holder: str,
+        claims: Sequence[ClaimRef],
+        ttl_ms: int,
+        expires_at_ms: int | None = None,
+    ) -> RenewResult:
+        await trio.lowlevel.checkpoint()
+        if not claims:
+            return RenewResult([], [])
+        now = self.clock.now_ms()
+        expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
+        rows = self._sessions.get(session_id, [])
+        renewed: list[int] = []
+        superseded: list[int] = []
+        for claim in claims:
+            if not 1 <= claim.index <= len(rows):
+                continue
+            row = rows[claim.index - 1]
+            if (
+                row.attempt_count == claim.attempt
+                and row.processed_at_ms is None
+                and row.failed_at_ms is None
+                and row.claim_holder == holder
+                and row.claim_expires_at_ms is not None
+                and row.claim_expires_at_ms > now
+            ):
+                row.claim_expires_at_ms = expires_at
+                renewed.append(claim.index)
+            elif row.attempt_count > claim.attempt:
+                superseded.append(claim.index)
+        return RenewResult(sorted(renewed), sorted(superseded))
+
+    async def complete_attempt(
+        self,
+        session_id: str,
+        *,
+        index: int,
+        attempt: int,
+        events: Sequence[AppendEvent],
+    ) -> CompleteResult:
+        await trio.lowlevel.checkpoint()
+        rows = self._sessions.get(session_id, [])
+        if not 1 <= index <= len(rows):
+            raise _no_event(session_id, index)
+        parent = rows[index - 1]
+        ids = [e.id for e in events]
+        if any(i is None for i in ids):
+            raise ValueError("returned events need ids (the server derives them)")
+        if len(set(ids)) != len(ids):
+            raise A2Error(
+                ErrorCode.PARTIAL_DUPLICATE_BATCH,
+                "returned event batch contains the same event id more than once",
+            )
+        if parent.processed_at_ms is not None:
+            if parent.processed_by_attempt != attempt:
+                return CompleteResult("superseded")
+            if parent.returned_event_ids != ids:
+                raise A2Error(
+                    ErrorCode.PARTIAL_DUPLICATE_BATCH,
+                    "completed attempt does not match the returned event batch",
+                )
+            stored = [self._ids.get(i) for i in ids if i is not None]
+            if any(
+                r is None
+                or r.session_id != session_id
+                or r.cause is None
+                or (r.cause.index, r.cause.attempt) != (index, attempt)
+                for r in stored
+            ):
+                raise A2Error(
+                    ErrorCode.PARTIAL_DUPLICATE_BATCH,
+                    "returned event retry does not match the committed batch",
+                )
+            return CompleteResult("completed", [r.stored() for r in stored if r is not None])
+        if (
+            parent.attempt_count != attempt
+            or parent.claim_holder is None
+            or parent.failed_at_ms is not None
+        ):
+            return CompleteResult("superseded")
+        if any(i in self._ids for i in ids if i is not None):
+            raise A2Error(
+                ErrorCode.PARTIAL_DUPLICATE_BATCH,
+                "returned event batch contains an already-appended event id",
+            )
+        now = self.clock.now_ms()
+        cause = EventCause(index, attempt)
+        inserted = [
+            self._insert(session_id, rows, e, e.id or random_id(), cause, now).stored()
+            for e in events
+        ]
+        parent.processed_at_ms = now
+        parent.processed_by_attempt = attempt
+        parent.returned_event_ids = [i for i in ids if i is not None]
+        parent.lane_ready = False
+        parent.claim_holder = None
+        parent.claim_expires_at_ms = None
+        if parent.lane is not None:
+            successor = next(
+                (r for r in rows if r.lane == parent.lane and r.processed_at_ms is None), None
+            )
+            if successor is not None:
+                successor.lane_ready = True
+        if inserted:
+            self._wakeups.notify(session_id)
+        return CompleteResult("completed", inserted)
+
+    async def fail_attempt(
+        self,
+        session_id: str,
+        *,
+        index: int,
+        attempt: int,
+        error: str,
+        max_failures: int,
+    ) -> FailResult:
+        await trio.lowlevel.checkpoint()
+        rows = self._sessions.get(session_id, [])
+        if not 1 <= index <= len(rows):
+            raise _no_event(session_id, index)
+        row = rows[index - 1]
+        if (
+            row.processed_at_ms is None
+            and row.failed_at_ms is None
+            and row.attempt_count == attempt
+            and row.claim_holder is not None
+        ):
+            now = self.clock.now_ms()
+            row.failure_count += 1
+            row.last_error = error
+            row.last_failed_at_ms = now
+            row.last_failed_attempt = attempt
+            if row.failure_count >= max_failures:
+                row.failed_at_ms = now
+            row.claim_holder = None
+            row.claim_expires_at_ms = None
+            if row.failed_at_ms is not None:
+                return FailResult("dead_lettered", row.failure_count)
+            return FailResult("failed", row.failure_count)
+        if row.processed_at_ms is not None or row.attempt_count != attempt:
+            return FailResult("superseded", row.failure_count)
+        if row.failed_at_ms is not None:
+            return FailResult("dead_lettered", row.failure_count)
+        if row.claim_holder is None and row.last_failed_attempt == attempt:
+            return FailResult("failed", row.failure_count)
+        return FailResult("superseded", row.failure_count)
+
+    def _state_read(self, session_id: str, reducer: str) -> StateRead:
+        snap = self._snapshots.get((session_id, reducer))
+        snapshot = None if snap is None else Snapshot(snap[0], _decode(snap[1]))
+        after = 0 if snapshot is None else snapshot.index
+        rows = self._sessions.get(session_id, [])
+        return StateRead(snapshot, [r.stored() for r in rows[after:]])
+
+    async def read_state(self, session_id: str, reducer: str) -> StateRead:
+        await trio.lowlevel.checkpoint()
+        return self._state_read(session_id, reducer)
+
+    async def read_states(self, session_ids: Sequence[str], reducer: str) -> list[StateRead]:
+        await trio.lowlevel.checkpoint()
+        return [self._state_read(sid, reducer) for sid in session_ids]
+
+    async def put_snapshot(self, session_id: str, reducer: str, index: int, state: Any) -> None:
+        await trio.lowlevel.checkpoint()
+        current = self._snapshots.get((session_id, reducer))
+        if current is None or index > current[0]:
+            self._snapshots[(session_id, reducer)] = (index, _encode(state), self.clock.now_ms())
+
+    def stream(
+        self, session_id: str, *, start_after: int = 0
+    ) -> AbstractAsyncContextManager[Feed[StoredEvent]]:
+        async def read_after(cursor: int) -> list[StoredEvent]:
+            return await self.read(session_id, after_index=cursor)
+
+        return open_pump_feed(
+            session_id, read_after, _index_of, self._wakeups, start_after=start_after
+        )
+
+
+def _index_of(event: StoredEvent) -> int:
+    return event.index
+
+
+def memory(*, clock: Clock = SYSTEM_CLOCK) -> MemoryStore:
+    """Create an in-memory store (tests, ``A2_ENV=test``)."""
+    return MemoryStore(clock=clock)
