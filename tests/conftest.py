@@ -1,0 +1,17 @@
+"""Shared fixtures: a clean environment and a mock clock."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def clean_environ(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Tests never see the developer's A2_* variables."""
+    for key in list(os.environ):
+        if key.startswith("A2_") and key != "A2_TEST_POSTGRES_REQUIRED":
+            monkeypatch.delenv(key)
+    yield
