@@ -1,0 +1,1124 @@
+"""The store conformance suite: ``a2trio.stores.base`` as executable checks.
+
+Every backend passes these checks unchanged. Each one is a plain coroutine
+function over a :data:`StoreFactory`, with no pytest in sight (like trio's
+``check_two_way_stream``), so a third-party store runs them with any runner::
+
+    from a2trio.stores.conformance import CHECKS, CapabilityMissing
+
+    for check in CHECKS:
+        try:
+            trio.run(check, open_my_store)
+        except CapabilityMissing:
+            pass  # e.g. a store without presence
+
+The semantics are the seed's ``store-postgres.ts``, statement by statement.
+Rules the checks keep, so that one database can serve them all:
+
+* every session id carries a random suffix, so checks never see each other's
+  rows (a factory may share one database between checks);
+* store time moves only through :class:`ManualClock`, never by sleeping;
+* live feeds and presence pushes are awaited under ``trio.fail_after(5)``,
+  which covers a polling backend (sqlite polls every 25 ms) and Postgres
+  ``NOTIFY`` alike.
+
+A check fails with ``AssertionError`` naming what the store got wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, contextmanager
+from typing import Any
+from uuid import uuid4
+
+import trio
+import trio.testing
+
+from ..clock import Clock
+from ..errors import A2Error, ErrorCode
+from .base import (
+    AppendEvent,
+    AppendResult,
+    Busy,
+    Claimed,
+    ClaimRef,
+    ClaimResult,
+    EventCause,
+    Feed,
+    Inspection,
+    PresenceStore,
+    RenewResult,
+    Settled,
+    Snapshot,
+    SnapshotInfo,
+    StateRead,
+    Store,
+    StoredEvent,
+    StoredPresencePatch,
+)
+
+__all__ = [
+    "CHECKS",
+    "CapabilityMissing",
+    "ManualClock",
+    "StoreFactory",
+    "raises",
+]
+
+#: Yields a fresh, entered store stamping rows with the given clock. "Fresh"
+#: means no rows in the sessions a check creates, not an empty database.
+StoreFactory = Callable[[Clock], AbstractAsyncContextManager[Store]]
+
+#: How long a check waits for a live delivery (feed row, presence patch).
+FEED_DEADLINE_S = 5.0
+
+_T0 = 1_700_000_000_000
+
+
+class ManualClock:
+    """A :class:`~a2trio.clock.Clock` that only moves when told to.
+
+    Args:
+      now_ms: the starting epoch milliseconds.
+    """
+
+    def __init__(self, now_ms: int = _T0) -> None:
+        self._now_ms = now_ms
+
+    def now_ms(self) -> int:
+        return self._now_ms
+
+    def advance(self, ms: int) -> None:
+        """Move time forward by ``ms`` (never backwards: stores may rely on it).
+
+        Raises:
+          ValueError: ``ms`` is negative.
+        """
+        if ms < 0:
+            raise ValueError(f"`ms` must be non-negative, not {ms}")
+        self._now_ms += ms
+
+    def __repr__(self) -> str:
+        return f"ManualClock(now_ms={self._now_ms})"
+
+
+class CapabilityMissing(Exception):
+    """The store lacks an optional capability (``presence``, ``inspect``) a
+    check needs. Runners report the check as skipped, naming the capability."""
+
+
+@contextmanager
+def raises(code: ErrorCode) -> Iterator[None]:
+    """Assert that the block raises ``A2Error`` with ``code``."""
+    try:
+        yield
+    except A2Error as exc:
+        if exc.code is not code:
+            raise AssertionError(f"expected A2Error({code}), got A2Error({exc.code})") from exc
+    else:
+        raise AssertionError(f"expected A2Error({code}), nothing was raised")
+
+
+def _sid(name: str) -> str:
+    return f"conformance-{name}-{uuid4().hex[:8]}"
+
+
+def _uid(name: str) -> str:
+    return f"{name}-{uuid4().hex[:12]}"
+
+
+def _ev(
+    type: str = "note",
+    payload: Any = None,
+    *,
+    id: str | None = None,
+    cause: EventCause | None = None,
+    lane: str | None = None,
+    settled: bool = False,
+) -> AppendEvent:
+    return AppendEvent(type, payload, id=id, cause=cause, lane=lane, settled=settled)
+
+
+def _claimed(result: ClaimResult) -> list[StoredEvent]:
+    assert isinstance(result, Claimed), f"expected Claimed, got {result!r}"
+    return result.events
+
+
+def _indexes(events: Sequence[StoredEvent]) -> list[int]:
+    return [e.index for e in events]
+
+
+async def _claim(store: Store, sid: str, holder: str = "h1", ttl_ms: int = 1_000) -> ClaimResult:
+    return await store.claim_available(sid, holder=holder, ttl_ms=ttl_ms)
+
+
+async def _append_n(store: Store, sid: str, n: int, **kw: Any) -> AppendResult:
+    return await store.append(sid, [_ev(payload={"n": i}, **kw) for i in range(n)])
+
+
+async def _unchanged(store: Store, sid: str, before: list[StoredEvent]) -> None:
+    after = await store.read(sid)
+    assert after == before, f"a rejected call changed session {sid!r}: {before!r} -> {after!r}"
+
+
+class _Recorder:
+    """A presence subscriber that records patches and wakes a waiting check."""
+
+    def __init__(self) -> None:
+        self.patches: list[StoredPresencePatch] = []
+        self._grew = trio.Event()
+
+    def __call__(self, patch: StoredPresencePatch) -> None:
+        self.patches.append(patch)
+        self._grew.set()
+
+    async def wait_for(self, count: int, what: str) -> None:
+        """Wait until ``count`` patches arrived (push delivery may lag ``set``)."""
+        try:
+            with trio.fail_after(FEED_DEADLINE_S):
+                while len(self.patches) < count:
+                    self._grew = trio.Event()
+                    await self._grew.wait()
+        except trio.TooSlowError:
+            raise AssertionError(f"{what}: not delivered within {FEED_DEADLINE_S} s") from None
+
+
+def _presence(store: Store) -> PresenceStore:
+    if store.presence is None:
+        raise CapabilityMissing("presence")
+    return store.presence
+
+
+def _inspect(store: Store) -> Inspection:
+    if store.inspect is None:
+        raise CapabilityMissing("inspect")
+    return store.inspect
+
+
+# -- append -------------------------------------------------------------------
+
+
+async def check_append_assigns_contiguous_indexes(open_store: StoreFactory) -> None:
+    """Indexes run from 1 per session; generated ids are distinct; rows are fresh."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        a, b = _sid("idx-a"), _sid("idx-b")
+        first = await store.append(a, [_ev("x", {"i": 1}), _ev("y", {"i": 2})])
+        only_b = await store.append(b, [_ev("x", {"i": 3})])
+        clock.advance(10)
+        second = await store.append(a, [_ev("z", {"i": 4}), _ev("z", {"i": 5})])
+        assert _indexes(first.events) == [1, 2]
+        assert _indexes(only_b.events) == [1]
+        assert _indexes(second.events) == [3, 4]
+        assert first.has_pending
+        assert second.has_pending
+        assert only_b.has_pending
+        ids = [e.id for e in first.events + only_b.events + second.events]
+        assert all(ids), f"empty generated ids: {ids}"
+        assert len(set(ids)) == len(ids), f"generated ids not unique: {ids}"
+        row = first.events[0]
+        assert row == StoredEvent(
+            id=row.id, type="x", payload={"i": 1}, index=1, session_id=a, created_at_ms=_T0
+        ), f"a fresh row carries bookkeeping: {row!r}"
+        assert second.events[0].created_at_ms == _T0 + 10
+        stored = await store.read(a)
+        assert stored == first.events + second.events
+        assert await store.read(b) == only_b.events
+
+
+async def check_append_supplied_ids_are_unique_across_the_store(open_store: StoreFactory) -> None:
+    """A supplied id stored in another session is a collision, not a replay."""
+    async with open_store(ManualClock()) as store:
+        a, b = _sid("foreign-a"), _sid("foreign-b")
+        taken = _uid("e")
+        appended = await store.append(a, [_ev(id=taken)])
+        assert appended.events[0].id == taken
+        with raises(ErrorCode.PARTIAL_DUPLICATE_BATCH):
+            await store.append(b, [_ev(id=taken)])
+        with raises(ErrorCode.PARTIAL_DUPLICATE_BATCH):
+            await store.append(b, [_ev(id=taken), _ev(id=_uid("fresh"))])
+        assert await store.read(b) == []
+        await _unchanged(store, a, appended.events)
+
+
+async def check_append_replays_a_stored_batch(open_store: StoreFactory) -> None:
+    """A batch whose ids all exist returns the stored rows and writes nothing."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        sid = _sid("replay")
+        x, y = _uid("x"), _uid("y")
+        batch = [_ev("a", {"v": 1}, id=x), _ev("b", {"v": 2}, id=y)]
+        original = await store.append(sid, batch)
+        clock.advance(500)
+        again = await store.append(sid, batch)
+        assert again.events == original.events, "replay must return the stored rows"
+        assert again.has_pending
+        reversed_subset = await store.append(sid, [batch[1], batch[0]])
+        assert [e.id for e in reversed_subset.events] == [y, x], "replay keeps the batch's order"
+        # The replayed payload is ignored: the id names the stored event.
+        different_payload = await store.append(sid, [_ev("a", {"v": 99}, id=x)])
+        assert different_payload.events == [original.events[0]]
+        await _unchanged(store, sid, original.events)
+
+        settled_sid = _sid("replay-settled")
+        z = _uid("z")
+        settled = await store.append(settled_sid, [_ev("s", id=z, settled=True)])
+        assert not settled.has_pending
+        replayed = await store.append(settled_sid, [_ev("s", id=z, settled=True)])
+        assert replayed.events == settled.events
+        assert not replayed.has_pending, "replay reports the session's pending state"
+
+
+async def check_append_rejects_partial_duplicates(open_store: StoreFactory) -> None:
+    """Mixed, repeated and retyped ids are PARTIAL_DUPLICATE_BATCH; nothing is written."""
+    async with open_store(ManualClock()) as store:
+        sid = _sid("partial")
+        x = _uid("x")
+        stored = (await store.append(sid, [_ev("a", id=x)])).events
+        fresh = _uid("fresh")
+        with raises(ErrorCode.PARTIAL_DUPLICATE_BATCH):
+            await store.append(sid, [_ev("a", id=x), _ev("a", id=fresh)])
+        with raises(ErrorCode.PARTIAL_DUPLICATE_BATCH):
+            await store.append(sid, [_ev("a", id=fresh), _ev("a", id=x)])
+        with raises(ErrorCode.PARTIAL_DUPLICATE_BATCH):
+            await store.append(sid, [_ev("a", id=x), _ev("a")])
+        twice = _uid("twice")
+        with raises(ErrorCode.PARTIAL_DUPLICATE_BATCH):
+            await store.append(sid, [_ev("a", id=twice), _ev("a", id=twice)])
+        with raises(ErrorCode.PARTIAL_DUPLICATE_BATCH):
+            await store.append(sid, [_ev("a", id=x), _ev("a", id=x)])
+        with raises(ErrorCode.PARTIAL_DUPLICATE_BATCH):
+            await store.append(sid, [_ev("retyped", id=x)])
+        await _unchanged(store, sid, stored)
+        # None of the rejected fresh ids was written: they append now, at index 2.
+        later = await store.append(sid, [_ev("a", id=fresh), _ev("a", id=twice)])
+        assert [(e.id, e.index) for e in later.events] == [(fresh, 2), (twice, 3)]
+
+
+async def check_append_empty_batch_reports_pending(open_store: StoreFactory) -> None:
+    """An empty batch writes nothing and says whether unprocessed events exist."""
+    async with open_store(ManualClock()) as store:
+        sid = _sid("empty")
+        assert await store.append(sid, []) == AppendResult([], False)
+        await store.append(sid, [_ev("s", settled=True)])
+        assert await store.append(sid, []) == AppendResult([], False)
+        await store.append(sid, [_ev("p")])
+        assert await store.append(sid, []) == AppendResult([], True)
+        assert len(await store.read(sid)) == 2
+
+
+async def check_append_stores_settled_events_processed(open_store: StoreFactory) -> None:
+    """Settled events are processed on arrival: never claimable, never pending."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        sid = _sid("settled")
+        clock.advance(7)
+        result = await store.append(sid, [_ev("s", {"k": 1}, settled=True)])
+        row = result.events[0]
+        assert row.processed_at_ms == _T0 + 7, f"settled row not processed: {row!r}"
+        assert row.processed_by_attempt is None
+        assert row.attempt_count == 0
+        assert not result.has_pending
+        assert await store.read(sid) == [row]
+        assert await _claim(store, sid) == Settled()
+        mixed = await store.append(sid, [_ev("s", settled=True), _ev("p")])
+        assert mixed.has_pending
+        assert mixed.events[0].processed_at_ms == _T0 + 7
+        assert mixed.events[1].processed_at_ms is None
+        also_settled = await store.append(sid, [_ev("s", settled=True)])
+        assert also_settled.has_pending, "has_pending covers the session, not just the batch"
+
+
+async def check_append_cause_fence(open_store: StoreFactory) -> None:
+    """A cause must name the parent's latest attempt, parent not dead-lettered."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        sid = _sid("fence")
+        await _append_n(store, sid, 2)
+        await _claim(store, sid, ttl_ms=100)
+        child = await store.append(sid, [_ev("c", cause=EventCause(1, 1, batch_size=2))])
+        assert child.events[0].cause == EventCause(1, 1, batch_size=2)
+        assert child.events[0].index == 3
+        clock.advance(100)
+        reclaimed = _claimed(await _claim(store, sid, holder="h2"))
+        assert [(e.index, e.attempt_count) for e in reclaimed] == [(1, 2), (2, 2), (3, 1)]
+        before = await store.read(sid)
+        with raises(ErrorCode.SUPERSEDED_ATTEMPT):
+            await store.append(sid, [_ev("c", cause=EventCause(1, 1))])
+        with raises(ErrorCode.SUPERSEDED_ATTEMPT):
+            await store.append(sid, [_ev("free"), _ev("c", cause=EventCause(2, 1))])
+        with raises(ErrorCode.SUPERSEDED_ATTEMPT):
+            await store.append(sid, [_ev("c", cause=EventCause(1, 3))])
+        await _unchanged(store, sid, before)
+        current = await store.append(sid, [_ev("c", cause=EventCause(1, 2))])
+        assert current.events[0].index == 4
+
+        failed = await store.fail_attempt(sid, index=2, attempt=2, error="boom", max_failures=1)
+        assert failed.outcome == "dead_lettered"
+        before = await store.read(sid)
+        with raises(ErrorCode.SUPERSEDED_ATTEMPT):
+            await store.append(sid, [_ev("c", cause=EventCause(2, 2))])
+        await _unchanged(store, sid, before)
+
+
+async def check_append_payload_round_trip(open_store: StoreFactory) -> None:
+    """Payloads come back exactly: nesting, unicode, big ints, floats, null."""
+    payloads: list[Any] = [
+        {
+            "nested": {"list": [1, [2, [3, {"deep": True}]]], "empty": {}, "none": []},
+            "unicode": 'héllo 日本語 🎉 "quoted" back\\slash\nnewline\ttab',
+            "ключ": "значение",
+            "big": 2**63 - 1,
+            "negative": -(2**63),
+            "beyond_double": 2**53 + 1,
+            "floats": [0.1, -2.5, 1.0, 123456.789],
+            "zero": 0,
+            "flags": [True, False],
+            "null": None,
+        },
+        None,
+        [1, "two", None, {"three": 3.5}],
+        "just a string",
+        42,
+        -0.25,
+        False,
+    ]
+    async with open_store(ManualClock()) as store:
+        sid = _sid("payload")
+        appended = await store.append(sid, [_ev("p", p) for p in payloads])
+        assert [e.payload for e in appended.events] == payloads
+        read = await store.read(sid)
+        for payload, row in zip(payloads, read, strict=True):
+            assert row.payload == payload, f"payload changed: {payload!r} -> {row.payload!r}"
+            assert type(row.payload) is type(payload), f"type changed for {payload!r}"
+        floats = read[0].payload["floats"]
+        assert all(type(f) is float for f in floats), f"floats came back as {floats!r}"
+        state = (await store.read_state(sid, "r")).events
+        assert [e.payload for e in state] == payloads
+
+
+async def check_read_bounds(open_store: StoreFactory) -> None:
+    """``read`` returns ``after_index < index <= through_index``, in order."""
+    async with open_store(ManualClock()) as store:
+        sid = _sid("read")
+        await _append_n(store, sid, 5)
+        assert _indexes(await store.read(sid)) == [1, 2, 3, 4, 5]
+        assert _indexes(await store.read(sid, after_index=2)) == [3, 4, 5]
+        assert _indexes(await store.read(sid, through_index=2)) == [1, 2]
+        assert _indexes(await store.read(sid, after_index=1, through_index=3)) == [2, 3]
+        assert _indexes(await store.read(sid, after_index=0, through_index=9)) == [1, 2, 3, 4, 5]
+        assert await store.read(sid, after_index=5) == []
+        assert await store.read(sid, after_index=3, through_index=3) == []
+        assert await store.read(sid, after_index=4, through_index=2) == []
+        assert await store.read(_sid("missing")) == []
+
+
+# -- claims -------------------------------------------------------------------
+
+
+async def check_claim_available(open_store: StoreFactory) -> None:
+    """Claims every eligible event in order; live claims block, expired ones re-claim."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        sid = _sid("claim")
+        assert await _claim(store, sid) == Settled()
+        await _append_n(store, sid, 3)
+        clock.advance(5)
+        first = _claimed(await _claim(store, sid, "h1", ttl_ms=1_000))
+        assert _indexes(first) == [1, 2, 3]
+        for row in first:
+            assert row.attempt_count == 1
+            assert row.claim_holder == "h1"
+            assert row.claim_expires_at_ms == _T0 + 5 + 1_000
+            assert row.first_claimed_at_ms == row.last_claimed_at_ms == _T0 + 5
+        assert await store.read(sid) == first, "the claim is stored as returned"
+        assert await _claim(store, sid, "h2") == Busy(_T0 + 5 + 1_000)
+        clock.advance(999)
+        assert await _claim(store, sid, "h2") == Busy(_T0 + 5 + 1_000)
+        clock.advance(1)
+        # A claim lapses exactly at its expiry.
+        second = _claimed(await _claim(store, sid, "h2", ttl_ms=300))
+        assert _indexes(second) == [1, 2, 3]
+        for row in second:
+            assert row.attempt_count == 2
+            assert row.claim_holder == "h2"
+            assert row.claim_expires_at_ms == _T0 + 1_005 + 300
+            assert row.first_claimed_at_ms == _T0 + 5
+            assert row.last_claimed_at_ms == _T0 + 1_005
+        for index in (1, 2, 3):
+            done = await store.complete_attempt(sid, index=index, attempt=2, events=[])
+            assert done.outcome == "completed"
+        assert await _claim(store, sid) == Settled()
+
+
+async def check_claim_exclude_and_busy(open_store: StoreFactory) -> None:
+    """``exclude`` skips indexes; an explicit expiry wins; Busy names the earliest."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        sid = _sid("busy")
+        await _append_n(store, sid, 3)
+        one = _claimed(
+            await store.claim_available(
+                sid, holder="h1", ttl_ms=10, expires_at_ms=_T0 + 5_000, exclude=[2, 3]
+            )
+        )
+        assert _indexes(one) == [1]
+        assert one[0].claim_expires_at_ms == _T0 + 5_000
+        two = _claimed(await store.claim_available(sid, holder="h2", ttl_ms=2_000, exclude=[3]))
+        assert _indexes(two) == [2]
+        assert two[0].claim_expires_at_ms == _T0 + 2_000
+        # Index 3 is free but excluded, and excluded events never make a store Busy.
+        assert await store.claim_available(sid, holder="h3", ttl_ms=1, exclude=[3]) == Busy(
+            _T0 + 2_000
+        )
+        three = _claimed(await _claim(store, sid, "h3", ttl_ms=9_000))
+        assert _indexes(three) == [3]
+        assert await _claim(store, sid, "h4") == Busy(_T0 + 2_000)
+        clock.advance(2_000)
+        again = _claimed(await _claim(store, sid, "h4"))
+        assert [(e.index, e.attempt_count) for e in again] == [(2, 2)]
+        assert await _claim(store, sid, "h5") == Busy(_T0 + 3_000)
+
+        idle = _sid("busy-excluded")
+        await _append_n(store, idle, 1)
+        assert await store.claim_available(idle, holder="h", ttl_ms=1, exclude=[1]) == Settled()
+
+
+async def check_claim_lanes(open_store: StoreFactory) -> None:
+    """Only a lane's oldest unprocessed event is claimable; completion hands on."""
+    async with open_store(ManualClock()) as store:
+        sid = _sid("lanes")
+        await store.append(
+            sid,
+            [
+                _ev("a", lane="x"),
+                _ev("b", lane="x"),
+                _ev("c", lane="y"),
+                _ev("d"),
+                _ev("s", lane="x", settled=True),
+                _ev("e", lane="x"),
+            ],
+        )
+        assert _indexes(_claimed(await _claim(store, sid))) == [1, 3, 4]
+        assert (await store.complete_attempt(sid, index=1, attempt=1, events=[])).outcome == (
+            "completed"
+        )
+        # The settled event 5 is processed, so it never holds the lane.
+        assert _indexes(_claimed(await _claim(store, sid))) == [2]
+        failed = await store.fail_attempt(sid, index=2, attempt=1, error="e", max_failures=5)
+        assert failed.outcome == "failed"
+        retried = _claimed(await _claim(store, sid))
+        assert [(e.index, e.attempt_count) for e in retried] == [(2, 2)]
+        await store.complete_attempt(sid, index=2, attempt=2, events=[])
+        assert _indexes(_claimed(await _claim(store, sid))) == [6]
+
+        # A lane whose head completed is ready for a later append at once.
+        await store.complete_attempt(sid, index=6, attempt=1, events=[])
+        late = await store.append(sid, [_ev("f", lane="x")])
+        assert _indexes(_claimed(await _claim(store, sid))) == [late.events[0].index]
+
+
+async def check_claim_lane_hand_off_to_returned_events(open_store: StoreFactory) -> None:
+    """A returned event in the parent's lane waits behind older lane events."""
+    async with open_store(ManualClock()) as store:
+        alone, queued = _sid("hand-alone"), _sid("hand-queued")
+        await store.append(alone, [_ev("a", lane="x")])
+        _claimed(await _claim(store, alone))
+        child = _uid("child")
+        done = await store.complete_attempt(
+            alone, index=1, attempt=1, events=[_ev("c", id=child, lane="x")]
+        )
+        assert _indexes(done.events) == [2]
+        assert _indexes(_claimed(await _claim(store, alone))) == [2]
+
+        await store.append(queued, [_ev("a", lane="x"), _ev("b", lane="x")])
+        _claimed(await _claim(store, queued))
+        await store.complete_attempt(
+            queued, index=1, attempt=1, events=[_ev("c", id=_uid("child"), lane="x")]
+        )
+        assert _indexes(_claimed(await _claim(store, queued))) == [2]
+        await store.complete_attempt(queued, index=2, attempt=1, events=[])
+        assert _indexes(_claimed(await _claim(store, queued))) == [3]
+
+
+async def check_claim_dead_letters_block_their_lane(open_store: StoreFactory) -> None:
+    """A dead letter is never claimable and stalls the rest of its lane."""
+    async with open_store(ManualClock()) as store:
+        sid = _sid("dead-lane")
+        await store.append(sid, [_ev("a", lane="z"), _ev("b", lane="z"), _ev("free")])
+        assert _indexes(_claimed(await _claim(store, sid))) == [1, 3]
+        dead = await store.fail_attempt(sid, index=1, attempt=1, error="e", max_failures=1)
+        assert dead.outcome == "dead_lettered"
+        await store.complete_attempt(sid, index=3, attempt=1, events=[])
+        assert await _claim(store, sid) == Settled()
+        assert (await store.append(sid, [])).has_pending, "a stalled lane is still pending"
+
+
+async def check_renew_claims(open_store: StoreFactory) -> None:
+    """Live claims of this holder renew; newer attempts supersede; expired ones neither."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        sid = _sid("renew")
+        await _append_n(store, sid, 4)
+        _claimed(await _claim(store, sid, "h1", ttl_ms=1_000))
+        assert await store.renew_claims(sid, holder="h1", claims=[], ttl_ms=1) == RenewResult(
+            [], []
+        )
+        clock.advance(500)
+        renewed = await store.renew_claims(
+            sid,
+            holder="h1",
+            claims=[ClaimRef(2, 1), ClaimRef(1, 1), ClaimRef(99, 1)],
+            ttl_ms=1_000,
+        )
+        assert renewed == RenewResult([1, 2], [])
+        explicit = await store.renew_claims(
+            sid, holder="h1", claims=[ClaimRef(4, 1)], ttl_ms=1, expires_at_ms=_T0 + 9_000
+        )
+        assert explicit == RenewResult([4], [])
+        wrong_holder = await store.renew_claims(
+            sid, holder="h2", claims=[ClaimRef(3, 1)], ttl_ms=1_000
+        )
+        assert wrong_holder == RenewResult([], [])
+        wrong_attempt = await store.renew_claims(
+            sid, holder="h1", claims=[ClaimRef(3, 0)], ttl_ms=1_000
+        )
+        assert wrong_attempt == RenewResult([], [3])
+        rows = await store.read(sid)
+        assert [r.claim_expires_at_ms for r in rows] == [
+            _T0 + 1_500,
+            _T0 + 1_500,
+            _T0 + 1_000,
+            _T0 + 9_000,
+        ]
+        clock.advance(500)
+        # Claim 3 lapsed at exactly its expiry and nobody re-claimed it.
+        lapsed = await store.renew_claims(sid, holder="h1", claims=[ClaimRef(3, 1)], ttl_ms=1_000)
+        assert lapsed == RenewResult([], [])
+        assert _indexes(_claimed(await _claim(store, sid, "h2"))) == [3]
+        superseded = await store.renew_claims(
+            sid, holder="h1", claims=[ClaimRef(3, 1), ClaimRef(1, 1)], ttl_ms=1_000
+        )
+        assert superseded == RenewResult([1], [3])
+        await store.complete_attempt(sid, index=1, attempt=1, events=[])
+        processed = await store.renew_claims(
+            sid, holder="h1", claims=[ClaimRef(1, 1)], ttl_ms=1_000
+        )
+        assert processed == RenewResult([], [])
+        rows = await store.read(sid)
+        assert rows[0].claim_expires_at_ms is None
+        assert rows[2].claim_holder == "h2"
+        assert rows[2].attempt_count == 2
+
+
+# -- complete and fail --------------------------------------------------------
+
+
+async def check_complete_attempt(open_store: StoreFactory) -> None:
+    """Completion marks the parent and appends returned events after the frontier."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        sid = _sid("complete")
+        await _append_n(store, sid, 2)
+        _claimed(await _claim(store, sid))
+        await store.append(sid, [_ev("later")])
+        clock.advance(40)
+        r1, r2 = _uid("r1"), _uid("r2")
+        returned = [
+            _ev("out", {"k": [1, "é"]}, id=r1),
+            _ev("quiet", id=r2, settled=True),
+        ]
+        done = await store.complete_attempt(sid, index=1, attempt=1, events=returned)
+        assert done.outcome == "completed"
+        assert [(e.id, e.index, e.type, e.payload) for e in done.events] == [
+            (r1, 4, "out", {"k": [1, "é"]}),
+            (r2, 5, "quiet", None),
+        ]
+        for row in done.events:
+            assert row.cause == EventCause(1, 1), f"returned event cause: {row.cause!r}"
+            assert row.created_at_ms == _T0 + 40
+            assert row.session_id == sid
+        assert done.events[0].processed_at_ms is None
+        assert done.events[1].processed_at_ms == _T0 + 40
+        rows = await store.read(sid)
+        assert rows[3:] == done.events
+        parent = rows[0]
+        assert parent.processed_at_ms == _T0 + 40
+        assert parent.processed_by_attempt == 1
+        assert parent.returned_event_ids == [r1, r2]
+        assert parent.claim_holder is None
+        assert parent.claim_expires_at_ms is None
+        assert rows[1].processed_at_ms is None, "completion touches only its event"
+
+        clock.advance(10)
+        _claimed(await _claim(store, sid))
+        replay = await store.complete_attempt(sid, index=1, attempt=1, events=returned)
+        assert replay.outcome == "completed"
+        assert replay.events == (await store.read(sid))[3:5], "a repeat replays the rows"
+        assert len(await store.read(sid)) == 5, "a repeat writes nothing"
+        empty = await store.complete_attempt(sid, index=2, attempt=1, events=[])
+        assert empty.outcome == "completed"
+        assert empty.events == []
+        again = await store.complete_attempt(sid, index=2, attempt=1, events=[])
+        assert again.outcome == "completed"
+        assert again.events == []
+
+
+async def check_complete_attempt_rejects_a_different_batch(open_store: StoreFactory) -> None:
+    """A repeat with other ids, or returning stored ids, is PARTIAL_DUPLICATE_BATCH."""
+    async with open_store(ManualClock()) as store:
+        sid = _sid("complete-dup")
+        ids = [_uid("a"), _uid("b")]
+        await _append_n(store, sid, 3)
+        _claimed(await _claim(store, sid))
+        await store.complete_attempt(sid, index=1, attempt=1, events=[_ev(id=i) for i in ids])
+        before = await store.read(sid)
+        for other in ([_ev(id=ids[0])], [_ev(id=ids[1]), _ev(id=ids[0])], [], [_ev(id=_uid("c"))]):
+            with raises(ErrorCode.PARTIAL_DUPLICATE_BATCH):
+                await store.complete_attempt(sid, index=1, attempt=1, events=other)
+        with raises(ErrorCode.PARTIAL_DUPLICATE_BATCH):
+            await store.complete_attempt(sid, index=2, attempt=1, events=[_ev(id=ids[0])])
+        twice = _uid("twice")
+        with raises(ErrorCode.PARTIAL_DUPLICATE_BATCH):
+            await store.complete_attempt(
+                sid, index=2, attempt=1, events=[_ev(id=twice), _ev(id=twice)]
+            )
+        foreign = _uid("foreign")
+        await store.append(_sid("complete-dup-other"), [_ev(id=foreign)])
+        with raises(ErrorCode.PARTIAL_DUPLICATE_BATCH):
+            await store.complete_attempt(
+                sid, index=3, attempt=1, events=[_ev(id=_uid("fresh")), _ev(id=foreign)]
+            )
+        await _unchanged(store, sid, before)
+        assert before[1].processed_at_ms is None
+        assert before[2].processed_at_ms is None
+
+
+async def check_complete_attempt_replay_keeps_types(open_store: StoreFactory) -> None:
+    """A repeat naming a stored id under another type is a collision (seed
+    ``idempotentReplay``), not a replay."""
+    async with open_store(ManualClock()) as store:
+        sid = _sid("complete-type")
+        await _append_n(store, sid, 1)
+        _claimed(await _claim(store, sid))
+        child = _uid("child")
+        await store.complete_attempt(sid, index=1, attempt=1, events=[_ev("out", id=child)])
+        with raises(ErrorCode.PARTIAL_DUPLICATE_BATCH):
+            await store.complete_attempt(sid, index=1, attempt=1, events=[_ev("other", id=child)])
+
+
+async def check_complete_attempt_fences_zombies(open_store: StoreFactory) -> None:
+    """An attempt that lost its claim completes nothing and writes nothing."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        sid = _sid("zombie")
+        await _append_n(store, sid, 3)
+        unclaimed = await store.complete_attempt(sid, index=1, attempt=0, events=[])
+        assert unclaimed.outcome == "superseded", "an unclaimed event cannot complete"
+        _claimed(await _claim(store, sid, "h1", ttl_ms=100))
+        clock.advance(100)
+        _claimed(await _claim(store, sid, "h2", ttl_ms=100))
+        before = await store.read(sid)
+        zombie = await store.complete_attempt(sid, index=1, attempt=1, events=[_ev(id=_uid("z"))])
+        assert zombie.outcome == "superseded"
+        assert zombie.events == []
+        await _unchanged(store, sid, before)
+        current = await store.complete_attempt(sid, index=1, attempt=2, events=[])
+        assert current.outcome == "completed"
+        late = await store.complete_attempt(sid, index=1, attempt=1, events=[])
+        assert late.outcome == "superseded", "a processed event names its own attempt"
+
+        released = await store.fail_attempt(sid, index=2, attempt=2, error="e", max_failures=9)
+        assert released.outcome == "failed"
+        after_fail = await store.complete_attempt(sid, index=2, attempt=2, events=[])
+        assert after_fail.outcome == "superseded", "a failed attempt released its claim"
+        dead = await store.fail_attempt(sid, index=3, attempt=2, error="e", max_failures=1)
+        assert dead.outcome == "dead_lettered"
+        before = await store.read(sid)
+        assert (await store.complete_attempt(sid, index=3, attempt=2, events=[])).outcome == (
+            "superseded"
+        )
+        await _unchanged(store, sid, before)
+
+
+async def check_fail_attempt(open_store: StoreFactory) -> None:
+    """Failures release the claim, count, repeat idempotently and dead-letter at the limit."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        sid = _sid("fail")
+        await _append_n(store, sid, 2)
+        _claimed(await _claim(store, sid))
+        clock.advance(3)
+        first = await store.fail_attempt(sid, index=1, attempt=1, error="boom 1", max_failures=3)
+        assert (first.outcome, first.failure_count) == ("failed", 1)
+        row = (await store.read(sid))[0]
+        assert row.claim_holder is None
+        assert row.claim_expires_at_ms is None
+        assert row.failure_count == 1
+        assert row.failed_at_ms is None
+        assert row.last_error == "boom 1"
+        assert row.last_failed_at_ms == _T0 + 3
+        assert row.last_failed_attempt == 1
+        repeat = await store.fail_attempt(sid, index=1, attempt=1, error="boom 1", max_failures=3)
+        assert (repeat.outcome, repeat.failure_count) == ("failed", 1)
+        assert (await store.read(sid))[0] == row, "a repeated failure changes nothing"
+
+        retry = _claimed(await _claim(store, sid))
+        assert [(e.index, e.attempt_count) for e in retry] == [(1, 2)], "released at once"
+        stale = await store.fail_attempt(sid, index=1, attempt=1, error="old", max_failures=3)
+        assert (stale.outcome, stale.failure_count) == ("superseded", 1)
+        second = await store.fail_attempt(sid, index=1, attempt=2, error="boom 2", max_failures=3)
+        assert (second.outcome, second.failure_count) == ("failed", 2)
+        _claimed(await _claim(store, sid))
+        clock.advance(4)
+        third = await store.fail_attempt(sid, index=1, attempt=3, error="boom 3", max_failures=3)
+        assert (third.outcome, third.failure_count) == ("dead_lettered", 3)
+        dead = (await store.read(sid))[0]
+        assert dead.failed_at_ms == _T0 + 7
+        assert dead.last_error == "boom 3"
+        assert dead.processed_at_ms is None
+        assert dead.claim_holder is None
+        again = await store.fail_attempt(sid, index=1, attempt=3, error="x", max_failures=3)
+        assert (again.outcome, again.failure_count) == ("dead_lettered", 3)
+        older = await store.fail_attempt(sid, index=1, attempt=2, error="x", max_failures=3)
+        assert older.outcome == "superseded"
+        assert (await store.read(sid))[0] == dead
+        assert await _claim(store, sid) == Busy(_T0 + 1_000), "only event 2's claim is live"
+
+        await store.complete_attempt(sid, index=2, attempt=1, events=[])
+        done = await store.fail_attempt(sid, index=2, attempt=1, error="x", max_failures=3)
+        assert (done.outcome, done.failure_count) == ("superseded", 0)
+
+
+# -- snapshots ----------------------------------------------------------------
+
+
+async def check_snapshots(open_store: StoreFactory) -> None:
+    """read_state splits at the snapshot; put_snapshot never moves backwards."""
+    async with open_store(ManualClock()) as store:
+        sid = _sid("snap")
+        appended = (await _append_n(store, sid, 4)).events
+        empty = await store.read_state(sid, "r")
+        assert empty.snapshot is None
+        assert [(e.id, e.index, e.payload) for e in empty.events] == [
+            (e.id, e.index, e.payload) for e in appended
+        ]
+        state = {"count": 2, "names": ["å", None], "ratio": 0.5}
+        await store.put_snapshot(sid, "r", 2, state)
+        after = await store.read_state(sid, "r")
+        assert after.snapshot == Snapshot(2, state)
+        assert _indexes(after.events) == [3, 4]
+        assert [e.type for e in after.events] == ["note", "note"]
+        await store.put_snapshot(sid, "r", 1, {"older": True})
+        await store.put_snapshot(sid, "r", 2, {"same index": True})
+        assert (await store.read_state(sid, "r")).snapshot == Snapshot(2, state)
+        await store.put_snapshot(sid, "r", 4, {"count": 4})
+        newest = await store.read_state(sid, "r")
+        assert newest == StateRead(Snapshot(4, {"count": 4}), [])
+        assert (await store.read_state(sid, "other")).snapshot is None
+        assert (await store.read_state(_sid("missing"), "r")) == StateRead(None, [])
+
+
+async def check_read_states(open_store: StoreFactory) -> None:
+    """read_states aligns with the requested ids; missing sessions read empty."""
+    async with open_store(ManualClock()) as store:
+        a, b, missing = _sid("states-a"), _sid("states-b"), _sid("states-missing")
+        await _append_n(store, a, 3)
+        await _append_n(store, b, 2)
+        await store.put_snapshot(b, "r", 1, [1])
+        await store.put_snapshot(a, "elsewhere", 3, "x")
+        reads = await store.read_states([b, missing, a], "r")
+        assert len(reads) == 3
+        assert reads[0].snapshot == Snapshot(1, [1])
+        assert _indexes(reads[0].events) == [2]
+        assert reads[1] == StateRead(None, [])
+        assert reads[2].snapshot is None
+        assert _indexes(reads[2].events) == [1, 2, 3]
+        assert all(e.session_id == a for e in reads[2].events)
+        assert await store.read_states([], "r") == []
+
+
+# -- streams ------------------------------------------------------------------
+
+
+async def _receive(feed: Feed[StoredEvent], n: int) -> list[StoredEvent]:
+    got: list[StoredEvent] = []
+    try:
+        with trio.fail_after(FEED_DEADLINE_S):
+            for _ in range(n):
+                got.append(await feed.receive())
+    except trio.TooSlowError:
+        raise AssertionError(f"feed delivered {_indexes(got)}, expected {n} rows") from None
+    return got
+
+
+async def check_stream_catches_up_then_follows(open_store: StoreFactory) -> None:
+    """A feed yields rows after ``start_after``, then later appends and returned events."""
+    async with open_store(ManualClock()) as store:
+        sid, other = _sid("stream"), _sid("stream-other")
+        await _append_n(store, sid, 3)
+        async with store.stream(sid, start_after=1) as feed:
+            assert _indexes(await _receive(feed, 2)) == [2, 3]
+            await store.append(other, [_ev("elsewhere")])
+            await store.append(sid, [_ev("live", {"n": 4})])
+            live = await _receive(feed, 1)
+            assert [(e.index, e.type, e.payload) for e in live] == [(4, "live", {"n": 4})]
+            _claimed(await _claim(store, sid))
+            child = _uid("child")
+            await store.complete_attempt(sid, index=2, attempt=1, events=[_ev("out", id=child)])
+            returned = await _receive(feed, 1)
+            assert [(e.index, e.id, e.cause) for e in returned] == [(5, child, EventCause(2, 1))]
+        async with store.stream(sid, start_after=5) as tail:
+            await store.append(sid, [_ev("after")])
+            assert _indexes(await _receive(tail, 1)) == [6]
+
+
+async def check_stream_concurrent_feeds(open_store: StoreFactory) -> None:
+    """Two feeds on one session each see every row once, in order."""
+    async with open_store(ManualClock()) as store:
+        sid = _sid("stream-two")
+        await _append_n(store, sid, 1)
+        seen: dict[str, list[int]] = {"a": [], "b": []}
+
+        async def follow(name: str, start_after: int) -> None:
+            async with store.stream(sid, start_after=start_after) as feed:
+                seen[name] = _indexes(await _receive(feed, 4 - start_after))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follow, "a", 0)
+            nursery.start_soon(follow, "b", 2)
+            await trio.testing.wait_all_tasks_blocked()
+            for _ in range(3):
+                await store.append(sid, [_ev("x")])
+        assert seen == {"a": [1, 2, 3, 4], "b": [3, 4]}
+
+
+async def check_stream_close_stops_the_feed(open_store: StoreFactory) -> None:
+    """Leaving the feed's block stops it promptly, even with rows undelivered."""
+    async with open_store(ManualClock()) as store:
+        sid = _sid("stream-close")
+        # More rows than any reasonable buffer, so the pump is blocked when we leave.
+        await store.append(sid, [_ev("x", i) for i in range(300)])
+        with trio.fail_after(FEED_DEADLINE_S):
+            async with store.stream(sid) as feed:
+                assert _indexes(await _receive(feed, 1)) == [1]
+        with trio.fail_after(FEED_DEADLINE_S):
+            try:
+                await feed.receive()
+            except Exception:
+                pass
+            else:
+                raise AssertionError("a closed feed still delivered a row")
+        assert len((await store.append(sid, [_ev("after close")])).events) == 1
+
+
+# -- presence -----------------------------------------------------------------
+
+
+async def check_presence_last_writer_wins(open_store: StoreFactory) -> None:
+    """Field-wise LWW on ``at_ms``: older writes lose, ties go to the incoming write."""
+    async with open_store(ManualClock()) as store:
+        presence = _presence(store)
+        sid = _sid("lww")
+
+        async def put(values: dict[str, Any], at_ms: int) -> StoredPresencePatch | None:
+            return await presence.set(sid, "p1", values, seen=at_ms, at_ms=at_ms, ttl_ms=60_000)
+
+        async def fields() -> dict[str, Any]:
+            return {r.field: r.value for r in await presence.read(sid)}
+
+        first = await put({"a": 1, "b": {"x": [1, 2]}}, 100)
+        assert first == StoredPresencePatch("p1", {"a": 1, "b": {"x": [1, 2]}}, 100, 100)
+        assert await put({"a": 9}, 50) is None
+        assert await fields() == {"a": 1, "b": {"x": [1, 2]}}
+        tie = await put({"a": 3, "b": "é"}, 100)
+        assert tie == StoredPresencePatch("p1", {"a": 3, "b": "é"}, 100, 100)
+        await put({"a": 7}, 200)
+        partial = await put({"a": 8, "b": 8}, 150)
+        assert partial == StoredPresencePatch("p1", {"b": 8}, 150, 150)
+        assert await fields() == {"a": 7, "b": 8}
+        rows = {r.field: (r.seen, r.at_ms) for r in await presence.read(sid)}
+        assert rows == {"a": (200, 200), "b": (150, 150)}
+
+        cleared = await put({"b": None}, 300)
+        assert cleared == StoredPresencePatch("p1", {"b": None}, 300, 300)
+        assert await fields() == {"a": 7}
+        assert await put({"a": None}, 199) is None, "an older clear loses to a newer value"
+        assert await fields() == {"a": 7}
+        assert await put({"a": None}, 200) is not None, "a clear at the same at applies"
+        assert await presence.read(sid) == []
+
+
+async def check_presence_expiry_and_order(open_store: StoreFactory) -> None:
+    """Rows expire exactly ``ttl_ms`` after the write on the store clock; reads sort."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        presence = _presence(store)
+        sid = _sid("presence-ttl")
+        # `at_ms` orders writes; it never anchors expiry.
+        await presence.set(sid, "bob", {"z": 1, "a": 2}, seen=4, at_ms=5, ttl_ms=1_000)
+        clock.advance(100)
+        await presence.set(sid, "alice", {"m": True}, seen=9, at_ms=6, ttl_ms=1_000)
+        rows = await presence.read(sid)
+        assert [(r.participant, r.field) for r in rows] == [
+            ("alice", "m"),
+            ("bob", "a"),
+            ("bob", "z"),
+        ]
+        assert [(r.value, r.seen, r.at_ms, r.expires_at_ms) for r in rows] == [
+            (True, 9, 6, _T0 + 1_100),
+            (2, 4, 5, _T0 + 1_000),
+            (1, 4, 5, _T0 + 1_000),
+        ]
+        assert await presence.read(_sid("presence-other")) == []
+        clock.advance(899)
+        assert len(await presence.read(sid)) == 3
+        clock.advance(1)
+        assert [(r.participant, r.field) for r in await presence.read(sid)] == [("alice", "m")]
+        clock.advance(100)
+        assert await presence.read(sid) == []
+
+
+async def check_presence_subscribe(open_store: StoreFactory) -> None:
+    """Push-tier stores deliver applied patches to subscribers until unsubscribed."""
+    async with open_store(ManualClock()) as store:
+        presence = _presence(store)
+        if not presence.push:
+            raise CapabilityMissing("presence push")
+        sid, other = _sid("presence-sub"), _sid("presence-sub-other")
+        gone, stays = _Recorder(), _Recorder()
+        unsubscribe_gone = presence.subscribe(sid, gone)
+        unsubscribe_stays = presence.subscribe(sid, stays)
+        try:
+            await presence.set(other, "p", {"f": 0}, seen=1, at_ms=1, ttl_ms=60_000)
+            patch = await presence.set(sid, "p", {"f": 1}, seen=1, at_ms=10, ttl_ms=60_000)
+            assert patch is not None
+            await gone.wait_for(1, "a pushed patch")
+            await stays.wait_for(1, "a pushed patch")
+            assert gone.patches == [patch], "only this session's applied patch is pushed"
+            assert stays.patches == [patch]
+            assert await presence.set(sid, "p", {"f": 2}, seen=1, at_ms=5, ttl_ms=60_000) is None
+            unsubscribe_gone()
+            last = await presence.set(sid, "p", {"f": 3}, seen=2, at_ms=20, ttl_ms=60_000)
+            # Patches arrive in order, so once `stays` has the last one, `gone`
+            # would have had it too.
+            await stays.wait_for(2, "the second patch")
+            assert stays.patches == [patch, last], "an unapplied write is never pushed"
+            assert gone.patches == [patch], "an unsubscribed listener still received patches"
+        finally:
+            unsubscribe_stays()
+
+
+# -- inspection ---------------------------------------------------------------
+
+
+async def check_inspect_list_sessions(open_store: StoreFactory) -> None:
+    """Sessions by prefix, ordered by id, paged by cursor, with their counters."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        inspect = _inspect(store)
+        prefix = _sid("insp") + "/"
+        a, b, c = prefix + "a", prefix + "b", prefix + "c"
+        await _append_n(store, c, 1)
+        await _append_n(store, a, 4)
+        clock.advance(10)
+        await _append_n(store, b, 2)
+        await _append_n(store, prefix.rstrip("/") + "-outside", 1)
+        _claimed(await _claim(store, a, ttl_ms=100))
+        clock.advance(20)
+        await store.fail_attempt(a, index=1, attempt=1, error="e", max_failures=1)
+        clock.advance(5)
+        await store.complete_attempt(a, index=2, attempt=1, events=[])
+        clock.advance(100)
+        _claimed(await _claim(store, a))
+        await store.fail_attempt(a, index=3, attempt=2, error="e", max_failures=5)
+
+        page = await inspect.list_sessions(prefix=prefix, limit=2)
+        assert [s.session_id for s in page.sessions] == [a, b]
+        assert page.cursor == b
+        rest = await inspect.list_sessions(prefix=prefix, limit=2, cursor=page.cursor)
+        assert [s.session_id for s in rest.sessions] == [c]
+        assert rest.cursor is None
+        exact = await inspect.list_sessions(prefix=prefix, limit=3)
+        assert len(exact.sessions) == 3
+        assert exact.cursor is None
+        summary = page.sessions[0]
+        assert (summary.event_count, summary.pending_count, summary.failed_count) == (4, 2, 1)
+        # Events 1-2 were claimed once, 3-4 twice; 1 dead-lettered, 3 failed once.
+        assert (summary.attempt_count, summary.failure_count) == (6, 2), f"counters: {summary!r}"
+        assert summary.first_event_at_ms == _T0
+        assert summary.updated_at_ms == _T0 + 135
+        assert page.sessions[1].updated_at_ms == _T0 + 10
+        assert page.sessions[1].pending_count == 2
+        assert (await inspect.list_sessions(prefix=prefix + "zz", limit=5)).sessions == []
+
+
+async def check_inspect_read_events_and_snapshots(open_store: StoreFactory) -> None:
+    """Event pages stop at min(through_index, frontier); snapshots list by reducer."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        inspect = _inspect(store)
+        sid = _sid("insp-events")
+        await _append_n(store, sid, 5)
+        page = await inspect.read_events(sid, after_index=1, limit=2)
+        assert _indexes(page.events) == [2, 3]
+        assert page.through_index == 5
+        bounded = await inspect.read_events(sid, after_index=2, limit=10, through_index=4)
+        assert _indexes(bounded.events) == [3, 4]
+        assert bounded.through_index == 4
+        beyond = await inspect.read_events(sid, after_index=0, limit=10, through_index=99)
+        assert _indexes(beyond.events) == [1, 2, 3, 4, 5]
+        assert beyond.through_index == 5
+        assert await store.read(sid) == beyond.events
+        missing = await inspect.read_events(_sid("insp-none"), after_index=0, limit=10)
+        assert missing.events == []
+        assert missing.through_index == 0
+
+        await store.put_snapshot(sid, "zeta", 2, 1)
+        clock.advance(50)
+        await store.put_snapshot(sid, "alpha", 3, 2)
+        clock.advance(50)
+        await store.put_snapshot(sid, "zeta", 1, "ignored")
+        assert await inspect.list_snapshots(sid) == [
+            SnapshotInfo("alpha", 3, _T0 + 50),
+            SnapshotInfo("zeta", 2, _T0),
+        ]
+        await store.put_snapshot(sid, "zeta", 5, "moved")
+        assert (await inspect.list_snapshots(sid))[1] == SnapshotInfo("zeta", 5, _T0 + 100)
+        assert await inspect.list_snapshots(_sid("insp-none")) == []
+
+
+CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
+    check_append_assigns_contiguous_indexes,
+    check_append_supplied_ids_are_unique_across_the_store,
+    check_append_replays_a_stored_batch,
+    check_append_rejects_partial_duplicates,
+    check_append_empty_batch_reports_pending,
+    check_append_stores_settled_events_processed,
+    check_append_cause_fence,
+    check_append_payload_round_trip,
+    check_read_bounds,
+    check_claim_available,
+    check_claim_exclude_and_busy,
+    check_claim_lanes,
+    check_claim_lane_hand_off_to_returned_events,
+    check_claim_dead_letters_block_their_lane,
+    check_renew_claims,
+    check_complete_attempt,
+    check_complete_attempt_rejects_a_different_batch,
+    check_complete_attempt_replay_keeps_types,
+    check_complete_attempt_fences_zombies,
+    check_fail_attempt,
+    check_snapshots,
+    check_read_states,
+    check_stream_catches_up_then_follows,
+    check_stream_concurrent_feeds,
+    check_stream_close_stops_the_feed,
+    check_presence_last_writer_wins,
+    check_presence_expiry_and_order,
+    check_presence_subscribe,
+    check_inspect_list_sessions,
+    check_inspect_read_events_and_snapshots,
+]
+"""Every check, in the order of ``base.py``'s obligations."""

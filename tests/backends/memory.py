@@ -1,0 +1,20 @@
+"""The memory store as a conformance backend."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from a2trio.clock import Clock
+from a2trio.stores.base import Store
+from a2trio.stores.memory import MemoryStore
+
+
+@asynccontextmanager
+async def open_store(clock: Clock) -> AsyncIterator[Store]:
+    """A new, empty memory store on ``clock``, closed on exit."""
+    async with MemoryStore(clock=clock) as store:
+        try:
+            yield store
+        finally:
+            await store.aclose()
