@@ -1,0 +1,284 @@
+"""sqlite3 connections driven from Trio: one whole transaction per thread call.
+
+Theory of operation. ``sqlite3`` blocks, so every transaction runs in a worker
+thread (``trio.to_thread``), and it runs *whole* there: ``BEGIN``, the
+statements, ``COMMIT`` (or ``ROLLBACK`` on any error) are one thread call. A
+Trio task therefore never holds a connection between two awaits in the
+middle of a transaction.
+
+Cancellation. The thread call is made with ``abandon_on_cancel=True`` so that
+Trio notices the cancellation at once, but the connection is not abandoned:
+
+* if the thread has not started the transaction yet, it is told not to, and
+  the connection was never touched;
+* if it has, ``Connection.interrupt()`` makes the running statement fail with
+  ``SQLITE_INTERRUPT`` (a ``BEGIN IMMEDIATE`` waiting on another process's
+  lock included), the thread rolls back, and the cancelled task waits, shielded,
+  until the thread is done. An interrupt that lands between statements is a
+  no-op and the transaction simply runs to its end (commit included).
+
+Either way the cancelled call committed entirely or not at all, and the
+connection goes back to the pool idle. A connection left inside a transaction
+(a failed ``ROLLBACK``) is marked broken and closed instead of reused.
+
+Writes serialize anyway (SQLite has one writer per file), so the pool keeps one
+writer connection behind a ``trio.Lock`` and a few reader connections, which in
+WAL mode read a consistent snapshot without waiting for the writer. A
+``:memory:`` database is private to its connection, so there the one
+connection serves both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+from collections.abc import Callable
+from typing import Final, TypeVar
+
+import trio
+
+from ._sqlite_schema import migrate
+
+__all__ = ["BEGIN_READ", "BEGIN_WRITE", "ConnectionPool"]
+
+T = TypeVar("T")
+
+BEGIN_WRITE: Final = "begin immediate"
+BEGIN_READ: Final = "begin"
+
+#: How long a write waits for another process's write lock before failing with
+#: ``database is locked`` (STORE_UNAVAILABLE). Transactions here last
+#: milliseconds, so 10 s only runs out when a process is wedged.
+BUSY_TIMEOUT_S: Final = 10.0
+
+#: Reader connections per store. Reads are short and the GIL is released only
+#: inside sqlite, so a couple of readers keep feeds polling while a write is in
+#: flight; more only add threads.
+READERS: Final = 2
+
+
+class _Abandoned(Exception):
+    """The task gave up on the call before its thread touched the connection."""
+
+
+class _Call:
+    """What the Trio side and the thread agree on for one cancellable call."""
+
+    __slots__ = ("abandoned", "finished", "gate", "running", "token")
+
+    def __init__(self) -> None:
+        self.gate = threading.Lock()
+        self.running = False
+        self.abandoned = False
+        self.finished = trio.Event()
+        self.token = trio.lowlevel.current_trio_token()
+
+    def enter(self) -> bool:
+        """Thread side: may the transaction start (the task has not given up)?"""
+        with self.gate:
+            if self.abandoned:
+                return False
+            self.running = True
+            return True
+
+    def leave(self) -> None:
+        """Thread side: the connection is idle again; wake a waiting task."""
+        with self.gate:
+            self.running = False
+            notify = self.abandoned
+        if notify:
+            self.token.run_sync_soon(self.finished.set)
+
+    def abandon(self) -> bool:
+        """Trio side: give up; returns whether the thread is mid-transaction."""
+        with self.gate:
+            self.abandoned = True
+            return self.running
+
+
+def _transaction(
+    conn: sqlite3.Connection, begin: str, work: Callable[[sqlite3.Connection], T]
+) -> T:
+    conn.execute(begin)
+    try:
+        result = work(conn)
+        conn.execute("commit")
+    except BaseException:
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("rollback")
+        raise
+    return result
+
+
+class Connection:
+    """One ``sqlite3.Connection``; see the module docstring for ``run``."""
+
+    def __init__(self, raw: sqlite3.Connection, generation: int) -> None:
+        self.raw = raw
+        self.generation = generation
+
+    @property
+    def broken(self) -> bool:
+        """Still inside a transaction after a call: unusable, close it."""
+        return self.raw.in_transaction
+
+    async def run(self, begin: str, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``work`` inside one transaction in a worker thread.
+
+        Cancellation: prompt; on return the transaction has committed entirely
+        or not at all, and no thread is using the connection.
+        """
+        call = _Call()
+
+        def in_thread() -> T:
+            if not call.enter():
+                raise _Abandoned
+            try:
+                return _transaction(self.raw, begin, work)
+            finally:
+                call.leave()
+
+        try:
+            return await trio.to_thread.run_sync(in_thread, abandon_on_cancel=True)
+        except trio.Cancelled:
+            if call.abandon():
+                self.raw.interrupt()
+                with trio.CancelScope(shield=True):
+                    await call.finished.wait()
+            raise
+
+
+def _connect(path: str, *, writer: bool) -> sqlite3.Connection:
+    if writer and path != ":memory:":
+        folder = os.path.dirname(path)
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+    raw = sqlite3.connect(
+        path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+    )
+    try:
+        if writer and path != ":memory:":
+            # WAL is a property of the file, so the writer sets it once: readers
+            # then never block the writer and vice versa, across processes too.
+            raw.execute("pragma journal_mode = wal")
+        # NORMAL in WAL mode syncs at checkpoints, not at every commit: a
+        # process crash loses nothing; a power cut may lose the last commits.
+        raw.execute("pragma synchronous = normal")
+    except BaseException:
+        raw.close()
+        raise
+    return raw
+
+
+class ConnectionPool:
+    """A writer connection and a few readers on one database file.
+
+    Opening is lazy (the first call opens the writer, creates the folder and
+    migrates the schema) and retried after a failure. :meth:`aclose` closes
+    every connection; a later call opens new ones, except on ``:memory:``
+    whose data died with its connection.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._memory = path == ":memory:"
+        self._writer: Connection | None = None
+        self._write_lock = trio.Lock()
+        self._idle: list[Connection] = []
+        self._reader_slots = trio.Semaphore(READERS)
+        self._generation = 0
+        self._closed_memory = False
+
+    async def write(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``work`` in a ``BEGIN IMMEDIATE`` transaction on the writer."""
+        async with self._write_lock:
+            conn = await self._open_writer()
+            try:
+                return await conn.run(BEGIN_WRITE, work)
+            finally:
+                if conn.broken:
+                    await self._discard_writer()
+
+    async def read(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``work`` in a read transaction: one consistent snapshot."""
+        if self._memory:
+            async with self._write_lock:
+                conn = await self._open_writer()
+                try:
+                    return await conn.run(BEGIN_READ, work)
+                finally:
+                    if conn.broken:
+                        await self._discard_writer()
+        await self._ensure_ready()
+        async with self._reader_slots:
+            if self._idle:
+                conn = self._idle.pop()
+            else:
+                raw = await trio.to_thread.run_sync(_connect_reader, self.path)
+                conn = Connection(raw, self._generation)
+            try:
+                return await conn.run(BEGIN_READ, work)
+            finally:
+                if conn.broken or conn.generation != self._generation:
+                    await _close(conn)
+                else:
+                    self._idle.append(conn)
+
+    async def _ensure_ready(self) -> None:
+        if self._writer is None:
+            async with self._write_lock:
+                await self._open_writer()
+
+    async def _open_writer(self) -> Connection:
+        if self._writer is not None:
+            return self._writer
+        if self._closed_memory:
+            raise trio.ClosedResourceError(
+                "this ':memory:' sqlite store was closed and its data is gone: create a new store"
+            )
+        raw = await trio.to_thread.run_sync(_connect_writer, self.path)
+        conn = Connection(raw, self._generation)
+        try:
+            await conn.run(BEGIN_WRITE, migrate)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await _close(conn)
+            raise
+        self._writer = conn
+        return conn
+
+    async def _discard_writer(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            with trio.CancelScope(shield=True):
+                await _close(writer)
+
+    async def aclose(self) -> None:
+        """Close every connection; in-use readers close when their call ends.
+
+        Cancellation: shielded; always closes.
+        """
+        with trio.CancelScope(shield=True):
+            self._generation += 1
+            idle, self._idle = self._idle, []
+            for conn in idle:
+                await _close(conn)
+            async with self._write_lock:
+                if self._memory and self._writer is not None:
+                    self._closed_memory = True
+                await self._discard_writer()
+
+
+def _connect_writer(path: str) -> sqlite3.Connection:
+    return _connect(path, writer=True)
+
+
+def _connect_reader(path: str) -> sqlite3.Connection:
+    return _connect(path, writer=False)
+
+
+async def _close(conn: Connection) -> None:
+    await trio.to_thread.run_sync(conn.raw.close)

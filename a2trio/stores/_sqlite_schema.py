@@ -1,0 +1,111 @@
+"""The SQLite schema, versioned with ``PRAGMA user_version``.
+
+Tables and columns are the seed's ``store-postgres.ts`` schema, typed the
+SQLite way: ``jsonb`` columns hold JSON text (readable with the ``sqlite3``
+shell and ``json_extract``), booleans are 0/1, and epoch milliseconds are
+integers. Each entry of :data:`MIGRATIONS` moves a database from version ``n``
+to ``n + 1``; a later release appends an entry instead of editing one, so a
+developer's ``.a2/dev.db`` is migrated rather than refused.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from ..errors import A2Error, ErrorCode
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate"]
+
+_V1 = (
+    """
+    create table if not exists a2_events (
+      session_id text not null,
+      idx integer not null,
+      event_type text not null,
+      payload text not null,
+      event_id text not null,
+      created_at integer not null,
+      cause text,
+      lane text,
+      lane_ready integer not null default 0,
+      processed_at integer,
+      processed_by_attempt integer,
+      returned_event_ids text,
+      first_claimed_at integer,
+      last_claimed_at integer,
+      attempt_count integer not null default 0,
+      failure_count integer not null default 0,
+      last_failed_at integer,
+      last_failed_attempt integer,
+      last_error text,
+      failed_at integer,
+      claim_holder text,
+      claim_expires_at integer,
+      primary key (session_id, idx)
+    ) without rowid
+    """,
+    "create unique index if not exists a2_events_event_id on a2_events (event_id)",
+    """
+    create index if not exists a2_events_unprocessed
+      on a2_events (session_id, idx) where processed_at is null
+    """,
+    """
+    create index if not exists a2_events_lane_pending
+      on a2_events (session_id, lane, idx) where processed_at is null
+    """,
+    """
+    create index if not exists a2_events_dispatch_ready
+      on a2_events (session_id, idx)
+      where lane_ready and processed_at is null and failed_at is null
+    """,
+    """
+    create table if not exists a2_snapshots (
+      session_id text not null,
+      reducer_name text not null,
+      up_to_index integer not null,
+      state text not null,
+      updated_at integer not null,
+      primary key (session_id, reducer_name)
+    ) without rowid
+    """,
+    """
+    create table if not exists a2_presence (
+      ns text not null,
+      participant text not null,
+      field text not null,
+      value text not null,
+      seen integer not null,
+      at integer not null,
+      expires_at integer not null,
+      primary key (ns, participant, field)
+    ) without rowid
+    """,
+)
+
+#: Statements per migration; entry ``n`` upgrades ``user_version`` ``n`` to ``n + 1``.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1,)
+
+#: The version this release writes and reads.
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Bring the schema to :data:`SCHEMA_VERSION` inside the caller's write
+    transaction (``BEGIN IMMEDIATE``), so concurrent processes migrate once.
+
+    Returns the version found. Raises ``STORE_UNAVAILABLE`` for a database
+    written by a newer release: reading it could misread columns we do not know.
+    """
+    (found,) = conn.execute("pragma user_version").fetchone()
+    if found > SCHEMA_VERSION:
+        raise A2Error(
+            ErrorCode.STORE_UNAVAILABLE,
+            f"the sqlite database has schema version {found}, newer than the {SCHEMA_VERSION} "
+            "this a2trio supports: upgrade a2trio or point the store at another file",
+        )
+    for statements in MIGRATIONS[found:]:
+        for statement in statements:
+            conn.execute(statement)
+    if found < SCHEMA_VERSION:
+        conn.execute(f"pragma user_version = {SCHEMA_VERSION}")
+    return int(found)

@@ -1,0 +1,850 @@
+"""The SQLite store: the embedded default for development, on stdlib ``sqlite3``.
+
+Theory of operation. Every operation is one transaction with the seed's
+``store-postgres.ts`` statements and boundaries, written for SQLite: writes
+open with ``BEGIN IMMEDIATE``, which takes the file's single write lock up
+front. That lock does the work of Postgres' ``pg_advisory_xact_lock`` and
+``FOR UPDATE``: index assignment, the duplicate-id check and the attempt fence
+all read and write under it, so several OS processes can share one file (WAL
+mode lets their readers run beside the writer). Each transaction runs whole in
+a worker thread (:mod:`._sqlite_conn`), so Trio never waits on the disk and a
+cancelled task never leaves a transaction open.
+
+Live feeds. A commit that adds events notifies this store's feeds at once.
+Appends by other processes are found by adaptive polling: ``poll_active_s``
+(25 ms) after a read found rows, doubling on every empty read up to
+``poll_idle_s`` (2 s).
+
+Presence is the degraded tier: rows with a TTL on the store's clock, re-read
+and diffed by the server on the feed's cadence (``presence.push`` is False and
+``subscribe`` never calls back).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
+from typing import Any, Final, TypeVar
+
+import msgspec
+
+from ..clock import SYSTEM_CLOCK, Clock
+from ..errors import A2Error, ErrorCode, store_unavailable
+from ..ids import random_id
+from ..timings import DEFAULT_TIMINGS, Timings
+from ._feed import Feed, FeedStatistics, Wakeups, open_pump_feed
+from ._sqlite_conn import ConnectionPool
+from .base import (
+    AppendEvent,
+    AppendResult,
+    Busy,
+    Claimed,
+    ClaimRef,
+    ClaimResult,
+    CompleteResult,
+    EventCause,
+    EventPage,
+    FailResult,
+    PresenceRow,
+    RenewResult,
+    SessionPage,
+    SessionSummary,
+    Settled,
+    Snapshot,
+    SnapshotInfo,
+    StateRead,
+    StoredEvent,
+    StoredPresencePatch,
+    replay,
+)
+
+__all__ = ["DEFAULT_PATH", "SqliteStore", "sqlite"]
+
+T = TypeVar("T")
+
+#: Where the development default lives, relative to the working directory.
+DEFAULT_PATH: Final = ".a2/dev.db"
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+_decode_cause = msgspec.json.Decoder(EventCause).decode
+_decode_ids = msgspec.json.Decoder(list[str]).decode
+
+# The columns of a StoredEvent, in its field order.
+_COLS: Final = (
+    "event_id, event_type, payload, idx, session_id, created_at, cause, lane, processed_at, "
+    "processed_by_attempt, returned_event_ids, first_claimed_at, last_claimed_at, "
+    "attempt_count, failure_count, last_failed_at, last_failed_attempt, last_error, "
+    "failed_at, claim_holder, claim_expires_at"
+)
+
+_INSERT: Final = """
+insert into a2_events
+  (session_id, idx, event_type, payload, event_id, created_at, cause, lane, lane_ready,
+   processed_at)
+values (
+  ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8,
+  ?8 is null or not exists (
+    select 1 from a2_events where session_id = ?1 and lane = ?8 and processed_at is null
+  ),
+  ?9
+)
+"""
+
+_PENDING: Final = (
+    "select exists(select 1 from a2_events where session_id = ? and processed_at is null)"
+)
+
+
+def _text(value: Any) -> str:
+    return _encode(value).decode()
+
+
+def _stored(row: tuple[Any, ...]) -> StoredEvent:
+    fields = list(row)
+    fields[2] = _decode(fields[2])
+    if fields[6] is not None:
+        fields[6] = _decode_cause(fields[6])
+    if fields[10] is not None:
+        fields[10] = _decode_ids(fields[10])
+    return StoredEvent(*fields)
+
+
+def _no_event(session_id: str, index: int) -> ValueError:
+    return ValueError(f"no event at index {index} in session {session_id!r}")
+
+
+def _has_pending(conn: sqlite3.Connection, session_id: str) -> bool:
+    return bool(conn.execute(_PENDING, (session_id,)).fetchone()[0])
+
+
+def _rows_by_ids(conn: sqlite3.Connection, ids: Sequence[str]) -> list[StoredEvent]:
+    rows = conn.execute(
+        f"select {_COLS} from a2_events where event_id in (select value from json_each(?)) "
+        "order by idx",
+        (_text(list(ids)),),
+    ).fetchall()
+    return [_stored(row) for row in rows]
+
+
+def _insert(
+    conn: sqlite3.Connection,
+    session_id: str,
+    index: int,
+    event: AppendEvent,
+    event_id: str,
+    cause: EventCause | None,
+    now: int,
+) -> StoredEvent:
+    processed_at = now if event.settled else None
+    conn.execute(
+        _INSERT,
+        (
+            session_id,
+            index,
+            event.type,
+            _text(event.payload),
+            event_id,
+            now,
+            None if cause is None else _text(cause),
+            event.lane,
+            processed_at,
+        ),
+    )
+    return StoredEvent(
+        id=event_id,
+        type=event.type,
+        payload=event.payload,
+        index=index,
+        session_id=session_id,
+        created_at_ms=now,
+        cause=cause,
+        lane=event.lane,
+        processed_at_ms=processed_at,
+    )
+
+
+def _next_index(conn: sqlite3.Connection, session_id: str) -> int:
+    (top,) = conn.execute(
+        "select coalesce(max(idx), 0) from a2_events where session_id = ?", (session_id,)
+    ).fetchone()
+    return int(top) + 1
+
+
+class SqliteStore:
+    """A :class:`~a2trio.stores.Store` in one SQLite file, with presence
+    (degraded tier) and inspection. Build it with :func:`sqlite`.
+
+    Attributes:
+      path: the resolved database path (absolute), or ``":memory:"``. A
+        durable scheduler can open the same file.
+      clock: where stored timestamps come from.
+    """
+
+    def __init__(self, path: str, *, clock: Clock, timings: Timings) -> None:
+        self.path = path if path == ":memory:" else os.path.abspath(path)
+        self.clock = clock
+        self.timings = timings
+        self._pool = ConnectionPool(self.path)
+        self._wakeups = Wakeups()
+        self._users = 0
+        self.presence: _SqlitePresence = _SqlitePresence(self)
+        self.inspect: _SqliteInspection = _SqliteInspection(self)
+
+    def __repr__(self) -> str:
+        return f"SqliteStore({self.path!r})"
+
+    async def __aenter__(self) -> SqliteStore:
+        self._users += 1
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._users -= 1
+        if self._users == 0:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connections. Idempotent. A file store reopens on its next
+        use (the data is in the file); a ``:memory:`` store's data is gone, and
+        its later use raises ``trio.ClosedResourceError``.
+
+        Cancellation: shielded; the connections are always closed.
+        """
+        self._wakeups.notify_all()
+        await self._pool.aclose()
+
+    def feed_statistics(self) -> FeedStatistics:
+        """Live feeds following this store (leak checks in tests)."""
+        return self._wakeups.statistics()
+
+    async def _write(self, what: str, work: Callable[[sqlite3.Connection], T]) -> T:
+        with store_unavailable(f"sqlite {what}"):
+            return await self._pool.write(work)
+
+    async def _read(self, what: str, work: Callable[[sqlite3.Connection], T]) -> T:
+        with store_unavailable(f"sqlite {what}"):
+            return await self._pool.read(work)
+
+    # -- events ----------------------------------------------------------
+
+    async def append(self, session_id: str, events: Sequence[AppendEvent]) -> AppendResult:
+        """See :meth:`Store.append`: the seed's ``append``, one ``BEGIN IMMEDIATE``.
+
+        Cancellation: committed entirely or not at all; retrying with the
+        same ids replays.
+        """
+        if not events:
+
+            def pending(conn: sqlite3.Connection) -> AppendResult:
+                return AppendResult([], _has_pending(conn, session_id))
+
+            return await self._read("append", pending)
+        supplied = [e.id for e in events if e.id is not None]
+        if len(set(supplied)) != len(supplied):
+            raise A2Error(
+                ErrorCode.PARTIAL_DUPLICATE_BATCH, "batch contains the same event id more than once"
+            )
+
+        def work(conn: sqlite3.Connection) -> tuple[AppendResult, bool]:
+            existing = _rows_by_ids(conn, supplied) if supplied else []
+            if existing:
+                foreign = next((r for r in existing if r.session_id != session_id), None)
+                if foreign is not None:
+                    raise A2Error(
+                        ErrorCode.PARTIAL_DUPLICATE_BATCH,
+                        f"event id {foreign.id!r} already exists in another session",
+                    )
+                if len(existing) == len(events):
+                    return AppendResult(
+                        replay(events, existing), _has_pending(conn, session_id)
+                    ), False
+                raise A2Error(
+                    ErrorCode.PARTIAL_DUPLICATE_BATCH,
+                    f"batch mixes {len(existing)} already-appended and "
+                    f"{len(events) - len(existing)} fresh events",
+                )
+            # Attempt-currency fence (store-postgres.ts `append`): the write
+            # lock held since BEGIN IMMEDIATE stands in for `for update`.
+            for event in events:
+                if event.cause is None:
+                    continue
+                parent = conn.execute(
+                    "select attempt_count, failed_at from a2_events "
+                    "where session_id = ? and idx = ?",
+                    (session_id, event.cause.index),
+                ).fetchone()
+                if parent is None:
+                    raise _no_event(session_id, event.cause.index)
+                if parent[0] != event.cause.attempt or parent[1] is not None:
+                    raise A2Error(
+                        ErrorCode.SUPERSEDED_ATTEMPT,
+                        f"attempt {event.cause.attempt} no longer owns event "
+                        f"{event.cause.index} in session {session_id!r}",
+                    )
+            had_pending = _has_pending(conn, session_id)
+            base = _next_index(conn, session_id)
+            now = self.clock.now_ms()
+            inserted = [
+                _insert(conn, session_id, base + i, e, e.id or random_id(), e.cause, now)
+                for i, e in enumerate(events)
+            ]
+            return AppendResult(inserted, had_pending or any(not e.settled for e in events)), True
+
+        appended, wrote = await self._write("append", work)
+        if wrote:
+            self._wakeups.notify(session_id)
+        return appended
+
+    async def read(
+        self,
+        session_id: str,
+        *,
+        after_index: int | None = None,
+        through_index: int | None = None,
+    ) -> list[StoredEvent]:
+        """See :meth:`Store.read`. Cancellation: a read; nothing to undo."""
+
+        def work(conn: sqlite3.Connection) -> list[StoredEvent]:
+            rows = conn.execute(
+                f"select {_COLS} from a2_events where session_id = ?1 and idx > ?2 "
+                "and (?3 is null or idx <= ?3) order by idx",
+                (session_id, after_index or 0, through_index),
+            ).fetchall()
+            return [_stored(row) for row in rows]
+
+        return await self._read("read", work)
+
+    # -- claims ----------------------------------------------------------
+
+    async def claim_available(
+        self,
+        session_id: str,
+        *,
+        holder: str,
+        ttl_ms: int,
+        expires_at_ms: int | None = None,
+        exclude: Sequence[int] = (),
+    ) -> ClaimResult:
+        """See :meth:`Store.claim_available` (the seed's ``claimAvailable``).
+
+        Cancellation: committed entirely (the claims hold until they expire)
+        or not at all.
+        """
+
+        def work(conn: sqlite3.Connection) -> ClaimResult:
+            now = self.clock.now_ms()
+            expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
+            rows = conn.execute(
+                f"""
+                update a2_events set
+                  attempt_count = attempt_count + 1,
+                  first_claimed_at = coalesce(first_claimed_at, ?2),
+                  last_claimed_at = ?2,
+                  claim_holder = ?3,
+                  claim_expires_at = ?4
+                where session_id = ?1
+                  and processed_at is null
+                  and failed_at is null
+                  and lane_ready
+                  and (claim_expires_at is null or claim_expires_at <= ?2)
+                  and idx not in (select value from json_each(?5))
+                returning {_COLS}
+                """,
+                (session_id, now, holder, expires_at, _text(list(exclude))),
+            ).fetchall()
+            if rows:
+                return Claimed(sorted((_stored(r) for r in rows), key=_index_of))
+            (retry_at,) = conn.execute(
+                """
+                select min(claim_expires_at) from a2_events
+                where session_id = ? and processed_at is null and failed_at is null
+                  and lane_ready and claim_expires_at > ?
+                """,
+                (session_id, now),
+            ).fetchone()
+            return Settled() if retry_at is None else Busy(retry_at)
+
+        return await self._write("claim", work)
+
+    async def renew_claims(
+        self,
+        session_id: str,
+        *,
+        holder: str,
+        claims: Sequence[ClaimRef],
+        ttl_ms: int,
+        expires_at_ms: int | None = None,
+    ) -> RenewResult:
+        """See :meth:`Store.renew_claims` (the seed's ``renewClaims``).
+
+        Cancellation: committed entirely or not at all; renewing again is safe.
+        """
+        if not claims:
+            return RenewResult([], [])
+
+        def work(conn: sqlite3.Connection) -> RenewResult:
+            now = self.clock.now_ms()
+            expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
+            renewed: list[int] = []
+            superseded: list[int] = []
+            for claim in claims:
+                moved = conn.execute(
+                    """
+                    update a2_events set claim_expires_at = ?
+                    where session_id = ? and idx = ? and attempt_count = ?
+                      and processed_at is null and failed_at is null
+                      and claim_holder = ? and claim_expires_at > ?
+                    returning idx
+                    """,
+                    (expires_at, session_id, claim.index, claim.attempt, holder, now),
+                ).fetchone()
+                if moved is not None:
+                    renewed.append(claim.index)
+                    continue
+                current = conn.execute(
+                    "select attempt_count from a2_events where session_id = ? and idx = ?",
+                    (session_id, claim.index),
+                ).fetchone()
+                if current is not None and current[0] > claim.attempt:
+                    superseded.append(claim.index)
+            return RenewResult(sorted(renewed), sorted(superseded))
+
+        return await self._write("renew", work)
+
+    async def complete_attempt(
+        self,
+        session_id: str,
+        *,
+        index: int,
+        attempt: int,
+        events: Sequence[AppendEvent],
+    ) -> CompleteResult:
+        """See :meth:`Store.complete_attempt` (the seed's ``completeAttempt``).
+
+        Cancellation: committed entirely or not at all; a retry by the same
+        attempt with the same ids replays.
+        """
+        ids = [e.id for e in events]
+        if any(i is None for i in ids):
+            raise ValueError("returned events need ids (the server derives them)")
+        if len(set(ids)) != len(ids):
+            raise A2Error(
+                ErrorCode.PARTIAL_DUPLICATE_BATCH,
+                "returned event batch contains the same event id more than once",
+            )
+        returned_ids = [i for i in ids if i is not None]
+
+        def work(conn: sqlite3.Connection) -> tuple[CompleteResult, bool]:
+            parent = conn.execute(
+                "select processed_at, processed_by_attempt, returned_event_ids, "
+                "attempt_count, claim_holder, failed_at, lane "
+                "from a2_events where session_id = ? and idx = ?",
+                (session_id, index),
+            ).fetchone()
+            if parent is None:
+                raise _no_event(session_id, index)
+            processed_at, by_attempt, stored_ids, attempts, holder, failed_at, lane = parent
+            if processed_at is not None:
+                if by_attempt != attempt:
+                    return CompleteResult("superseded"), False
+                if stored_ids is None or _decode_ids(stored_ids) != returned_ids:
+                    raise A2Error(
+                        ErrorCode.PARTIAL_DUPLICATE_BATCH,
+                        "completed attempt does not match the returned event batch",
+                    )
+                by_id = {r.id: r for r in _rows_by_ids(conn, returned_ids)}
+                ordered = [by_id.get(i) for i in returned_ids]
+                committed = [
+                    r
+                    for r in ordered
+                    if r is not None
+                    and r.session_id == session_id
+                    and r.cause is not None
+                    and (r.cause.index, r.cause.attempt) == (index, attempt)
+                ]
+                if len(committed) != len(returned_ids):
+                    raise A2Error(
+                        ErrorCode.PARTIAL_DUPLICATE_BATCH,
+                        "returned event retry does not match the committed batch",
+                    )
+                return CompleteResult("completed", committed), False
+            if attempts != attempt or holder is None or failed_at is not None:
+                return CompleteResult("superseded"), False
+            if returned_ids and _rows_by_ids(conn, returned_ids):
+                raise A2Error(
+                    ErrorCode.PARTIAL_DUPLICATE_BATCH,
+                    "returned event batch contains an already-appended event id",
+                )
+            base = _next_index(conn, session_id)
+            now = self.clock.now_ms()
+            cause = EventCause(index, attempt)
+            inserted = [
+                _insert(conn, session_id, base + i, e, returned_ids[i], cause, now)
+                for i, e in enumerate(events)
+            ]
+            conn.execute(
+                """
+                update a2_events set
+                  processed_at = ?, processed_by_attempt = ?, returned_event_ids = ?,
+                  lane_ready = 0, claim_holder = null, claim_expires_at = null
+                where session_id = ? and idx = ?
+                """,
+                (now, attempt, _text(returned_ids), session_id, index),
+            )
+            if lane is not None:
+                conn.execute(
+                    """
+                    update a2_events set lane_ready = 1
+                    where session_id = ?1 and idx = (
+                      select idx from a2_events
+                      where session_id = ?1 and lane = ?2 and processed_at is null
+                      order by idx limit 1
+                    )
+                    """,
+                    (session_id, lane),
+                )
+            return CompleteResult("completed", inserted), bool(inserted)
+
+        completed, wrote = await self._write("complete", work)
+        if wrote:
+            self._wakeups.notify(session_id)
+        return completed
+
+    async def fail_attempt(
+        self,
+        session_id: str,
+        *,
+        index: int,
+        attempt: int,
+        error: str,
+        max_failures: int,
+    ) -> FailResult:
+        """See :meth:`Store.fail_attempt` (the seed's ``failAttempt``).
+
+        Cancellation: committed entirely or not at all; a repeat by the same
+        attempt reports the recorded outcome.
+        """
+
+        def work(conn: sqlite3.Connection) -> FailResult:
+            row = conn.execute(
+                "select processed_at, failed_at, attempt_count, claim_holder, failure_count, "
+                "last_failed_attempt from a2_events where session_id = ? and idx = ?",
+                (session_id, index),
+            ).fetchone()
+            if row is None:
+                raise _no_event(session_id, index)
+            processed_at, failed_at, attempts, holder, failures, last_failed = row
+            if (
+                processed_at is None
+                and failed_at is None
+                and attempts == attempt
+                and holder is not None
+            ):
+                now = self.clock.now_ms()
+                failures += 1
+                dead = failures >= max_failures
+                conn.execute(
+                    """
+                    update a2_events set
+                      failure_count = ?, last_error = ?, last_failed_at = ?,
+                      last_failed_attempt = ?, failed_at = ?,
+                      claim_holder = null, claim_expires_at = null
+                    where session_id = ? and idx = ?
+                    """,
+                    (
+                        failures,
+                        error,
+                        now,
+                        attempt,
+                        now if dead else None,
+                        session_id,
+                        index,
+                    ),
+                )
+                return FailResult("dead_lettered" if dead else "failed", failures)
+            if processed_at is not None or attempts != attempt:
+                return FailResult("superseded", failures)
+            if failed_at is not None:
+                return FailResult("dead_lettered", failures)
+            if holder is None and last_failed == attempt:
+                return FailResult("failed", failures)
+            return FailResult("superseded", failures)
+
+        return await self._write("fail", work)
+
+    # -- state -----------------------------------------------------------
+
+    async def read_state(self, session_id: str, reducer: str) -> StateRead:
+        """See :meth:`Store.read_state`: snapshot and tail in one read
+        transaction (one snapshot). Cancellation: a read; nothing to undo."""
+        return await self._read("read_state", lambda conn: _state_read(conn, session_id, reducer))
+
+    async def read_states(self, session_ids: Sequence[str], reducer: str) -> list[StateRead]:
+        """See :meth:`Store.read_states`; all sessions in one read transaction.
+        Cancellation: a read; nothing to undo."""
+        if not session_ids:
+            return []
+        ids = list(session_ids)
+
+        def work(conn: sqlite3.Connection) -> list[StateRead]:
+            return [_state_read(conn, sid, reducer) for sid in ids]
+
+        return await self._read("read_states", work)
+
+    async def put_snapshot(self, session_id: str, reducer: str, index: int, state: Any) -> None:
+        """See :meth:`Store.put_snapshot`: a guarded upsert that never moves a
+        snapshot backwards. Cancellation: written entirely or not at all."""
+        encoded = _text(state)
+
+        def work(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                """
+                insert into a2_snapshots (session_id, reducer_name, up_to_index, state, updated_at)
+                values (?, ?, ?, ?, ?)
+                on conflict (session_id, reducer_name) do update set
+                  up_to_index = excluded.up_to_index,
+                  state = excluded.state,
+                  updated_at = excluded.updated_at
+                where excluded.up_to_index > a2_snapshots.up_to_index
+                """,
+                (session_id, reducer, index, encoded, self.clock.now_ms()),
+            )
+
+        await self._write("put_snapshot", work)
+
+    # -- feeds -----------------------------------------------------------
+
+    def stream(
+        self, session_id: str, *, start_after: int = 0
+    ) -> AbstractAsyncContextManager[Feed[StoredEvent]]:
+        """A live feed after ``start_after``; see the module docstring for the
+        cadence. Closing the block cancels its pump."""
+
+        async def read_after(cursor: int) -> list[StoredEvent]:
+            return await self.read(session_id, after_index=cursor)
+
+        return open_pump_feed(
+            session_id,
+            read_after,
+            _index_of,
+            self._wakeups,
+            start_after=start_after,
+            poll=_adaptive_poll(self.timings),
+        )
+
+
+def _adaptive_poll(timings: Timings) -> Callable[[bool], float]:
+    """How long a feed waits before re-reading: ``poll_active_s`` after rows,
+    doubling on each empty read up to ``poll_idle_s``."""
+    interval = timings.poll_active_s
+
+    def poll(found: bool) -> float:
+        nonlocal interval
+        if found:
+            interval = timings.poll_active_s
+            return interval
+        waited = interval
+        interval = min(interval * 2, timings.poll_idle_s)
+        return waited
+
+    return poll
+
+
+def _state_read(conn: sqlite3.Connection, session_id: str, reducer: str) -> StateRead:
+    snap = conn.execute(
+        "select up_to_index, state from a2_snapshots where session_id = ? and reducer_name = ?",
+        (session_id, reducer),
+    ).fetchone()
+    snapshot = None if snap is None else Snapshot(snap[0], _decode(snap[1]))
+    rows = conn.execute(
+        f"select {_COLS} from a2_events where session_id = ? and idx > ? order by idx",
+        (session_id, 0 if snapshot is None else snapshot.index),
+    ).fetchall()
+    return StateRead(snapshot, [_stored(row) for row in rows])
+
+
+def _index_of(event: StoredEvent) -> int:
+    return event.index
+
+
+class _SqlitePresence:
+    """Presence rows with a TTL; the degraded tier (the server re-reads)."""
+
+    push = False
+
+    def __init__(self, store: SqliteStore) -> None:
+        self._store = store
+
+    async def set(
+        self,
+        session_id: str,
+        participant: str,
+        values: dict[str, Any],
+        *,
+        seen: int,
+        at_ms: int,
+        ttl_ms: int,
+    ) -> StoredPresencePatch | None:
+        """Field-wise LWW on ``at_ms`` (store-postgres.ts ``presence.set``), all
+        fields in one transaction. Cancellation: applied entirely or not at all."""
+        encoded = {field: None if v is None else _text(v) for field, v in values.items()}
+
+        def work(conn: sqlite3.Connection) -> StoredPresencePatch | None:
+            now = self._store.clock.now_ms()
+            # Sweep here, under the write lock we hold anyway, so reads stay reads.
+            conn.execute(
+                "delete from a2_presence where ns = ? and expires_at <= ?", (session_id, now)
+            )
+            expires_at = now + ttl_ms
+            applied: dict[str, Any] = {}
+            for field, value in encoded.items():
+                # A stored row with a strictly newer `at` survives; ties go to
+                # the incoming write.
+                newer = conn.execute(
+                    "select 1 from a2_presence where ns = ? and participant = ? "
+                    "and field = ? and at > ?",
+                    (session_id, participant, field, at_ms),
+                ).fetchone()
+                if newer is not None:
+                    continue
+                if value is None:
+                    conn.execute(
+                        "delete from a2_presence where ns = ? and participant = ? and field = ?",
+                        (session_id, participant, field),
+                    )
+                else:
+                    conn.execute(
+                        """
+                        insert into a2_presence
+                          (ns, participant, field, value, seen, at, expires_at)
+                        values (?, ?, ?, ?, ?, ?, ?)
+                        on conflict (ns, participant, field) do update set
+                          value = excluded.value, seen = excluded.seen,
+                          at = excluded.at, expires_at = excluded.expires_at
+                        """,
+                        (session_id, participant, field, value, seen, at_ms, expires_at),
+                    )
+                applied[field] = values[field]
+            if not applied:
+                return None
+            return StoredPresencePatch(participant, applied, seen, at_ms)
+
+        return await self._store._write("presence set", work)
+
+    async def read(self, session_id: str) -> list[PresenceRow]:
+        """Live rows, ordered by participant and field (expired rows are
+        filtered out here and swept by the next ``set``). Cancellation: a read."""
+
+        def work(conn: sqlite3.Connection) -> list[PresenceRow]:
+            rows = conn.execute(
+                "select participant, field, value, seen, at, expires_at from a2_presence "
+                "where ns = ? and expires_at > ? order by participant, field",
+                (session_id, self._store.clock.now_ms()),
+            ).fetchall()
+            return [PresenceRow(p, f, _decode(v), s, a, e) for p, f, v, s, a, e in rows]
+
+        return await self._store._read("presence read", work)
+
+    def subscribe(
+        self, session_id: str, on_patch: Callable[[StoredPresencePatch], None]
+    ) -> Callable[[], None]:
+        """Degraded tier: never calls ``on_patch``; the server re-reads instead."""
+        return _unsubscribed
+
+
+def _unsubscribed() -> None:
+    return None
+
+
+class _SqliteInspection:
+    """Read-only views (the seed's ``inspect``)."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self._store = store
+
+    async def list_sessions(
+        self, *, prefix: str, limit: int, cursor: str | None = None
+    ) -> SessionPage:
+        """Sessions starting with ``prefix``, after ``cursor``. Cancellation: a read."""
+
+        def work(conn: sqlite3.Connection) -> SessionPage:
+            rows = conn.execute(
+                """
+                select session_id, count(*),
+                  count(*) filter (where processed_at is null and failed_at is null),
+                  count(*) filter (where failed_at is not null),
+                  sum(attempt_count), sum(failure_count), min(created_at),
+                  max(max(created_at, coalesce(first_claimed_at, 0),
+                          coalesce(last_claimed_at, 0), coalesce(last_failed_at, 0),
+                          coalesce(processed_at, 0), coalesce(failed_at, 0)))
+                from a2_events
+                where substr(session_id, 1, length(?1)) = ?1 and (?2 is null or session_id > ?2)
+                group by session_id order by session_id limit ?3
+                """,
+                (prefix, cursor, limit + 1),
+            ).fetchall()
+            summaries = [SessionSummary(*row) for row in rows[:limit]]
+            more = len(rows) > limit
+            return SessionPage(summaries, summaries[-1].session_id if more and summaries else None)
+
+        return await self._store._read("list_sessions", work)
+
+    async def read_events(
+        self, session_id: str, *, after_index: int, limit: int, through_index: int | None = None
+    ) -> EventPage:
+        """Events after ``after_index`` through ``min(through_index, frontier)``,
+        frontier and page in one snapshot. Cancellation: a read."""
+
+        def work(conn: sqlite3.Connection) -> EventPage:
+            frontier = _next_index(conn, session_id) - 1
+            through = frontier if through_index is None else min(through_index, frontier)
+            rows = conn.execute(
+                f"select {_COLS} from a2_events where session_id = ? and idx > ? and idx <= ? "
+                "order by idx limit ?",
+                (session_id, after_index, through, limit),
+            ).fetchall()
+            return EventPage([_stored(row) for row in rows], through)
+
+        return await self._store._read("read_events", work)
+
+    async def list_snapshots(self, session_id: str) -> list[SnapshotInfo]:
+        """The session's snapshots by reducer name. Cancellation: a read."""
+
+        def work(conn: sqlite3.Connection) -> list[SnapshotInfo]:
+            rows = conn.execute(
+                "select reducer_name, up_to_index, updated_at from a2_snapshots "
+                "where session_id = ? order by reducer_name",
+                (session_id,),
+            ).fetchall()
+            return [SnapshotInfo(*row) for row in rows]
+
+        return await self._store._read("list_snapshots", work)
+
+
+def sqlite(
+    path: str = DEFAULT_PATH,
+    *,
+    clock: Clock = SYSTEM_CLOCK,
+    timings: Timings = DEFAULT_TIMINGS,
+) -> SqliteStore:
+    """Create a SQLite store. Does no I/O: the folder, file and schema are
+    created on first use.
+
+    Args:
+      path: a file path (its folder is created), or ``":memory:"`` for a
+        private in-process database.
+      clock: where stored timestamps come from (``TrioClock`` in tests).
+      timings: ``poll_active_s`` and ``poll_idle_s`` set the cadence at which
+        feeds look for other processes' appends.
+    """
+    if not isinstance(path, str) or not path:
+        raise TypeError(f"sqlite path must be a non-empty string, got {path!r}")
+    return SqliteStore(path, clock=clock, timings=timings)
