@@ -1,0 +1,97 @@
+"""A :class:`~a2trio.Telemetry` that records spans for tests to assert on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+import trio
+
+from ..telemetry import AttributeValue, Span
+
+__all__ = ["RecordedSpan", "RecordingTelemetry"]
+
+
+class RecordedSpan:
+    """One span as the engine opened it.
+
+    Attributes:
+      name: ``a2.append``, ``a2.state``, ``a2.drain`` or ``a2.event``.
+      attributes: the opening attributes plus every ``set_attribute`` since.
+      errors: what the engine passed to ``record_error``, in order.
+      error: the exception that escaped the span's block, if any.
+      started_at / ended_at: Trio time (``ended_at`` is None while open).
+    """
+
+    __slots__ = ("attributes", "ended_at", "error", "errors", "name", "started_at")
+
+    def __init__(self, name: str, attributes: Mapping[str, AttributeValue]) -> None:
+        self.name = name
+        self.attributes: dict[str, AttributeValue] = dict(attributes)
+        self.errors: list[BaseException] = []
+        self.error: BaseException | None = None
+        self.started_at = trio.current_time()
+        self.ended_at: float | None = None
+
+    def set_attribute(self, key: str, value: AttributeValue) -> None:
+        self.attributes[key] = value
+
+    def record_error(self, error: BaseException) -> None:
+        self.errors.append(error)
+
+    def matches(self, name: str, where: Mapping[str, AttributeValue]) -> bool:
+        """Whether this span is called ``name`` and has every attribute in ``where``."""
+        return self.name == name and all(
+            key in self.attributes and self.attributes[key] == value for key, value in where.items()
+        )
+
+    def __repr__(self) -> str:
+        return f"RecordedSpan({self.name!r}, {self.attributes!r})"
+
+
+class RecordingTelemetry:
+    """Records every span in the order it opened.
+
+    Pass it as ``Server(telemetry=...)`` (the harness does), then query::
+
+        [span] = telemetry.find("a2.event", {"a2.event.type": "ordered"})
+        assert span.attributes["a2.event.outcome"] == "processed"
+
+    Attribute keys contain dots, so filters are mappings rather than keywords.
+    """
+
+    def __init__(self) -> None:
+        self.spans: list[RecordedSpan] = []
+
+    @contextmanager
+    def span(self, name: str, attributes: Mapping[str, AttributeValue]) -> Iterator[Span]:
+        recorded = RecordedSpan(name, attributes)
+        self.spans.append(recorded)
+        try:
+            yield recorded
+        except BaseException as exc:
+            recorded.error = exc
+            raise
+        finally:
+            recorded.ended_at = trio.current_time()
+
+    def find(
+        self, name: str, where: Mapping[str, AttributeValue] | None = None
+    ) -> list[RecordedSpan]:
+        """Spans called ``name`` whose attributes include ``where``, oldest first."""
+        return [s for s in self.spans if s.matches(name, where or {})]
+
+    def one(self, name: str, where: Mapping[str, AttributeValue] | None = None) -> RecordedSpan:
+        """The single span matching, or an ``AssertionError`` listing what was recorded."""
+        found = self.find(name, where)
+        if len(found) != 1:
+            recorded = "\n  ".join(repr(s) for s in self.spans if s.name == name) or "(none)"
+            raise AssertionError(
+                f"expected exactly one {name!r} span with {dict(where or {})!r}, "
+                f"found {len(found)}; recorded {name!r} spans:\n  {recorded}"
+            )
+        return found[0]
+
+    def clear(self) -> None:
+        """Forget every recorded span (open spans keep recording into their objects)."""
+        self.spans.clear()
