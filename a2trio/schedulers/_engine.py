@@ -1,0 +1,356 @@
+"""The scheduler engine shared by every backend: a worker per bound server.
+
+Theory of operation
+-------------------
+
+A scheduler keeps tasks in a :class:`~a2trio.schedulers._queue.TaskQueue`
+(memory, sqlite or Postgres) keyed by :func:`a2trio.scheduler.task_id`, so
+scheduling the same task twice queues it once. ``async with server`` enters
+``scheduler.bind(server)``, which opens a nursery holding one *worker* for the
+server's contract and, while they run, one task per delivery.
+
+The worker loops: arm a wake-up, claim every due task of its contract under a
+fresh lease token (up to ``max_in_flight`` deliveries at once), start a
+delivery task per row, then wait until the next task becomes claimable, a
+wake-up, or the cross-process poll interval, whichever comes first. Wake-ups
+come from ``schedule()`` in this process at once, from a finished delivery
+(a slot freed), and on Postgres from ``NOTIFY`` sent by other processes;
+sqlite has no notifications, so another process's task is seen within one
+``Timings.poll_idle_s``. The wake-up is armed before the claim, so a task
+added during the claim still wakes the worker.
+
+A delivery calls ``server.deliver(task)`` while a sibling task renews the
+lease every third of ``lease_s``, so a long drain keeps its task. Then, in a
+shielded cleanup: delivered -> delete the row; raised -> reschedule it after
+a backoff (1 s doubling to 60 s, forever: a schedule must fire eventually,
+and the error is kept on the row); cancelled (the server is closing) -> drop
+the lease so the next worker takes it at once. A crash between delivery and
+delete delivers again after the lease lapses: delivery is at least once,
+which is safe because delayed appends use deterministic ids and watchdog
+drains are idempotent.
+
+Times: due times and leases are epoch milliseconds from the scheduler's
+clock (by default the bound server's ``clock``); waits are Trio sleeps of the
+difference, so under ``MockClock`` with ``TrioClock`` a ``"30s"`` schedule
+fires at exactly +30 s of Trio time.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+import msgspec
+import trio
+
+from ..scheduler import SchedulerTask, task_decoder, task_id
+from ..stores._feed import Wakeups
+from ._queue import NotifyingQueue
+
+if TYPE_CHECKING:
+    from ..clock import Clock
+    from ..server import Server
+    from ._queue import TaskQueue, TaskRow
+
+__all__ = ["QueueScheduler", "SchedulerStatistics", "retry_delay_s"]
+
+_encoder = msgspec.json.Encoder()
+
+#: First retry delay after a failed delivery; doubles per attempt.
+RETRY_BASE_S = 1.0
+#: Retry delays stop growing here: a poison task costs one delivery a minute.
+RETRY_CEILING_S = 60.0
+#: How long a claimed task stays leased without renewal, like a claim ttl.
+DEFAULT_LEASE_S = 30.0
+#: Deliveries running at once per bound server; past it the worker waits.
+DEFAULT_MAX_IN_FLIGHT = 64
+#: Upper bound on the shielded cleanup write after a delivery, so a hung
+#: backend cannot hold a closing server forever (the lease lapses instead).
+CLEANUP_TIMEOUT_S = 10.0
+#: Floor on the worker's wait when a due task was taken by another process
+#: between its claim and its look-ahead, so it never spins.
+MIN_WAIT_S = 0.001
+
+
+def retry_delay_s(attempts: int) -> float:
+    """The backoff before re-delivering a task that failed ``attempts`` times."""
+    return float(min(RETRY_CEILING_S, RETRY_BASE_S * 2 ** max(0, attempts - 1)))
+
+
+class SchedulerStatistics(msgspec.Struct, frozen=True):
+    """A debugging snapshot of a scheduler.
+
+    Attributes:
+      bound: contracts with a bound server, sorted.
+      in_flight: deliveries running now.
+      delivered: tasks delivered and deleted.
+      failed: deliveries that raised and were rescheduled.
+      queue_errors: backend calls of the workers that failed (retried).
+    """
+
+    bound: tuple[str, ...]
+    in_flight: int
+    delivered: int
+    failed: int
+    queue_errors: int
+
+
+class _Binding:
+    def __init__(self, server: Server, clock: Clock) -> None:
+        self.server = server
+        self.contract = server.contract.name
+        self.clock = clock
+        self.in_flight = 0
+
+
+class QueueScheduler:
+    """A :class:`~a2trio.Scheduler` over a task queue (see the module docstring).
+
+    Subclasses choose the queue: :class:`~a2trio.schedulers.LocalScheduler`
+    and :class:`~a2trio.schedulers.DurableScheduler`.
+    """
+
+    #: Whether :meth:`schedule` needs an open lifetime (a connection).
+    _needs_open = True
+
+    def __init__(
+        self,
+        queue: TaskQueue,
+        *,
+        clock: Clock | None,
+        lease_s: float,
+        max_in_flight: int,
+    ) -> None:
+        if not lease_s > 0:
+            raise ValueError(f"lease_s must be positive, got {lease_s!r}")
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int):
+            raise TypeError(f"max_in_flight must be an int, got {max_in_flight!r}")
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight!r}")
+        self._queue = queue
+        self._clock = clock
+        self._lease_s = lease_s
+        self._max_in_flight = max_in_flight
+        self._bindings: dict[str, _Binding] = {}
+        self._wakeups = Wakeups()
+        self._users = 0
+        self._open_lock = trio.Lock()
+        self._delivered = 0
+        self._failed = 0
+        self._queue_errors = 0
+
+    # -- lifetime ------------------------------------------------------------
+
+    async def __aenter__(self) -> QueueScheduler:
+        await self._acquire()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._release()
+
+    async def _acquire(self) -> None:
+        async with self._open_lock:
+            if self._users == 0:
+                await self._queue.open()
+            self._users += 1
+
+    async def _release(self) -> None:
+        self._users -= 1
+        if self._users == 0:
+            with trio.CancelScope(shield=True):
+                await self._queue.aclose()
+
+    # -- the Scheduler protocol ----------------------------------------------
+
+    async def schedule(self, task: SchedulerTask) -> None:
+        """Queue ``task`` unless a task with the same :func:`task_id` is queued.
+
+        Returns once the task is stored (durably, on durable backends) and
+        wakes this process's worker for the task's contract.
+
+        Raises:
+          RuntimeError: a durable scheduler used outside ``async with
+            scheduler`` and outside any bound server's lifetime.
+          Exception: the backend's error (the server maps it to
+            ``STORE_UNAVAILABLE`` where it reaches a caller).
+
+        Cancellation: a checkpoint. The insert is one transaction: cancelled,
+        it either committed or wrote nothing, and retrying is a no-op if it
+        committed.
+        """
+        if self._needs_open and self._users == 0:
+            raise RuntimeError(
+                f"{self!r} is not open: enter `async with scheduler:` or a server using it"
+            )
+        body = _encoder.encode(task)
+        if await self._queue.insert(task_id(task), task.contract, task.due_at_ms, body):
+            self._wakeups.notify(task.contract)
+
+    @asynccontextmanager
+    async def bind(self, server: Server) -> AsyncIterator[None]:
+        """Deliver this scheduler's tasks for ``server``'s contract while inside.
+
+        Entered by ``async with server``. Opens the queue (the first user
+        connects), starts the worker in a nursery owned by this block, and on
+        exit cancels in-flight deliveries: their tasks are released and
+        delivered again by the next bound worker.
+
+        Raises:
+          RuntimeError: another server of the same contract is bound to this
+            scheduler (run one server per contract per scheduler; other
+            processes share the work through the durable queue).
+        """
+        contract = server.contract.name
+        if contract in self._bindings:
+            raise RuntimeError(
+                f"a server for contract {contract!r} is already bound to {self!r}: "
+                "use one server per contract per scheduler"
+            )
+        binding = _Binding(server, self._clock or server.clock)
+        self._bindings[contract] = binding
+        try:
+            await self._acquire()
+            try:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(self._serve, binding)
+                    try:
+                        yield
+                    finally:
+                        nursery.cancel_scope.cancel(reason="server closed")
+            finally:
+                await self._release()
+        finally:
+            del self._bindings[contract]
+
+    # -- inspection ----------------------------------------------------------
+
+    async def queued(self, contract: str | None = None) -> int:
+        """How many tasks are queued (due or not, leased or not).
+
+        Cancellation: a checkpoint; a read, so nothing to undo.
+        """
+        return await self._queue.count(contract)
+
+    def statistics(self) -> SchedulerStatistics:
+        """Counters for tests and debugging; does no I/O."""
+        return SchedulerStatistics(
+            bound=tuple(sorted(self._bindings)),
+            in_flight=sum(b.in_flight for b in self._bindings.values()),
+            delivered=self._delivered,
+            failed=self._failed,
+            queue_errors=self._queue_errors,
+        )
+
+    # -- the worker ----------------------------------------------------------
+
+    def _poll_s(self, binding: _Binding) -> float:
+        timings = binding.server.timings
+        match self._queue.cross_process:
+            case "poll":
+                return timings.poll_idle_s
+            case "notify":
+                return timings.notify_safety_s
+            case _:
+                return math.inf
+
+    async def _serve(
+        self, binding: _Binding, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        contract = binding.contract
+        async with trio.open_nursery() as nursery:
+            if isinstance(self._queue, NotifyingQueue):
+                await nursery.start(self._queue.listen, self._wakeups)
+            task_status.started()
+            failures = 0
+            while True:
+                woken = self._wakeups.arm(contract)
+                try:
+                    wait_s = await self._pump(binding, nursery)
+                    failures = 0
+                except Exception:
+                    # The backend is unreachable: back off and retry; tasks wait.
+                    self._queue_errors += 1
+                    failures += 1
+                    wait_s = retry_delay_s(failures)
+                with trio.move_on_after(wait_s):
+                    await woken.wait()
+
+    async def _pump(self, binding: _Binding, nursery: trio.Nursery) -> float:
+        """Claim and start due deliveries; return how long to wait before the next pass."""
+        free = self._max_in_flight - binding.in_flight
+        if free <= 0:
+            return math.inf
+        token = str(uuid.uuid4())
+        rows = await self._queue.claim(
+            binding.contract,
+            binding.clock.now_ms(),
+            math.ceil(self._lease_s * 1000),
+            token,
+            free,
+        )
+        for row in rows:
+            binding.in_flight += 1
+            nursery.start_soon(self._deliver, binding, row, token)
+        if len(rows) == free:
+            # Full: a finished delivery wakes the worker for more.
+            return math.inf
+        wait_s = self._poll_s(binding)
+        next_due = await self._queue.next_due(binding.contract)
+        if next_due is not None:
+            wait_s = min(wait_s, max(MIN_WAIT_S, (next_due - binding.clock.now_ms()) / 1000))
+        return wait_s
+
+    async def _deliver(self, binding: _Binding, row: TaskRow, token: str) -> None:
+        delivered = False
+        error: str | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._keep_lease, binding, row.id, token)
+                try:
+                    task = task_decoder().decode(row.body)
+                    await binding.server.deliver(task)
+                    delivered = True
+                except Exception as exc:
+                    error = "".join(traceback.format_exception(exc))
+                nursery.cancel_scope.cancel(reason="delivery finished")
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT_S):
+                await self._settle(binding, row, token, delivered, error)
+            binding.in_flight -= 1
+            self._wakeups.notify(binding.contract)
+
+    async def _settle(
+        self, binding: _Binding, row: TaskRow, token: str, delivered: bool, error: str | None
+    ) -> None:
+        now_ms = binding.clock.now_ms()
+        try:
+            if delivered:
+                await self._queue.delete(row.id, token)
+                self._delivered += 1
+            elif error is not None:
+                self._failed += 1
+                retry_at_ms = now_ms + math.ceil(retry_delay_s(row.attempts) * 1000)
+                await self._queue.reschedule(row.id, token, retry_at_ms, error)
+            else:
+                # Cancelled (the server is closing): release it for the next worker.
+                await self._queue.reschedule(row.id, token, now_ms, None)
+        except Exception:
+            # The lease lapses instead and the task is delivered again: at least once.
+            self._queue_errors += 1
+
+    async def _keep_lease(self, binding: _Binding, task_id_: str, token: str) -> None:
+        lease_ms = math.ceil(self._lease_s * 1000)
+        while True:
+            await trio.sleep(self._lease_s / 3)
+            try:
+                held = await self._queue.renew(task_id_, token, binding.clock.now_ms() + lease_ms)
+            except Exception:
+                # A missed renewal spends lease slack; the next beat retries.
+                self._queue_errors += 1
+                continue
+            if not held:
+                return
