@@ -12,9 +12,10 @@ Trio notices the cancellation at once, but the connection is not abandoned:
 * if the thread has not started the transaction yet, it is told not to, and
   the connection was never touched;
 * if it has, ``Connection.interrupt()`` makes the running statement fail with
-  ``SQLITE_INTERRUPT`` (a ``BEGIN IMMEDIATE`` waiting on another process's
-  lock included), the thread rolls back, and the cancelled task waits, shielded,
-  until the thread is done. An interrupt that lands between statements is a
+  ``SQLITE_INTERRUPT``, the thread rolls back, and the cancelled task waits,
+  shielded, until the thread is done. A ``BEGIN IMMEDIATE`` waiting for another
+  process's write lock cannot be interrupted inside SQLite, so it waits in
+  slices of :data:`BUSY_SLICE_S` and gives up between them. An interrupt that lands between statements is a
   no-op and the transaction simply runs to its end (commit included).
 
 Either way the cancelled call committed entirely or not at all, and the
@@ -34,6 +35,7 @@ import contextlib
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from typing import Final, TypeVar
 
@@ -52,6 +54,10 @@ BEGIN_READ: Final = "begin"
 #: ``database is locked`` (STORE_UNAVAILABLE). Transactions here last
 #: milliseconds, so 10 s only runs out when a process is wedged.
 BUSY_TIMEOUT_S: Final = 10.0
+
+#: SQLite's busy handler sleeps uninterruptibly, so it is given this slice at a
+#: time; it bounds how late a cancelled write that waits on the lock returns.
+BUSY_SLICE_S: Final = 0.05
 
 #: Reader connections per store. Reads are short and the GIL is released only
 #: inside sqlite, so a couple of readers keep feeds polling while a write is in
@@ -98,10 +104,27 @@ class _Call:
             return self.running
 
 
+def _begin(conn: sqlite3.Connection, begin: str, call: _Call) -> None:
+    # SQLite's own busy handler cannot be interrupted, so it only waits a
+    # slice at a time; between slices a cancelled task's call gives up.
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            conn.execute(begin)
+            return
+        except sqlite3.OperationalError as exc:
+            if (
+                exc.sqlite_errorcode != sqlite3.SQLITE_BUSY
+                or call.abandoned
+                or time.monotonic() >= deadline
+            ):
+                raise
+
+
 def _transaction(
-    conn: sqlite3.Connection, begin: str, work: Callable[[sqlite3.Connection], T]
+    conn: sqlite3.Connection, begin: str, work: Callable[[sqlite3.Connection], T], call: _Call
 ) -> T:
-    conn.execute(begin)
+    _begin(conn, begin, call)
     try:
         result = work(conn)
         conn.execute("commit")
@@ -137,7 +160,7 @@ class Connection:
             if not call.enter():
                 raise _Abandoned
             try:
-                return _transaction(self.raw, begin, work)
+                return _transaction(self.raw, begin, work, call)
             finally:
                 call.leave()
 
@@ -156,14 +179,16 @@ def _connect(path: str, *, writer: bool) -> sqlite3.Connection:
         folder = os.path.dirname(path)
         if folder:
             os.makedirs(folder, exist_ok=True)
-    raw = sqlite3.connect(
-        path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
-    )
+    raw = sqlite3.connect(path, timeout=BUSY_SLICE_S, isolation_level=None, check_same_thread=False)
     try:
         if writer and path != ":memory:":
             # WAL is a property of the file, so the writer sets it once: readers
             # then never block the writer and vice versa, across processes too.
+            # Switching needs the file to itself: wait the full timeout for it
+            # (opening is not cancellable anyway).
+            raw.execute(f"pragma busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
             raw.execute("pragma journal_mode = wal")
+            raw.execute(f"pragma busy_timeout = {int(BUSY_SLICE_S * 1000)}")
         # NORMAL in WAL mode syncs at checkpoints, not at every commit: a
         # process crash loses nothing; a power cut may lose the last commits.
         raw.execute("pragma synchronous = normal")

@@ -475,7 +475,7 @@ class SqliteStore:
                         ErrorCode.PARTIAL_DUPLICATE_BATCH,
                         "returned event retry does not match the committed batch",
                     )
-                return CompleteResult("completed", committed), False
+                return CompleteResult("completed", replay(events, committed)), False
             if attempts != attempt or holder is None or failed_at is not None:
                 return CompleteResult("superseded"), False
             if returned_ids and _rows_by_ids(conn, returned_ids):

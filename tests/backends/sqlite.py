@@ -1,0 +1,27 @@
+"""The SQLite store as a conformance backend: a fresh file per check."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import trio
+
+from a2trio.clock import Clock
+from a2trio.stores.base import Store
+from a2trio.stores.sqlite import sqlite
+
+
+@asynccontextmanager
+async def open_store(clock: Clock) -> AsyncIterator[Store]:
+    """A new SQLite store in its own temporary folder on ``clock``, closed and
+    deleted on exit."""
+    folder = await trio.to_thread.run_sync(tempfile.mkdtemp, None, "a2trio-sqlite-")
+    try:
+        async with sqlite(str(Path(folder) / "conformance.db"), clock=clock) as store:
+            yield store
+    finally:
+        await trio.to_thread.run_sync(shutil.rmtree, folder)
