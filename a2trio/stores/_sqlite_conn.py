@@ -15,8 +15,9 @@ Trio notices the cancellation at once, but the connection is not abandoned:
   ``SQLITE_INTERRUPT``, the thread rolls back, and the cancelled task waits,
   shielded, until the thread is done. A ``BEGIN IMMEDIATE`` waiting for another
   process's write lock cannot be interrupted inside SQLite, so it waits in
-  slices of :data:`BUSY_SLICE_S` and gives up between them. An interrupt that lands between statements is a
-  no-op and the transaction simply runs to its end (commit included).
+  slices of :data:`BUSY_SLICE_S` and gives up between them. An interrupt that
+  lands between statements is a no-op, and the transaction simply runs to its
+  end (commit included).
 
 Either way the cancelled call committed entirely or not at all, and the
 connection goes back to the pool idle. A connection left inside a transaction
