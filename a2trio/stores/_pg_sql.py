@@ -1,0 +1,543 @@
+"""The Postgres schema and every statement, ported from the seed's ``store-postgres.ts``.
+
+Tables and indexes are the seed's, column for column, so a database written by
+the TypeScript framework reads here. Statements keep the seed's semantics but
+not always its shape: where the seed made several round trips inside a
+transaction, these fold the work into one statement (CTEs) so a store
+transaction is one pipelined round trip. Each statement names the seed
+function it ports.
+
+Parameters are sent as text and cast in SQL (``$1::text``), so the statements
+carry their own types. Timestamps are always parameters from the store's
+clock, never ``now()``.
+"""
+
+from __future__ import annotations
+
+from ._pg_conn import Statement
+
+__all__ = ["EVENT_COLUMNS", "SCHEMA_LOCK_KEY", "schema_sql"]
+
+#: The transaction-scoped advisory lock every process takes before DDL
+#: (the seed's ``hashtext('a2:postgres:schema')``, here a constant).
+SCHEMA_LOCK_KEY = 0x6132_7363_6865_6D61  # "a2schema"
+
+_SCHEMA = """
+create table if not exists a2_events (
+  session_id   text    not null,
+  idx          bigint  not null,
+  event_type   text    not null,
+  payload      jsonb   not null,
+  event_id     text    not null,
+  created_at   bigint  not null,
+  cause        jsonb,
+  lane         text,
+  lane_ready   boolean not null default false,
+  processed_at bigint,
+  processed_by_attempt integer,
+  returned_event_ids jsonb,
+  first_claimed_at bigint,
+  last_claimed_at bigint,
+  attempt_count integer not null default 0,
+  failure_count integer not null default 0,
+  last_failed_at bigint,
+  last_failed_attempt integer,
+  last_error   text,
+  failed_at    bigint,
+  claim_holder text,
+  claim_expires_at bigint,
+  primary key (session_id, idx)
+);
+
+create unique index if not exists a2_events_event_id on a2_events (event_id);
+create index if not exists a2_events_unprocessed
+  on a2_events (session_id, idx) where processed_at is null;
+create index if not exists a2_events_lane_pending
+  on a2_events (session_id, lane, idx) where processed_at is null;
+create index if not exists a2_events_dispatch_ready
+  on a2_events (session_id, idx)
+  where lane_ready and processed_at is null and failed_at is null;
+create index if not exists a2_events_claim_expiry
+  on a2_events (session_id, claim_expires_at)
+  where lane_ready and processed_at is null and failed_at is null;
+
+create table if not exists a2_snapshots (
+  session_id   text   not null,
+  reducer_name text   not null,
+  up_to_index  bigint not null,
+  state        jsonb  not null,
+  updated_at   bigint not null,
+  primary key (session_id, reducer_name)
+);
+
+create table if not exists a2_presence (
+  ns          text   not null,
+  participant text   not null,
+  field       text   not null,
+  value       jsonb  not null,
+  seen        bigint not null,
+  at          bigint not null,
+  expires_at  bigint not null,
+  primary key (ns, participant, field)
+);
+"""
+
+# Notifications are transactional: delivered at commit, never for a rollback.
+# The channel carries the table's schema so stores in different schemas of one
+# database do not hear each other. Event inserts name the session (duplicates
+# in one transaction collapse); presence changes carry the applied field and
+# the writing store's id, so a store skips its own (it delivered them locally).
+_TRIGGERS = """
+create or replace function a2_notify_events() returns trigger
+language plpgsql as $$
+begin
+  perform pg_notify(tg_table_schema || '.a2_events', s.session_id)
+     from (select distinct session_id from inserted) s;
+  return null;
+end $$;
+
+create or replace trigger a2_events_notify
+  after insert on a2_events
+  referencing new table as inserted
+  for each statement execute function a2_notify_events();
+
+create or replace function a2_notify_presence() returns trigger
+language plpgsql as $$
+declare
+  row_ a2_presence;
+  note text;
+begin
+  if tg_op = 'DELETE' then row_ := old; else row_ := new; end if;
+  note := json_build_object(
+    'o', current_setting('a2.origin', true),
+    'ns', row_.ns, 'p', row_.participant, 'f', row_.field,
+    'v', case when tg_op = 'DELETE' then null else row_.value end,
+    's', coalesce(nullif(current_setting('a2.seen', true), '')::bigint, row_.seen),
+    'a', coalesce(nullif(current_setting('a2.at', true), '')::bigint, row_.at)
+  )::text;
+  -- NOTIFY payloads stop at 8000 bytes; a larger value reaches other
+  -- processes' subscribers on their next presence read instead.
+  if octet_length(note) < 7900 then
+    perform pg_notify(tg_table_schema || '.a2_presence', note);
+  end if;
+  return null;
+end $$;
+
+create or replace trigger a2_presence_notify
+  after insert or update or delete on a2_presence
+  for each row execute function a2_notify_presence();
+"""
+
+
+def schema_sql(*, schema: str | None, triggers: bool) -> bytes:
+    """The DDL as one simple-query script, under the schema advisory lock.
+
+    ``if not exists`` does not serialize concurrent catalog writes, so every
+    process takes the same transaction-scoped lock first (the seed's
+    ``initializeSchema``).
+    """
+    parts = ["begin;", f"select pg_advisory_xact_lock({SCHEMA_LOCK_KEY});"]
+    if schema is not None:
+        parts.append(f'create schema if not exists "{schema}";')
+        parts.append(f'set local search_path to "{schema}";')
+    parts.append(_SCHEMA)
+    if triggers:
+        parts.append(_TRIGGERS)
+    parts.append("commit;")
+    return "\n".join(parts).encode()
+
+
+#: The columns of a stored event, in the order ``postgres._stored`` reads them.
+EVENT_COLUMNS = (
+    "event_id, event_type, payload, idx, session_id, created_at, cause, lane,"
+    " processed_at, processed_by_attempt, returned_event_ids, first_claimed_at,"
+    " last_claimed_at, attempt_count, failure_count, last_failed_at,"
+    " last_failed_attempt, last_error, failed_at, claim_holder, claim_expires_at"
+)
+
+
+def _cols(alias: str) -> str:
+    return ", ".join(f"{alias}.{c.strip()}" for c in EVENT_COLUMNS.split(","))
+
+
+BEGIN = Statement("begin")
+COMMIT = Statement("commit")
+# The seed's per-session append lock: `hashtext` keeps it interoperable.
+LOCK = Statement("select pg_advisory_xact_lock(hashtext($1::text))")
+
+HAS_PENDING = Statement(
+    "select exists(select 1 from a2_events where session_id = $1::text and processed_at is null)"
+)
+
+# store-postgres.ts `append`, after the advisory lock: the duplicate check,
+# the attempt-currency fence (`for update` on the parents), the index base and
+# every insert in one statement. It inserts only when the verdict is clean;
+# the first row carries the verdict, every row one already-stored event.
+#   $1 session, $2 batch (jsonb array), $3 supplied ids, $4 cause indexes, $5 now
+APPEND = Statement(
+    f"""
+with batch as (
+  select * from jsonb_to_recordset($2::jsonb)
+    as b(ord bigint, id text, type text, payload jsonb, cause jsonb, lane text, settled boolean)
+),
+existing as (
+  select * from a2_events where event_id = any($3::text[])
+),
+parents as materialized (
+  select idx, attempt_count, failed_at from a2_events
+   where session_id = $1::text and idx = any($4::bigint[])
+   for update
+),
+verdict as (
+  select
+    (select count(*) from existing) as n_existing,
+    (select min(event_id) from existing where session_id <> $1::text) as foreign_id,
+    (select min((b.cause->>'index')::bigint) from batch b
+      where b.cause is not null and not exists (
+        select 1 from parents p where p.idx = (b.cause->>'index')::bigint)) as missing_parent,
+    (select min((b.cause->>'index')::bigint) from batch b
+       join parents p on p.idx = (b.cause->>'index')::bigint
+      where p.attempt_count <> (b.cause->>'attempt')::int or p.failed_at is not null)
+      as superseded,
+    exists(select 1 from a2_events
+            where session_id = $1::text and processed_at is null) as had_pending,
+    (select coalesce(max(idx), 0) from a2_events where session_id = $1::text) as base
+),
+inserted as (
+  insert into a2_events
+    (session_id, idx, event_type, payload, event_id, created_at, cause, lane,
+     lane_ready, processed_at)
+  select $1::text, v.base + b.ord, b.type, coalesce(b.payload, 'null'::jsonb), b.id, $5::bigint, b.cause, b.lane,
+         b.lane is null or (
+           not exists (select 1 from a2_events l
+                        where l.session_id = $1::text and l.lane = b.lane
+                          and l.processed_at is null)
+           and not exists (select 1 from batch e
+                            where e.lane = b.lane and e.ord < b.ord and not e.settled)),
+         case when b.settled then $5::bigint end
+    from batch b, verdict v
+   where v.n_existing = 0 and v.missing_parent is null and v.superseded is null
+)
+select v.n_existing, v.foreign_id, v.missing_parent, v.superseded, v.had_pending, v.base,
+       {_cols("e")}
+  from verdict v left join existing e on true
+ order by e.idx
+"""
+)
+
+# store-postgres.ts `read`.
+READ = Statement(
+    f"select {EVENT_COLUMNS} from a2_events"
+    " where session_id = $1::text and idx > $2::bigint and idx <= $3::bigint order by idx"
+)
+
+# store-postgres.ts `claimAvailable`: the materialized eligible set locked
+# `for update`, claimed in one update; the earliest live foreign claim rides
+# along for the busy answer, so the claim is one autocommit statement.
+#   $1 session, $2 now, $3 holder, $4 expires at, $5 excluded indexes
+CLAIM = Statement(
+    f"""
+with eligible as materialized (
+  select event.idx from a2_events event
+   where event.session_id = $1::text
+     and event.processed_at is null
+     and event.failed_at is null
+     and event.lane_ready
+     and (event.claim_expires_at is null or event.claim_expires_at <= $2::bigint)
+     and not (event.idx = any($5::bigint[]))
+   for update of event
+),
+claimed as (
+  update a2_events claimed set
+    attempt_count = claimed.attempt_count + 1,
+    first_claimed_at = coalesce(claimed.first_claimed_at, $2::bigint),
+    last_claimed_at = $2::bigint,
+    claim_holder = $3::text,
+    claim_expires_at = $4::bigint
+  from eligible
+  where claimed.session_id = $1::text and claimed.idx = eligible.idx
+  returning claimed.*
+),
+busy as (
+  select min(claim_expires_at) as retry_at from a2_events
+   where session_id = $1::text
+     and processed_at is null
+     and failed_at is null
+     and lane_ready
+     and claim_expires_at > $2::bigint
+)
+select busy.retry_at, {_cols("claimed")}
+  from busy left join claimed on true
+ order by claimed.idx
+"""
+)
+
+# store-postgres.ts `renewClaims`, verbatim.
+RENEW = Statement(
+    """
+with listed as (
+  select idx, attempt from unnest($3::bigint[], $6::int[]) as listed(idx, attempt)
+),
+renewed as (
+  update a2_events event set claim_expires_at = $1::bigint
+    from listed
+   where event.session_id = $2::text
+     and event.idx = listed.idx
+     and event.attempt_count = listed.attempt
+     and event.processed_at is null
+     and event.failed_at is null
+     and event.claim_holder = $4::text
+     and event.claim_expires_at > $5::bigint
+  returning event.idx
+)
+select event.idx, event.attempt_count,
+       exists(select 1 from renewed where renewed.idx = event.idx) as renewed
+  from a2_events event
+ where event.session_id = $2::text and event.idx = any($3::bigint[])
+"""
+)
+
+# store-postgres.ts `completeAttempt`, first half: the parent `for update`, and
+# (EVENTS_BY_ID) whatever already holds the returned ids. Runs after the session's advisory
+# lock (taken first here, unlike the seed, so completions and appends lock in
+# the same order and cannot deadlock).
+COMPLETE_PARENT = Statement(
+    f"select {EVENT_COLUMNS} from a2_events"
+    " where session_id = $1::text and idx = $2::bigint for update"
+)
+EVENTS_BY_ID = Statement(f"select {EVENT_COLUMNS} from a2_events where event_id = any($1::text[])")
+
+
+# completeAttempt, second half: insert the returned events (lane readiness as
+# in append: the parent is still unprocessed), mark the parent processed.
+#   $1 session, $2 batch, $3 now, $4 cause, $5 parent idx, $6 attempt, $7 ids
+COMPLETE_WRITE = Statement(
+    f"""
+with batch as (
+  select * from jsonb_to_recordset($2::jsonb)
+    as b(ord bigint, id text, type text, payload jsonb, lane text, settled boolean)
+),
+base as (
+  select coalesce(max(idx), 0) as base from a2_events where session_id = $1::text
+),
+inserted as (
+  insert into a2_events
+    (session_id, idx, event_type, payload, event_id, created_at, cause, lane,
+     lane_ready, processed_at)
+  select $1::text, base.base + b.ord, b.type, coalesce(b.payload, 'null'::jsonb), b.id, $3::bigint, $4::jsonb, b.lane,
+         b.lane is null or (
+           not exists (select 1 from a2_events l
+                        where l.session_id = $1::text and l.lane = b.lane
+                          and l.processed_at is null)
+           and not exists (select 1 from batch e
+                            where e.lane = b.lane and e.ord < b.ord and not e.settled)),
+         case when b.settled then $3::bigint end
+    from batch b, base
+  returning *
+),
+parent as (
+  update a2_events set
+    processed_at = $3::bigint,
+    processed_by_attempt = $6::int,
+    returned_event_ids = $7::jsonb,
+    lane_ready = false,
+    claim_holder = null,
+    claim_expires_at = null
+  where session_id = $1::text and idx = $5::bigint
+)
+select {_cols("inserted")} from inserted order by inserted.idx
+"""
+)
+
+# completeAttempt's lane hand-off, after the inserts and the parent update.
+LANE_HANDOFF = Statement(
+    """
+update a2_events set lane_ready = true
+ where session_id = $1::text
+   and idx = (select idx from a2_events
+               where session_id = $1::text and lane = $2::text and processed_at is null
+               order by idx limit 1)
+"""
+)
+
+# store-postgres.ts `failAttempt`, verbatim.
+#   $1 session, $2 idx, $3 attempt, $4 error, $5 max failures, $6 now
+FAIL = Statement(
+    """
+with current as materialized (
+  select e.* from a2_events e
+   where e.session_id = $1::text and e.idx = $2::bigint
+   for update of e
+), updated as (
+  update a2_events e set
+    failure_count = e.failure_count + 1,
+    last_error = $4::text,
+    last_failed_at = $6::bigint,
+    last_failed_attempt = $3::int,
+    failed_at = case when e.failure_count + 1 >= $5::int then $6::bigint else e.failed_at end,
+    claim_holder = null,
+    claim_expires_at = null
+  from current
+  where e.session_id = $1::text
+    and e.idx = $2::bigint
+    and current.processed_at is null
+    and current.failed_at is null
+    and current.attempt_count = $3::int
+    and current.claim_holder is not null
+  returning e.failure_count, e.failed_at
+)
+select case
+  when not exists (select 1 from current) then 'missing'
+  when exists (select 1 from updated where failed_at is not null) then 'dead_lettered'
+  when exists (select 1 from updated) then 'failed'
+  when exists (select 1 from current
+                where processed_at is not null or attempt_count <> $3::int) then 'superseded'
+  when exists (select 1 from current where failed_at is not null) then 'dead_lettered'
+  when exists (select 1 from current
+                where claim_holder is null and last_failed_attempt = $3::int) then 'failed'
+  else 'superseded'
+end as outcome,
+coalesce((select failure_count from updated), (select failure_count from current))
+  as failure_count
+"""
+)
+
+# store-postgres.ts `readStates` (and `readState`, as a batch of one): one
+# statement, one MVCC snapshot, each tail bounded by the snapshot it returns.
+READ_STATES = Statement(
+    f"""
+with snapshot as materialized (
+  select session_id, up_to_index, state from a2_snapshots
+   where session_id = any($1::text[]) and reducer_name = $2::text
+)
+select 0 as row_order, snapshot.session_id as owner, snapshot.up_to_index, snapshot.state,
+       {", ".join(f"null as {c.strip()}" for c in EVENT_COLUMNS.split(","))}
+  from snapshot
+union all
+select 1 as row_order, event.session_id, null, null, {_cols("event")}
+  from a2_events event
+  left join snapshot on snapshot.session_id = event.session_id
+ where event.session_id = any($1::text[])
+   and event.idx > coalesce(snapshot.up_to_index, 0)
+ order by row_order, owner, idx
+"""
+)
+
+# store-postgres.ts `putSnapshot`: the guarded upsert.
+PUT_SNAPSHOT = Statement(
+    """
+insert into a2_snapshots (session_id, reducer_name, up_to_index, state, updated_at)
+values ($1::text, $2::text, $3::bigint, $4::jsonb, $5::bigint)
+on conflict (session_id, reducer_name) do update set
+  up_to_index = excluded.up_to_index,
+  state = excluded.state,
+  updated_at = excluded.updated_at
+where excluded.up_to_index > a2_snapshots.up_to_index
+"""
+)
+
+# The presence trigger reads these to stamp its notification.
+PRESENCE_ORIGIN = Statement(
+    "select set_config('a2.origin', $1::text, true), set_config('a2.seen', $2::text, true),"
+    " set_config('a2.at', $3::text, true)"
+)
+
+# store-postgres.ts `presence.set`, every field in one statement. Field-wise
+# LWW: a stored row with a strictly newer `at` survives; ties go to the
+# incoming write. Returns the fields that applied.
+#   $1 ns, $2 participant, $3 values (jsonb object, null = clear), $4 seen,
+#   $5 at, $6 expires at
+PRESENCE_SET = Statement(
+    """
+with vals as (
+  select key as field, value from jsonb_each($3::jsonb)
+),
+current as materialized (
+  select p.field, p.at from a2_presence p
+   where p.ns = $1::text and p.participant = $2::text
+     and p.field in (select field from vals)
+   for update
+),
+cleared as (
+  delete from a2_presence p using vals v
+   where p.ns = $1::text and p.participant = $2::text and p.field = v.field
+     and v.value = 'null'::jsonb and p.at <= $5::bigint
+),
+written as (
+  insert into a2_presence (ns, participant, field, value, seen, at, expires_at)
+  select $1::text, $2::text, field, value, $4::bigint, $5::bigint, $6::bigint
+    from vals where value <> 'null'::jsonb
+  on conflict (ns, participant, field) do update set
+    value = excluded.value,
+    seen = excluded.seen,
+    at = excluded.at,
+    expires_at = excluded.expires_at
+  where a2_presence.at <= excluded.at
+  returning field
+)
+select field from written
+union all
+select v.field from vals v
+ where v.value = 'null'::jsonb
+   and not exists (select 1 from current c where c.field = v.field and c.at > $5::bigint)
+"""
+)
+
+# store-postgres.ts `presence.read`: sweep and read in one statement.
+PRESENCE_READ = Statement(
+    """
+with swept as (
+  delete from a2_presence where ns = $1::text and expires_at <= $2::bigint
+)
+select participant, field, value, seen, at, expires_at from a2_presence
+ where ns = $1::text and expires_at > $2::bigint
+ order by participant, field
+"""
+)
+
+# store-postgres.ts `inspect.listSessions`.
+LIST_SESSIONS = Statement(
+    """
+select session_id,
+       count(*),
+       count(*) filter (where processed_at is null and failed_at is null),
+       count(*) filter (where failed_at is not null),
+       sum(attempt_count),
+       sum(failure_count),
+       min(created_at),
+       max(greatest(created_at, coalesce(first_claimed_at, 0), coalesce(last_claimed_at, 0),
+                    coalesce(last_failed_at, 0), coalesce(processed_at, 0),
+                    coalesce(failed_at, 0)))
+  from a2_events
+ where left(session_id, length($1::text)) = $1::text
+   and ($2::text is null or session_id > $2::text)
+ group by session_id
+ order by session_id
+ limit $3::bigint
+"""
+)
+
+# store-postgres.ts `inspect.readEvents`: the frontier and the page in one
+# statement (one snapshot).
+READ_EVENTS = Statement(
+    f"""
+with frontier as (
+  select coalesce(max(idx), 0) as frontier from a2_events where session_id = $1::text
+),
+bound as (
+  select least(coalesce($3::bigint, frontier), frontier) as through from frontier
+),
+page as (
+  select {EVENT_COLUMNS} from a2_events, bound
+   where session_id = $1::text and idx > $2::bigint and idx <= bound.through
+   order by idx limit $4::bigint
+)
+select bound.through, {_cols("page")} from bound left join page on true order by page.idx
+"""
+)
+
+# store-postgres.ts `inspect.listSnapshots`.
+LIST_SNAPSHOTS = Statement(
+    "select reducer_name, up_to_index, updated_at from a2_snapshots"
+    " where session_id = $1::text order by reducer_name"
+)

@@ -1,0 +1,911 @@
+"""The Postgres store: the production path, shared by any number of processes.
+
+Theory of operation
+-------------------
+
+**Driver.** ``_pg_conn`` drives libpq through psycopg's public ``pq`` module
+with Trio-native socket waits, and sends each transaction as one pipeline:
+``begin; select pg_advisory_xact_lock(hashtext(session)); <work>; commit`` is
+a single round trip. Statements are prepared once per connection. Connections
+come from a small Trio pool; one is held only while its pipeline is in flight.
+
+**Exactly once across processes.** The semantics are the seed's
+``store-postgres.ts`` (``_pg_sql`` ports each statement and says where it
+folded several into one):
+
+* appends serialize per session on ``pg_advisory_xact_lock(hashtext(id))``,
+  so index assignment never races; the lock is transaction-scoped and
+  released by commit or rollback, even when a process dies;
+* the duplicate check, the attempt-currency fence (the cause's parent row
+  read ``for update``, so a concurrent claim cannot slip between the check and
+  the insert) and the inserts are one statement after the lock;
+* claims lock the materialized eligible set ``for update`` and bump
+  ``attempt_count`` in one statement: two drains never claim the same attempt;
+* completion takes the session lock *then* the parent row (the seed takes them
+  the other way round; one order for every writer means no deadlock), replays
+  a repeat by the same attempt, and hands the lane on in the same transaction.
+
+**Cancellation.** A task cancelled while a pipeline is in flight never returns
+its connection to the pool: the pool closes it and the server rolls back what
+was not committed. A transaction that failed on the server is rolled back
+before its connection is reused. So every operation committed entirely or not
+at all, and retrying it with the same ids is safe (replay).
+
+**Live feeds.** With ``listen=True`` the schema gets transactional notify
+triggers (``a2_events`` per inserted session, ``a2_presence`` per changed
+field). ``async with store:`` opens the store's nursery; the first feed or
+presence subscriber starts **one** listener task there, on its own connection,
+serving every local feed and subscriber (connections scale with processes, not
+viewers). A notification only says *when* to read: the feed pump reads from
+its cursor, and re-reads every ``notify_safety_s`` anyway. A lost listener
+wakes every feed (catch-up from each cursor), and reconnects with backoff;
+meanwhile, and always with ``listen=False`` (transaction-mode poolers, where
+LISTEN does not work), feeds poll adaptively: ``poll_active_s`` while rows
+flow, doubling to ``poll_idle_s``. Presence is the push tier: a write delivers
+its patch to local subscribers as it applies, and other processes'
+subscribers hear it through NOTIFY (the trigger stamps the writing store's id,
+so a store skips its own).
+
+**Lifecycle.** Construction does no I/O. The first operation creates the
+schema under a transaction-scoped advisory lock (so processes can start
+together); a failure is retried by the next operation. Connection attempts
+time out after ``connect_timeout_s``, so an unreachable database is
+``STORE_UNAVAILABLE`` with the cause, never a hang. Leaving the last ``async
+with store:`` stops the listener and closes idle connections; ``aclose()``
+closes everything the store opened and refuses later use.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
+from typing import Any, Literal, cast
+
+import msgspec
+import trio
+from psycopg.conninfo import make_conninfo
+
+from ..clock import SYSTEM_CLOCK, Clock
+from ..errors import A2Error, ErrorCode, store_unavailable
+from ..ids import random_id
+from ..timings import DEFAULT_TIMINGS, Timings
+from . import _pg_sql as sql
+from ._feed import Feed, FeedStatistics, Wakeups, open_pump_feed
+from ._pg_conn import Param, PgConnectionError, PgError, PgPool, Row, Statement
+from .base import (
+    AppendEvent,
+    AppendResult,
+    Busy,
+    Claimed,
+    ClaimRef,
+    ClaimResult,
+    CompleteResult,
+    EventCause,
+    EventPage,
+    FailResult,
+    PresenceRow,
+    RenewResult,
+    SessionPage,
+    SessionSummary,
+    Settled,
+    Snapshot,
+    SnapshotInfo,
+    StateRead,
+    StoredEvent,
+    StoredPresencePatch,
+    replay,
+)
+
+__all__ = ["PostgresStore", "postgres"]
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+
+_MAX_INDEX = 2**63 - 1
+_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+# unique_violation (a concurrent append of the same id in another session) and
+# deadlock_detected: the transaction rolled back, so running it again is safe.
+_RETRYABLE = frozenset({"23505", "40P01"})
+_ATTEMPTS = 3
+_LISTENER_BACKOFF_S = (0.05, 2.0)
+
+
+class _Presence(msgspec.Struct, frozen=True):
+    """A presence notification, as the trigger writes it."""
+
+    o: str | None
+    ns: str
+    p: str
+    f: str
+    v: Any
+    s: int
+    a: int
+
+
+_decode_presence = msgspec.json.Decoder(_Presence).decode
+
+
+def _cause_json(cause: EventCause) -> dict[str, int]:
+    # The seed's jsonb shape, so both frameworks read each other's rows.
+    out = {"index": cause.index, "attempt": cause.attempt}
+    if cause.batch_size is not None:
+        out["batchSize"] = cause.batch_size
+    return out
+
+
+def _cause(raw: Any) -> EventCause | None:
+    if raw is None:
+        return None
+    return EventCause(raw["index"], raw["attempt"], raw.get("batchSize"))
+
+
+def _stored(row: Row, at: int = 0) -> StoredEvent:
+    """A StoredEvent from ``EVENT_COLUMNS`` starting at ``row[at]``."""
+    r = row[at:]
+    return StoredEvent(
+        id=r[0],
+        type=r[1],
+        payload=r[2],
+        index=r[3],
+        session_id=r[4],
+        created_at_ms=r[5],
+        cause=_cause(r[6]),
+        lane=r[7],
+        processed_at_ms=r[8],
+        processed_by_attempt=r[9],
+        returned_event_ids=r[10],
+        first_claimed_at_ms=r[11],
+        last_claimed_at_ms=r[12],
+        attempt_count=r[13],
+        failure_count=r[14],
+        last_failed_at_ms=r[15],
+        last_failed_attempt=r[16],
+        last_error=r[17],
+        failed_at_ms=r[18],
+        claim_holder=r[19],
+        claim_expires_at_ms=r[20],
+    )
+
+
+def _no_event(session_id: str, index: int) -> ValueError:
+    return ValueError(f"no event at index {index} in session {session_id!r}")
+
+
+def _index_of(event: StoredEvent) -> int:
+    return event.index
+
+
+class _PostgresPresence:
+    """Presence rows (the seed's ``a2_presence``): LWW per field, push tier."""
+
+    push = True
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+        self._subscribers: dict[str, set[Callable[[StoredPresencePatch], None]]] = {}
+
+    async def set(
+        self,
+        session_id: str,
+        participant: str,
+        values: dict[str, Any],
+        *,
+        seen: int,
+        at_ms: int,
+        ttl_ms: int,
+    ) -> StoredPresencePatch | None:
+        """Apply the fields in one transaction; deliver the patch locally.
+
+        Cancellation: the write committed entirely or not at all; retrying
+        with the same ``at_ms`` is idempotent (ties go to the incoming write).
+        """
+        if not values:
+            await trio.lowlevel.checkpoint()
+            return None
+        store = self._store
+        with store_unavailable("presence set"):
+            # Expiry anchors on the store's clock; `at` only orders writes.
+            expires_at = store.clock.now_ms() + ttl_ms
+            rows = await store._transaction(
+                [
+                    (sql.PRESENCE_ORIGIN, (store._origin, str(seen), str(at_ms))),
+                    (
+                        sql.PRESENCE_SET,
+                        (session_id, participant, _encode(values), seen, at_ms, expires_at),
+                    ),
+                ],
+                lock=None,
+            )
+        applied = {row[0] for row in rows[1]}
+        if not applied:
+            return None
+        patch = StoredPresencePatch(
+            participant, {f: v for f, v in values.items() if f in applied}, seen, at_ms
+        )
+        self.deliver(session_id, patch)
+        return patch
+
+    async def read(self, session_id: str) -> list[PresenceRow]:
+        """Live rows, expired ones swept, in one statement.
+
+        Cancellation: a checkpoint; the sweep is idempotent.
+        """
+        with store_unavailable("presence read"):
+            rows = await self._store._query(
+                sql.PRESENCE_READ, (session_id, self._store.clock.now_ms())
+            )
+        return [PresenceRow(*row) for row in rows]
+
+    def subscribe(
+        self, session_id: str, on_patch: Callable[[StoredPresencePatch], None]
+    ) -> Callable[[], None]:
+        subscribers = self._subscribers.setdefault(session_id, set())
+        subscribers.add(on_patch)
+        self._store._start_listener()
+
+        def unsubscribe() -> None:
+            subscribers.discard(on_patch)
+            if not subscribers and self._subscribers.get(session_id) is subscribers:
+                del self._subscribers[session_id]
+
+        return unsubscribe
+
+    def deliver(self, session_id: str, patch: StoredPresencePatch) -> None:
+        for on_patch in list(self._subscribers.get(session_id, ())):
+            on_patch(patch)
+
+    def subscriber_count(self) -> int:
+        return sum(len(s) for s in self._subscribers.values())
+
+
+class _PostgresInspection:
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+
+    async def list_sessions(
+        self, *, prefix: str, limit: int, cursor: str | None = None
+    ) -> SessionPage:
+        """Sessions by id (the seed's ``listSessions``). Cancellation: a read."""
+        with store_unavailable("list sessions"):
+            rows = await self._store._query(sql.LIST_SESSIONS, (prefix, cursor, limit + 1))
+        sessions = [SessionSummary(*row) for row in rows[:limit]]
+        more = len(rows) > limit
+        return SessionPage(sessions, sessions[-1].session_id if more and sessions else None)
+
+    async def read_events(
+        self, session_id: str, *, after_index: int, limit: int, through_index: int | None = None
+    ) -> EventPage:
+        """A page bounded by the frontier, read in one snapshot. Cancellation: a read."""
+        with store_unavailable("read events"):
+            rows = await self._store._query(
+                sql.READ_EVENTS, (session_id, after_index, through_index, limit)
+            )
+        events = [_stored(row, 1) for row in rows if row[1] is not None]
+        return EventPage(events, rows[0][0])
+
+    async def list_snapshots(self, session_id: str) -> list[SnapshotInfo]:
+        """The session's snapshots by reducer name. Cancellation: a read."""
+        with store_unavailable("list snapshots"):
+            rows = await self._store._query(sql.LIST_SNAPSHOTS, (session_id,))
+        return [SnapshotInfo(*row) for row in rows]
+
+
+class PostgresStore:
+    """A :class:`~a2trio.stores.Store` on Postgres, with presence and inspection.
+
+    Build it with :func:`postgres`. Attributes: ``dsn`` (the effective libpq
+    conninfo, including the schema's ``search_path``: open your own
+    connections with it), ``clock``, ``presence``, ``inspect``.
+    """
+
+    def __init__(
+        self,
+        dsn: str | PgPool,
+        *,
+        listen: bool = True,
+        clock: Clock = SYSTEM_CLOCK,
+        schema: str | None = None,
+        max_connections: int = 10,
+        connect_timeout_s: float = 5.0,
+        prepare: bool = True,
+        timings: Timings = DEFAULT_TIMINGS,
+    ) -> None:
+        if schema is not None and not _SCHEMA_NAME.match(schema):
+            raise ValueError(
+                f"schema {schema!r} must be a lowercase SQL identifier ([a-z_][a-z0-9_]*)"
+            )
+        if isinstance(dsn, PgPool):
+            self._pool, self._owns_pool = dsn, False
+        else:
+            if schema is not None:
+                dsn = make_conninfo(dsn, options=f"-csearch_path={schema}")
+            self._pool = PgPool(
+                dsn,
+                max_size=max_connections,
+                connect_timeout_s=connect_timeout_s,
+                prepare=prepare,
+            )
+            self._owns_pool = True
+        self.dsn: str = self._pool.conninfo
+        self.clock = clock
+        self.listen = listen
+        self.timings = timings
+        self._schema = schema
+        self._channels: tuple[str, str] | None = None
+        self._init_lock = trio.Lock()
+        self._origin = random_id()
+        self._wakeups = Wakeups()
+        self._nursery: trio.Nursery | None = None
+        self._nursery_cm: AbstractAsyncContextManager[trio.Nursery] | None = None
+        self._entered = 0
+        self._listener_started = False
+        self._listening = False
+        self._closed = False
+        self.presence: _PostgresPresence = _PostgresPresence(self)
+        self.inspect: _PostgresInspection = _PostgresInspection(self)
+
+    def __repr__(self) -> str:
+        return f"PostgresStore(schema={self._schema!r}, listen={self.listen})"
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def __aenter__(self) -> PostgresStore:
+        """Open the store's nursery (for the listener) on the first entry.
+
+        Nested entries share it; the nursery closes with the outermost exit,
+        which must happen in the task that entered first.
+        """
+        if self._closed:
+            raise trio.ClosedResourceError("this Postgres store was closed: create a new one")
+        if self._entered == 0:
+            manager = trio.open_nursery()
+            self._nursery = await manager.__aenter__()
+            self._nursery_cm = manager
+        self._entered += 1
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._entered -= 1
+        if self._entered > 0:
+            return
+        await self._stop_nursery()
+        self._pool.discard_idle()
+
+    async def _stop_nursery(self) -> None:
+        manager, self._nursery_cm = self._nursery_cm, None
+        nursery, self._nursery = self._nursery, None
+        self._listener_started = False
+        if manager is None or nursery is None:
+            return
+        nursery.cancel_scope.cancel(reason="store closed")
+        await manager.__aexit__(None, None, None)
+
+    async def aclose(self) -> None:
+        """Stop the listener, close the pool (if the store created it). Idempotent.
+
+        Cancellation: a checkpoint; the connections are closed either way.
+        """
+        self._closed = True
+        self._entered = 0
+        try:
+            await self._stop_nursery()
+        finally:
+            if self._owns_pool:
+                self._pool.close()
+            self._wakeups.notify_all()
+        await trio.lowlevel.checkpoint()
+
+    def feed_statistics(self) -> FeedStatistics:
+        """Live feeds and presence subscribers (leak checks in tests)."""
+        stats = self._wakeups.statistics()
+        return FeedStatistics(
+            listeners=stats.listeners + self.presence.subscriber_count(), keys=stats.keys
+        )
+
+    async def _ready(self) -> PgPool:
+        """Create the schema once (retried on the next call if it fails)."""
+        if self._closed:
+            raise trio.ClosedResourceError("this Postgres store was closed: create a new one")
+        if self._channels is None:
+            async with self._init_lock:
+                if self._channels is None:
+                    async with self._pool.connection() as conn:
+                        await conn.script(sql.schema_sql(schema=self._schema, triggers=self.listen))
+                        [[(schema,)]] = await conn.run([(_CURRENT_SCHEMA, ())])
+                    self._channels = (f"{schema}.a2_events", f"{schema}.a2_presence")
+        return self._pool
+
+    async def _query(self, statement: Statement, params: Sequence[Param]) -> list[Row]:
+        pool = await self._ready()
+        async with pool.connection() as conn:
+            [rows] = await conn.run([(statement, params)])
+        return rows
+
+    async def _transaction(
+        self,
+        batch: Sequence[tuple[Statement, Sequence[Param]]],
+        *,
+        lock: str | None,
+    ) -> list[list[Row]]:
+        """``begin; [lock;] batch; commit`` in one round trip, retried after a
+        deadlock or a unique violation (both roll back). Returns the batch's rows."""
+        pool = await self._ready()
+        head: list[tuple[Statement, Sequence[Param]]] = [(sql.BEGIN, ())]
+        if lock is not None:
+            head.append((sql.LOCK, (lock,)))
+        for attempt in range(_ATTEMPTS):
+            try:
+                async with pool.connection() as conn:
+                    rows = await conn.run([*head, *batch, (sql.COMMIT, ())])
+                return rows[len(head) : len(head) + len(batch)]
+            except PgError as exc:
+                if exc.sqlstate not in _RETRYABLE or attempt == _ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- listener ----------------------------------------------------------
+
+    def _start_listener(self) -> None:
+        if self.listen and not self._listener_started and self._nursery is not None:
+            self._listener_started = True
+            self._nursery.start_soon(self._serve_listener)
+
+    async def _serve_listener(self) -> None:
+        """Hold one LISTEN connection; wake feeds and deliver presence patches.
+
+        Runs until the store's nursery is cancelled. Every (re)connection wakes
+        every feed so each catches up from its cursor.
+        """
+        backoff = _LISTENER_BACKOFF_S[0]
+        while True:
+            try:
+                await self._listen_once()
+            except (PgConnectionError, PgError, OSError, A2Error):
+                pass
+            self._listening = False
+            self._wakeups.notify_all()
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, _LISTENER_BACKOFF_S[1])
+
+    async def _listen_once(self) -> None:
+        with store_unavailable("listen"):
+            pool = await self._ready()
+        assert self._channels is not None
+        events, presence = self._channels
+        conn = await pool.open_connection()
+        try:
+            await conn.script(f'listen "{events}"; listen "{presence}"'.encode())
+            self._listening = True
+            self._wakeups.notify_all()
+            while True:
+                await trio.lowlevel.wait_readable(conn.socket)
+                for channel, payload in conn.notifies():
+                    if channel == events:
+                        self._wakeups.notify(payload)
+                    elif channel == presence:
+                        self._deliver_remote(payload)
+        finally:
+            conn.close()
+
+    def _deliver_remote(self, payload: str) -> None:
+        note = _decode_presence(payload)
+        if note.o == self._origin:
+            return
+        self.presence.deliver(
+            note.ns, StoredPresencePatch(note.p, {note.f: note.v}, note.s, note.a)
+        )
+
+    def _feed_poll(self) -> Callable[[bool], float]:
+        """How long a feed waits before re-reading on its own."""
+        timings = self.timings
+        wait = timings.poll_active_s
+
+        def poll(active: bool) -> float:
+            nonlocal wait
+            if self._listening:
+                wait = timings.poll_active_s
+                return timings.notify_safety_s
+            wait = timings.poll_active_s if active else min(wait * 2, timings.poll_idle_s)
+            return wait
+
+        return poll
+
+    # -- the Store protocol ---------------------------------------------------
+
+    async def append(self, session_id: str, events: Sequence[AppendEvent]) -> AppendResult:
+        """Append atomically, in one round trip (see the module docstring).
+
+        Cancellation: committed entirely or not at all; retry with the same ids
+        replays.
+        """
+        with store_unavailable("append"):
+            if not events:
+                [(pending,)] = await self._query(sql.HAS_PENDING, (session_id,))
+                return AppendResult([], pending)
+            supplied = [e.id for e in events if e.id is not None]
+            if len(set(supplied)) != len(supplied):
+                raise A2Error(
+                    ErrorCode.PARTIAL_DUPLICATE_BATCH,
+                    "batch contains the same event id more than once",
+                )
+            ids = [e.id or random_id() for e in events]
+            batch = [
+                {
+                    "ord": ord_,
+                    "id": event_id,
+                    "type": e.type,
+                    "payload": e.payload,
+                    "cause": None if e.cause is None else _cause_json(e.cause),
+                    "lane": e.lane,
+                    "settled": e.settled,
+                }
+                for ord_, (e, event_id) in enumerate(zip(events, ids, strict=True), 1)
+            ]
+            causes = sorted({e.cause.index for e in events if e.cause is not None})
+            now = self.clock.now_ms()
+            [rows] = await self._transaction(
+                [(sql.APPEND, (session_id, _encode(batch), supplied, causes, now))],
+                lock=session_id,
+            )
+        n_existing, foreign_id, missing_parent, superseded, had_pending, base = rows[0][:6]
+        if n_existing:
+            if foreign_id is not None:
+                raise A2Error(
+                    ErrorCode.PARTIAL_DUPLICATE_BATCH,
+                    f"event id {foreign_id!r} already exists in another session",
+                )
+            if n_existing == len(events):
+                return AppendResult(replay(events, [_stored(r, 6) for r in rows]), had_pending)
+            raise A2Error(
+                ErrorCode.PARTIAL_DUPLICATE_BATCH,
+                f"batch mixes {n_existing} already-appended and "
+                f"{len(events) - n_existing} fresh events",
+            )
+        if missing_parent is not None:
+            raise _no_event(session_id, missing_parent)
+        if superseded is not None:
+            cause = next(e.cause for e in events if e.cause and e.cause.index == superseded)
+            raise A2Error(
+                ErrorCode.SUPERSEDED_ATTEMPT,
+                f"attempt {cause.attempt} no longer owns event {superseded} "
+                f"in session {session_id!r}",
+            )
+        self._wakeups.notify(session_id)
+        inserted = [
+            StoredEvent(
+                id=event_id,
+                type=e.type,
+                payload=e.payload,
+                index=base + ord_,
+                session_id=session_id,
+                created_at_ms=now,
+                cause=e.cause,
+                lane=e.lane,
+                processed_at_ms=now if e.settled else None,
+            )
+            for ord_, (e, event_id) in enumerate(zip(events, ids, strict=True), 1)
+        ]
+        return AppendResult(inserted, had_pending or any(not e.settled for e in events))
+
+    async def read(
+        self,
+        session_id: str,
+        *,
+        after_index: int | None = None,
+        through_index: int | None = None,
+    ) -> list[StoredEvent]:
+        """Events in ``(after_index, through_index]``. Cancellation: a read."""
+        with store_unavailable("read"):
+            rows = await self._query(
+                sql.READ,
+                (
+                    session_id,
+                    max(0, after_index or 0),
+                    _MAX_INDEX if through_index is None else through_index,
+                ),
+            )
+        return [_stored(row) for row in rows]
+
+    async def claim_available(
+        self,
+        session_id: str,
+        *,
+        holder: str,
+        ttl_ms: int,
+        expires_at_ms: int | None = None,
+        exclude: Sequence[int] = (),
+    ) -> ClaimResult:
+        """Claim the eligible set in one statement (see the module docstring).
+
+        Cancellation: the claim committed or not; an orphaned claim expires and
+        a later drain takes the next attempt.
+        """
+        with store_unavailable("claim"):
+            now = self.clock.now_ms()
+            expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
+            rows = await self._query(
+                sql.CLAIM, (session_id, now, holder, expires_at, list(exclude))
+            )
+        claimed = [_stored(row, 1) for row in rows if row[1] is not None]
+        if claimed:
+            return Claimed(claimed)
+        retry_at = rows[0][0]
+        return Settled() if retry_at is None else Busy(retry_at)
+
+    async def renew_claims(
+        self,
+        session_id: str,
+        *,
+        holder: str,
+        claims: Sequence[ClaimRef],
+        ttl_ms: int,
+        expires_at_ms: int | None = None,
+    ) -> RenewResult:
+        """Extend this holder's live claims (the seed's ``renewClaims``).
+
+        Cancellation: renewed or not; the heartbeat retries.
+        """
+        if not claims:
+            await trio.lowlevel.checkpoint()
+            return RenewResult([], [])
+        with store_unavailable("renew"):
+            now = self.clock.now_ms()
+            expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
+            attempts = {c.index: c.attempt for c in claims}
+            rows = await self._query(
+                sql.RENEW,
+                (
+                    expires_at,
+                    session_id,
+                    [c.index for c in claims],
+                    holder,
+                    now,
+                    [c.attempt for c in claims],
+                ),
+            )
+        renewed = sorted(index for index, _, ok in rows if ok)
+        superseded = sorted(
+            index for index, count, ok in rows if not ok and count > attempts.get(index, 0)
+        )
+        return RenewResult(renewed, superseded)
+
+    async def complete_attempt(
+        self,
+        session_id: str,
+        *,
+        index: int,
+        attempt: int,
+        events: Sequence[AppendEvent],
+    ) -> CompleteResult:
+        """Mark processed, append the returned events, hand the lane on: one
+        transaction, two round trips.
+
+        Cancellation: committed entirely or not at all; a repeat by the same
+        attempt with the same ids replays.
+        """
+        ids = [e.id for e in events]
+        if any(i is None for i in ids):
+            raise ValueError("returned events need ids (the server derives them)")
+        if len(set(ids)) != len(ids):
+            raise A2Error(
+                ErrorCode.PARTIAL_DUPLICATE_BATCH,
+                "returned event batch contains the same event id more than once",
+            )
+        returned = cast(list[str], ids)
+        with store_unavailable("complete"):
+            pool = await self._ready()
+            async with pool.connection() as conn:
+                _, _, parents, existing = await conn.run(
+                    [
+                        (sql.BEGIN, ()),
+                        (sql.LOCK, (session_id,)),
+                        (sql.COMPLETE_PARENT, (session_id, index)),
+                        (sql.EVENTS_BY_ID, (returned,)),
+                    ]
+                )
+                if not parents:
+                    raise _no_event(session_id, index)
+                parent = _stored(parents[0])
+                if parent.processed_at_ms is not None:
+                    return self._replay_completion(
+                        session_id, index, attempt, events, parent, existing
+                    )
+                if (
+                    parent.attempt_count != attempt
+                    or parent.claim_holder is None
+                    or parent.failed_at_ms is not None
+                ):
+                    return CompleteResult("superseded")
+                if existing:
+                    raise A2Error(
+                        ErrorCode.PARTIAL_DUPLICATE_BATCH,
+                        "returned event batch contains an already-appended event id",
+                    )
+                now = self.clock.now_ms()
+                cause = EventCause(index, attempt)
+                batch = [
+                    {
+                        "ord": ord_,
+                        "id": e.id,
+                        "type": e.type,
+                        "payload": e.payload,
+                        "lane": e.lane,
+                        "settled": e.settled,
+                    }
+                    for ord_, e in enumerate(events, 1)
+                ]
+                work: list[tuple[Statement, Sequence[Param]]] = [
+                    (
+                        sql.COMPLETE_WRITE,
+                        (
+                            session_id,
+                            _encode(batch),
+                            now,
+                            _encode(_cause_json(cause)),
+                            index,
+                            attempt,
+                            _encode(returned),
+                        ),
+                    )
+                ]
+                if parent.lane is not None:
+                    work.append((sql.LANE_HANDOFF, (session_id, parent.lane)))
+                inserted, *_ = await conn.run([*work, (sql.COMMIT, ())])
+        if inserted:
+            self._wakeups.notify(session_id)
+        return CompleteResult("completed", [_stored(row) for row in inserted])
+
+    @staticmethod
+    def _replay_completion(
+        session_id: str,
+        index: int,
+        attempt: int,
+        events: Sequence[AppendEvent],
+        parent: StoredEvent,
+        existing: list[Row],
+    ) -> CompleteResult:
+        if parent.processed_by_attempt != attempt:
+            return CompleteResult("superseded")
+        ids = [e.id for e in events]
+        if parent.returned_event_ids != ids:
+            raise A2Error(
+                ErrorCode.PARTIAL_DUPLICATE_BATCH,
+                "completed attempt does not match the returned event batch",
+            )
+        stored = [_stored(row) for row in existing]
+        if len(stored) != len(ids) or any(
+            r.session_id != session_id
+            or r.cause is None
+            or (r.cause.index, r.cause.attempt) != (index, attempt)
+            for r in stored
+        ):
+            raise A2Error(
+                ErrorCode.PARTIAL_DUPLICATE_BATCH,
+                "returned event retry does not match the committed batch",
+            )
+        return CompleteResult("completed", replay(events, stored))
+
+    async def fail_attempt(
+        self,
+        session_id: str,
+        *,
+        index: int,
+        attempt: int,
+        error: str,
+        max_failures: int,
+    ) -> FailResult:
+        """Record a failure in one statement (the seed's ``failAttempt``).
+
+        Cancellation: recorded or not; a repeat by the same attempt is idempotent.
+        """
+        with store_unavailable("fail"):
+            [(outcome, failure_count)] = await self._query(
+                sql.FAIL, (session_id, index, attempt, error, max_failures, self.clock.now_ms())
+            )
+        if outcome == "missing":
+            raise _no_event(session_id, index)
+        return FailResult(
+            cast(Literal["failed", "dead_lettered", "superseded"], outcome), failure_count
+        )
+
+    async def read_state(self, session_id: str, reducer: str) -> StateRead:
+        """The snapshot and the events after it, one snapshot. Cancellation: a read."""
+        [state] = await self.read_states([session_id], reducer)
+        return state
+
+    async def read_states(self, session_ids: Sequence[str], reducer: str) -> list[StateRead]:
+        """:meth:`read_state` for many sessions in one statement. Cancellation: a read."""
+        if not session_ids:
+            await trio.lowlevel.checkpoint()
+            return []
+        with store_unavailable("read state"):
+            rows = await self._query(sql.READ_STATES, (list(session_ids), reducer))
+        snapshots: dict[str, Snapshot] = {}
+        events: dict[str, list[StoredEvent]] = {}
+        for row in rows:
+            if row[0] == 0:
+                snapshots[row[1]] = Snapshot(row[2], row[3])
+            else:
+                events.setdefault(row[1], []).append(_stored(row, 4))
+        return [StateRead(snapshots.get(sid), events.get(sid, [])) for sid in session_ids]
+
+    async def put_snapshot(self, session_id: str, reducer: str, index: int, state: Any) -> None:
+        """The guarded upsert: never moves a snapshot backwards.
+
+        Cancellation: written or not; rewriting is harmless.
+        """
+        with store_unavailable("put snapshot"):
+            await self._query(
+                sql.PUT_SNAPSHOT, (session_id, reducer, index, _encode(state), self.clock.now_ms())
+            )
+
+    def stream(
+        self, session_id: str, *, start_after: int = 0
+    ) -> AbstractAsyncContextManager[Feed[StoredEvent]]:
+        """A live feed: catch up, then follow on notifications (or polling)."""
+
+        async def read_after(cursor: int) -> list[StoredEvent]:
+            return await self.read(session_id, after_index=cursor)
+
+        self._start_listener()
+        return open_pump_feed(
+            session_id,
+            read_after,
+            _index_of,
+            self._wakeups,
+            start_after=start_after,
+            poll=self._feed_poll(),
+        )
+
+
+_CURRENT_SCHEMA = Statement("select current_schema()")
+
+
+def postgres(
+    dsn: str | PgPool,
+    *,
+    listen: bool = True,
+    clock: Clock = SYSTEM_CLOCK,
+    schema: str | None = None,
+    max_connections: int = 10,
+    connect_timeout_s: float = 5.0,
+    prepare: bool = True,
+    timings: Timings = DEFAULT_TIMINGS,
+) -> PostgresStore:
+    """Create a Postgres store. Does no I/O: the pool and schema open lazily.
+
+    Args:
+      dsn: a libpq URL or conninfo string, or a :class:`PgPool` you own (the
+        store then never closes it).
+      listen: LISTEN/NOTIFY live feeds and presence push. Turn off behind
+        transaction-mode poolers; feeds then poll adaptively.
+      clock: where every stored timestamp comes from.
+      schema: keep the tables in this schema (created if missing), e.g. one
+        per test run or per tenant.
+      max_connections: pool bound (the listener's connection is extra).
+      connect_timeout_s: each connection attempt fails after this long, as
+        ``STORE_UNAVAILABLE``.
+      prepare: named prepared statements (off for poolers that lack them).
+      timings: ``poll_active_s``, ``poll_idle_s`` and ``notify_safety_s``
+        set the feed cadences.
+
+    Raises:
+      ValueError: a schema name that is not a plain lowercase identifier.
+    """
+    return PostgresStore(
+        dsn,
+        listen=listen,
+        clock=clock,
+        schema=schema,
+        max_connections=max_connections,
+        connect_timeout_s=connect_timeout_s,
+        prepare=prepare,
+        timings=timings,
+    )
