@@ -207,7 +207,8 @@ inserted as (
   insert into a2_events
     (session_id, idx, event_type, payload, event_id, created_at, cause, lane,
      lane_ready, processed_at)
-  select $1::text, v.base + b.ord, b.type, coalesce(b.payload, 'null'::jsonb), b.id, $5::bigint, b.cause, b.lane,
+  select $1::text, v.base + b.ord, b.type, coalesce(b.payload, 'null'::jsonb), b.id,
+         $5::bigint, b.cause, b.lane,
          b.lane is null or (
            not exists (select 1 from a2_events l
                         where l.session_id = $1::text and l.lane = b.lane
@@ -324,7 +325,8 @@ inserted as (
   insert into a2_events
     (session_id, idx, event_type, payload, event_id, created_at, cause, lane,
      lane_ready, processed_at)
-  select $1::text, base.base + b.ord, b.type, coalesce(b.payload, 'null'::jsonb), b.id, $3::bigint, $4::jsonb, b.lane,
+  select $1::text, base.base + b.ord, b.type, coalesce(b.payload, 'null'::jsonb), b.id,
+         $3::bigint, $4::jsonb, b.lane,
          b.lane is null or (
            not exists (select 1 from a2_events l
                         where l.session_id = $1::text and l.lane = b.lane
