@@ -218,6 +218,13 @@ class ConnectionPool:
         self._generation = 0
         self._closed_memory = False
 
+    def check_open(self) -> None:
+        """Raise ``trio.ClosedResourceError`` if this is a closed ``:memory:`` pool."""
+        if self._closed_memory:
+            raise trio.ClosedResourceError(
+                "this ':memory:' sqlite store was closed and its data is gone: create a new store"
+            )
+
     async def write(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``work`` in a ``BEGIN IMMEDIATE`` transaction on the writer."""
         async with self._write_lock:
@@ -261,10 +268,7 @@ class ConnectionPool:
     async def _open_writer(self) -> Connection:
         if self._writer is not None:
             return self._writer
-        if self._closed_memory:
-            raise trio.ClosedResourceError(
-                "this ':memory:' sqlite store was closed and its data is gone: create a new store"
-            )
+        self.check_open()
         raw = await trio.to_thread.run_sync(_connect_writer, self.path)
         conn = Connection(raw, self._generation)
         try:

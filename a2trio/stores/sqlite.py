@@ -226,10 +226,12 @@ class SqliteStore:
         return self._wakeups.statistics()
 
     async def _write(self, what: str, work: Callable[[sqlite3.Connection], T]) -> T:
+        self._pool.check_open()
         with store_unavailable(f"sqlite {what}"):
             return await self._pool.write(work)
 
     async def _read(self, what: str, work: Callable[[sqlite3.Connection], T]) -> T:
+        self._pool.check_open()
         with store_unavailable(f"sqlite {what}"):
             return await self._pool.read(work)
 
