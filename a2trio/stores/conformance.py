@@ -60,9 +60,11 @@ from .base import (
 
 __all__ = [
     "CHECKS",
+    "REQUIRES",
     "CapabilityMissing",
     "ManualClock",
     "StoreFactory",
+    "capabilities",
     "raises",
 ]
 
@@ -104,8 +106,25 @@ class ManualClock:
 
 
 class CapabilityMissing(Exception):
-    """The store lacks an optional capability (``presence``, ``inspect``) a
-    check needs. Runners report the check as skipped, naming the capability."""
+    """The store lacks an optional capability a check needs (see
+    :data:`REQUIRES`). Runners report the check as skipped, naming it."""
+
+
+async def capabilities(open_store: StoreFactory) -> frozenset[str]:
+    """The optional capabilities of the factory's stores, named as in
+    :data:`REQUIRES`: ``presence``, ``presence push``, ``inspect``.
+
+    Lets a runner skip checks before running them. Opens one store.
+    """
+    async with open_store(ManualClock()) as store:
+        found = set()
+        if store.presence is not None:
+            found.add("presence")
+            if store.presence.push:
+                found.add("presence push")
+        if store.inspect is not None:
+            found.add("inspect")
+        return frozenset(found)
 
 
 @contextmanager
@@ -1032,6 +1051,7 @@ async def check_inspect_list_sessions(open_store: StoreFactory) -> None:
         await store.complete_attempt(a, index=2, attempt=1, events=[])
         clock.advance(100)
         _claimed(await _claim(store, a))
+        clock.advance(15)
         await store.fail_attempt(a, index=3, attempt=2, error="e", max_failures=5)
 
         page = await inspect.list_sessions(prefix=prefix, limit=2)
@@ -1048,7 +1068,7 @@ async def check_inspect_list_sessions(open_store: StoreFactory) -> None:
         # Events 1-2 were claimed once, 3-4 twice; 1 dead-lettered, 3 failed once.
         assert (summary.attempt_count, summary.failure_count) == (6, 2), f"counters: {summary!r}"
         assert summary.first_event_at_ms == _T0
-        assert summary.updated_at_ms == _T0 + 135
+        assert summary.updated_at_ms == _T0 + 150, "the latest of every row's timestamps"
         assert page.sessions[1].updated_at_ms == _T0 + 10
         assert page.sessions[1].pending_count == 2
         assert (await inspect.list_sessions(prefix=prefix + "zz", limit=5)).sessions == []
@@ -1122,3 +1142,13 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_inspect_read_events_and_snapshots,
 ]
 """Every check, in the order of ``base.py``'s obligations."""
+
+#: The optional capabilities each check needs, by check name. A check run on a
+#: store without them raises :class:`CapabilityMissing`.
+REQUIRES: dict[str, frozenset[str]] = {
+    check_presence_last_writer_wins.__name__: frozenset({"presence"}),
+    check_presence_expiry_and_order.__name__: frozenset({"presence"}),
+    check_presence_subscribe.__name__: frozenset({"presence", "presence push"}),
+    check_inspect_list_sessions.__name__: frozenset({"inspect"}),
+    check_inspect_read_events_and_snapshots.__name__: frozenset({"inspect"}),
+}
