@@ -18,7 +18,14 @@ from __future__ import annotations
 
 from ..clock import TrioClock
 from ._faults import Fault, FaultyStore, FaultyStoreStatistics, InjectedFault, Operation
-from ._harness import Harness, Outcome, OutcomeStatus, SchedulerFactory, open_harness
+from ._harness import (
+    Harness,
+    Outcome,
+    OutcomeStatus,
+    SchedulerFactory,
+    local_scheduler,
+    open_harness,
+)
 from ._plugin import AppFactory, a2_app, a2_clock, a2_telemetry
 from ._telemetry import RecordedSpan, RecordingTelemetry
 
@@ -39,5 +46,6 @@ __all__ = [
     "a2_app",
     "a2_clock",
     "a2_telemetry",
+    "local_scheduler",
     "open_harness",
 ]

@@ -48,6 +48,7 @@ from ..contract import Contract, Event
 from ..drain import DrainResult
 from ..handlers import HandlerSpec
 from ..scheduler import Scheduler
+from ..schedulers import LocalScheduler
 from ..server import Server, ValidatePush
 from ..session import Session
 from ..stores.base import Store, StoredEvent
@@ -61,6 +62,7 @@ __all__ = [
     "Outcome",
     "OutcomeStatus",
     "SchedulerFactory",
+    "local_scheduler",
     "open_harness",
 ]
 
@@ -74,6 +76,15 @@ OutcomeStatus = Literal["processed", "aborted", "failed", "dead_lettered", "pend
 #: Builds the scheduler for each server the harness opens (a restart builds a
 #: new one), given the harness's clock.
 SchedulerFactory = Callable[[Clock], Scheduler]
+
+
+def local_scheduler(clock: Clock) -> Scheduler:
+    """The default :data:`SchedulerFactory`: a fresh in-process
+    :class:`~a2trio.schedulers.LocalScheduler` on ``clock``. Its timers die with
+    the server, as they would with a process, so after :meth:`Harness.restart`
+    only durable state remains."""
+    return LocalScheduler(clock=clock)
+
 
 Handlers = Mapping[str, HandlerSpec | Callable[..., Awaitable[Any]]]
 
@@ -401,7 +412,7 @@ async def open_harness(
     *,
     handlers: Handlers | None = None,
     store: Store | None = None,
-    scheduler: SchedulerFactory | None = None,
+    scheduler: SchedulerFactory | None = local_scheduler,
     telemetry: RecordingTelemetry | None = None,
     timings: Timings = DEFAULT_TIMINGS,
     validate_push: ValidatePush | None = None,
@@ -413,7 +424,10 @@ async def open_harness(
       store: the real store (default: a memory store on a fresh
         :class:`~a2trio.TrioClock`). Give real backends a ``TrioClock`` too,
         so stored time follows the mock clock.
-      scheduler: builds each server's scheduler from the clock; None for none.
+      scheduler: builds each server's scheduler from the clock (default: a
+        :class:`~a2trio.schedulers.LocalScheduler`); None for no scheduler.
+        To keep scheduled tasks across :meth:`Harness.restart`, return one
+        shared (durable) scheduler.
       telemetry: where spans go (default: a fresh :class:`RecordingTelemetry`).
       timings / validate_push / presence_ttl_ms: passed to each ``Server``.
 

@@ -15,7 +15,7 @@ from ..clock import TrioClock
 from ..contract import Contract
 from ..stores.base import Store
 from ..timings import DEFAULT_TIMINGS, Timings
-from ._harness import Handlers, Harness, SchedulerFactory, open_harness
+from ._harness import Handlers, Harness, SchedulerFactory, local_scheduler, open_harness
 from ._telemetry import RecordingTelemetry
 
 __all__ = ["AppFactory", "a2_app", "a2_clock", "a2_telemetry"]
@@ -29,9 +29,8 @@ class AppFactory:
     their own tasks), so several may be open in one test.
     """
 
-    def __init__(self, nursery: trio.Nursery, default_scheduler: SchedulerFactory | None) -> None:
+    def __init__(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
-        self._default_scheduler = default_scheduler
 
     async def __call__(
         self,
@@ -39,31 +38,21 @@ class AppFactory:
         *,
         handlers: Handlers | None = None,
         store: Store | None = None,
-        scheduler: SchedulerFactory | bool | None = True,
+        scheduler: SchedulerFactory | None = local_scheduler,
         timings: Timings = DEFAULT_TIMINGS,
         presence_ttl_ms: int | None = None,
     ) -> Harness:
-        """Open a harness (see :func:`open_harness`).
-
-        Args:
-          scheduler: True for the default local scheduler, False or None for
-            none, or a factory ``clock -> Scheduler``.
+        """Open a harness; the arguments are :func:`open_harness`'s.
 
         Cancellation: a checkpoint; if cancelled, no harness was opened.
         """
-        if scheduler is True:
-            factory = self._default_scheduler
-        elif scheduler is False:
-            factory = None
-        else:
-            factory = scheduler
 
         async def host(*, task_status: trio.TaskStatus[Harness] = trio.TASK_STATUS_IGNORED) -> None:
             async with open_harness(
                 contract,
                 handlers=handlers,
                 store=store,
-                scheduler=factory,
+                scheduler=scheduler,
                 timings=timings,
                 presence_ttl_ms=presence_ttl_ms,
             ) as harness:
@@ -80,7 +69,7 @@ async def a2_app() -> AsyncIterator[AppFactory]:
     and handlers on a memory store, a local scheduler and a ``TrioClock``, and
     closes them when the test ends. Take ``autojump_clock`` in the test too."""
     async with trio.open_nursery() as nursery:
-        yield AppFactory(nursery, None)
+        yield AppFactory(nursery)
         nursery.cancel_scope.cancel(reason="test finished")
 
 
