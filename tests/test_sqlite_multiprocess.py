@@ -55,7 +55,7 @@ def _wait_for(what: str, ready: Callable[[], bool], procs: list[subprocess.Popen
     while not ready():
         for proc in procs:
             if proc.poll() is not None:
-                raise AssertionError(f"{proc.args} exited {proc.returncode} (see its log)")
+                raise AssertionError(f"{proc.args!r} exited {proc.returncode} (see its log)")
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.1)
