@@ -212,22 +212,27 @@ class Harness:
     # -- time ----------------------------------------------------------------
 
     async def settle(self) -> None:
-        """Run until quiet and no background drain is left.
+        """Run until quiet and no drain is left running.
 
-        Delivers schedules already due and waits out every drain started by
-        an append. Under autojump a handler that sleeps moves the clock while
-        settling (a drain ends only when its handlers do); in jump mode the
-        clock never moves here: a handler waiting on time stays waiting until
-        :meth:`advance`.
+        Delivers schedules already due and waits out every drain: those an
+        append started and those a scheduler delivered (watchdogs). Under
+        autojump a handler that sleeps moves the clock while settling (a drain
+        ends only when its handlers do); in jump mode the clock never moves
+        here: a handler waiting on time stays waiting until :meth:`advance`.
 
         Cancellation: a checkpoint; cancelling it cancels nothing else.
         """
         mock = _mock_clock()
         while True:
             await self._quiet(mock)
-            if mock.autojump_threshold == math.inf or not self.server.statistics().background_tasks:
+            if mock.autojump_threshold == math.inf:
                 return
-            await self.server.settle()
+            if self.server.statistics().background_tasks:
+                await self.server.settle()
+            elif self.telemetry.open_count("a2.drain"):
+                await self.telemetry.wait_all_closed("a2.drain")
+            else:
+                return
 
     async def advance(self, seconds: float) -> None:
         """Move Trio time forward by ``seconds`` and run whatever falls due, in order.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
@@ -62,11 +63,14 @@ class RecordingTelemetry:
 
     def __init__(self) -> None:
         self.spans: list[RecordedSpan] = []
+        self._open: Counter[str] = Counter()
+        self._closed: dict[str, trio.Event] = {}
 
     @contextmanager
     def span(self, name: str, attributes: Mapping[str, AttributeValue]) -> Iterator[Span]:
         recorded = RecordedSpan(name, attributes)
         self.spans.append(recorded)
+        self._open[name] += 1
         try:
             yield recorded
         except BaseException as exc:
@@ -74,6 +78,28 @@ class RecordingTelemetry:
             raise
         finally:
             recorded.ended_at = trio.current_time()
+            self._open[name] -= 1
+            if not self._open[name]:
+                closed = self._closed.pop(name, None)
+                if closed is not None:
+                    closed.set()
+
+    def open_count(self, name: str) -> int:
+        """How many spans called ``name`` are open now."""
+        return self._open[name]
+
+    async def wait_all_closed(self, name: str) -> None:
+        """Wait until no span called ``name`` is open, e.g. every ``a2.drain``,
+        whoever started it (an append, a scheduler's watchdog, a test).
+
+        Cancellation: a checkpoint; nothing to undo.
+        """
+        while self._open[name]:
+            closed = self._closed.get(name)
+            if closed is None:
+                closed = self._closed[name] = trio.Event()
+            await closed.wait()
+        await trio.lowlevel.checkpoint()
 
     def find(
         self, name: str, where: Mapping[str, AttributeValue] | None = None
