@@ -77,6 +77,10 @@ FEED_DEADLINE_S = 5.0
 
 _T0 = 1_700_000_000_000
 
+#: Deadlines for cancelled calls, from "at once" past a few round trips, so
+#: that some land inside a call on every backend (sqlite commits in ~0.3 ms).
+_CANCEL_DELAYS_S = (0, 1e-4, 2e-4, 3e-4, 5e-4, 8e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 5e-3, 8e-3)
+
 
 class ManualClock:
     """A :class:`~a2trio.clock.Clock` that only moves when told to.
@@ -433,6 +437,80 @@ async def check_read_bounds(open_store: StoreFactory) -> None:
         assert await store.read(_sid("missing")) == []
 
 
+async def check_append_concurrent_writers(open_store: StoreFactory) -> None:
+    """Concurrent appends to one session get distinct, gapless indexes, each
+    batch contiguous; the same batch appended twice at once is stored once."""
+    async with open_store(ManualClock()) as store:
+        sid = _sid("writers")
+        results: list[AppendResult] = []
+
+        async def writer(n: int) -> None:
+            batch = [_ev("w", {"writer": n, "i": i}) for i in range(3)]
+            results.append(await store.append(sid, batch))
+
+        async with trio.open_nursery() as nursery:
+            for n in range(8):
+                nursery.start_soon(writer, n)
+        for result in results:
+            first = result.events[0].index
+            assert _indexes(result.events) == [first, first + 1, first + 2], "a batch is split"
+        rows = await store.read(sid)
+        assert _indexes(rows) == list(range(1, 25))
+        assert sorted((r.payload["writer"], r.payload["i"]) for r in rows) == [
+            (n, i) for n in range(8) for i in range(3)
+        ]
+
+        twin = [_ev("t", id=_uid("twin")), _ev("t", id=_uid("twin"))]
+        twins: list[AppendResult] = []
+
+        async def twin_writer() -> None:
+            twins.append(await store.append(sid, twin))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(twin_writer)
+            nursery.start_soon(twin_writer)
+        assert twins[0].events == twins[1].events, "a racing replay returns the stored rows"
+        assert _indexes(await store.read(sid, after_index=24)) == [25, 26]
+
+
+async def check_cancelled_calls_commit_all_or_nothing(open_store: StoreFactory) -> None:
+    """An append or completion cancelled at any point either committed or did
+    not, and retrying it with the same ids is safe."""
+    async with open_store(ManualClock()) as store:
+        sid = _sid("cancel")
+        batches = [[_ev("c", {"b": b, "i": i}, id=_uid("c")) for i in range(3)] for b in range(12)]
+        for delay, batch in zip(_CANCEL_DELAYS_S, batches, strict=True):
+            with trio.move_on_after(delay):
+                await store.append(sid, batch)
+            retried = await store.append(sid, batch)
+            assert [e.id for e in retried.events] == [e.id for e in batch]
+        rows = await store.read(sid)
+        assert _indexes(rows) == list(range(1, 37))
+        assert [r.id for r in rows] == [e.id for batch in batches for e in batch]
+
+        claimed = _claimed(await _claim(store, sid, ttl_ms=60_000))
+        for delay, parent in zip(_CANCEL_DELAYS_S, claimed[:12], strict=True):
+            returned = [_ev("r", {"of": parent.index}, id=_uid("r")) for _ in range(2)]
+            with trio.move_on_after(delay):
+                await store.complete_attempt(sid, index=parent.index, attempt=1, events=returned)
+            done = await store.complete_attempt(sid, index=parent.index, attempt=1, events=returned)
+            assert done.outcome == "completed"
+            assert [e.id for e in done.events] == [e.id for e in returned]
+        rows = await store.read(sid)
+        assert _indexes(rows) == list(range(1, 37 + 24))
+        assert all(r.processed_by_attempt == 1 for r in rows[:12])
+        children = [r.cause.index for r in rows[36:] if r.cause is not None]
+        assert children == [i for i in range(1, 13) for _ in range(2)]
+
+
+async def check_aclose_is_idempotent(open_store: StoreFactory) -> None:
+    """``aclose`` may be called twice, and before the factory leaves the store."""
+    async with open_store(ManualClock()) as store:
+        await _append_n(store, _sid("aclose"), 1)
+        await store.aclose()
+        await store.aclose()
+
+
 # -- claims -------------------------------------------------------------------
 
 
@@ -469,6 +547,30 @@ async def check_claim_available(open_store: StoreFactory) -> None:
             done = await store.complete_attempt(sid, index=index, attempt=2, events=[])
             assert done.outcome == "completed"
         assert await _claim(store, sid) == Settled()
+        assert not (await store.append(sid, [])).has_pending
+
+
+async def check_claim_concurrent_holders(open_store: StoreFactory) -> None:
+    """Holders claiming at once never share an event."""
+    async with open_store(ManualClock()) as store:
+        sid = _sid("holders")
+        await _append_n(store, sid, 12)
+        won: dict[str, list[int]] = {}
+
+        async def holder(name: str) -> None:
+            result = await _claim(store, sid, name, ttl_ms=60_000)
+            won[name] = _indexes(result.events) if isinstance(result, Claimed) else []
+
+        async with trio.open_nursery() as nursery:
+            for n in range(4):
+                nursery.start_soon(holder, f"h{n}")
+        claimed = sorted(i for indexes in won.values() for i in indexes)
+        assert claimed == list(range(1, 13)), f"claims overlap or miss: {won}"
+        rows = await store.read(sid)
+        assert all(r.attempt_count == 1 for r in rows)
+        assert {r.index: r.claim_holder for r in rows} == {
+            i: name for name, indexes in won.items() for i in indexes
+        }
 
 
 async def check_claim_exclude_and_busy(open_store: StoreFactory) -> None:
@@ -947,6 +1049,7 @@ async def check_presence_last_writer_wins(open_store: StoreFactory) -> None:
         async def fields() -> dict[str, Any]:
             return {r.field: r.value for r in await presence.read(sid)}
 
+        assert await put({}, 1) is None
         first = await put({"a": 1, "b": {"x": [1, 2]}}, 100)
         assert first == StoredPresencePatch("p1", {"a": 1, "b": {"x": [1, 2]}}, 100, 100)
         assert await put({"a": 9}, 50) is None
@@ -1118,8 +1221,12 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_append_stores_settled_events_processed,
     check_append_cause_fence,
     check_append_payload_round_trip,
+    check_append_concurrent_writers,
+    check_cancelled_calls_commit_all_or_nothing,
+    check_aclose_is_idempotent,
     check_read_bounds,
     check_claim_available,
+    check_claim_concurrent_holders,
     check_claim_exclude_and_busy,
     check_claim_lanes,
     check_claim_lane_hand_off_to_returned_events,
