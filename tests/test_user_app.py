@@ -94,7 +94,7 @@ def same_ticket(event: a2trio.Event[Any], trigger: a2trio.Event[Any], _: dict[st
 
 HANDLERS = {
     "opened": a2trio.handler(triage, abort_on={"resolved": same_ticket}),
-    "sla_check": check_sla,
+    "sla_check": a2trio.handler(check_sla),
 }
 
 
