@@ -4,13 +4,15 @@ Every backend passes these checks unchanged. Each one is a plain coroutine
 function over a :data:`StoreFactory`, with no pytest in sight (like trio's
 ``check_two_way_stream``), so a third-party store runs them with any runner::
 
-    from a2trio.stores.conformance import CHECKS, CapabilityMissing
+    from a2trio.stores.conformance import CHECKS, REQUIRES, capabilities
 
+    has = trio.run(capabilities, open_my_store)
     for check in CHECKS:
-        try:
+        if REQUIRES.get(check.__name__, frozenset()) <= has:
             trio.run(check, open_my_store)
-        except CapabilityMissing:
-            pass  # e.g. a store without presence
+
+``open_my_store(clock)`` is an async context manager yielding a fresh, entered
+store that stamps rows with ``clock`` (a :class:`ManualClock`).
 
 The semantics are the seed's ``store-postgres.ts``, statement by statement.
 Rules the checks keep, so that one database can serve them all:
