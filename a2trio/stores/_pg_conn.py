@@ -37,6 +37,8 @@ Param = str | int | bool | bytes | None | list[int] | list[str]
 Row = tuple[Any, ...]
 
 _json_decode = msgspec.json.Decoder().decode
+# A cancel request normally takes one local round trip; never wait longer.
+_CANCEL_TIMEOUT_S = 1.0
 _names = itertools.count()
 
 
@@ -231,12 +233,44 @@ class PgConnection:
             pg.pipeline_sync()
             await self._flush()
             return await self._read(kinds, fresh)
+        except trio.Cancelled:
+            await self._cancel_on_server()
+            self.close()
+            raise
         except (psycopg.Error, OSError) as exc:
             self.close()
             raise PgConnectionError(str(exc)) from exc
         except PgConnectionError:
             self.close()
             raise
+
+    async def _cancel_on_server(self) -> None:
+        """Ask the server to cancel the statement in flight (best effort).
+
+        Without this, a pipeline cancelled while it waits on a lock would run
+        to its ``commit`` once the lock frees, and a long statement would hold
+        its locks to the end: closing the socket is noticed only between
+        statements. Shielded and bounded, so cancellation stays prompt.
+        """
+        if self._pg.transaction_status == pq.TransactionStatus.IDLE:
+            return
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + _CANCEL_TIMEOUT_S):
+            try:
+                cancel = self._pg.cancel_conn()
+                cancel.start()
+                try:
+                    while True:
+                        status = cancel.poll()
+                        if status == pq.PollingStatus.READING:
+                            await trio.lowlevel.wait_readable(cancel.socket)
+                        elif status == pq.PollingStatus.WRITING:
+                            await trio.lowlevel.wait_writable(cancel.socket)
+                        else:
+                            break
+                finally:
+                    cancel.finish()
+            except (psycopg.Error, OSError):
+                pass
 
     async def _read(self, kinds: list[bool], fresh: list[bytes]) -> list[list[Row]]:
         error: PgError | None = None

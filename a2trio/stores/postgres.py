@@ -341,7 +341,7 @@ class PostgresStore:
         self._nursery_cm: AbstractAsyncContextManager[trio.Nursery] | None = None
         self._entered = 0
         self._listener_started = False
-        self._listening = False
+        self._listening = trio.Event()
         self._closed = False
         self.presence: _PostgresPresence = _PostgresPresence(self)
         self.inspect: _PostgresInspection = _PostgresInspection(self)
@@ -401,6 +401,21 @@ class PostgresStore:
                 self._pool.close()
             self._wakeups.notify_all()
         await trio.lowlevel.checkpoint()
+
+    @property
+    def listening(self) -> bool:
+        """Whether the listener is subscribed: feeds follow notifications."""
+        return self._listening.is_set()
+
+    async def wait_listening(self) -> None:
+        """Wait until the listener is subscribed (readiness probes, tests).
+
+        Starts the listener if the store is entered and ``listen`` is on.
+
+        Cancellation: a plain wait; nothing to undo.
+        """
+        self._start_listener()
+        await self._listening.wait()
 
     def feed_statistics(self) -> FeedStatistics:
         """Live feeds and presence subscribers (leak checks in tests)."""
@@ -469,7 +484,8 @@ class PostgresStore:
                 await self._listen_once()
             except (PgConnectionError, PgError, OSError, A2Error):
                 pass
-            self._listening = False
+            if self._listening.is_set():
+                self._listening = trio.Event()
             self._wakeups.notify_all()
             await trio.sleep(backoff)
             backoff = min(backoff * 2, _LISTENER_BACKOFF_S[1])
@@ -482,7 +498,7 @@ class PostgresStore:
         conn = await pool.open_connection()
         try:
             await conn.script(f'listen "{events}"; listen "{presence}"'.encode())
-            self._listening = True
+            self._listening.set()
             self._wakeups.notify_all()
             while True:
                 await trio.lowlevel.wait_readable(conn.socket)
@@ -509,7 +525,7 @@ class PostgresStore:
 
         def poll(active: bool) -> float:
             nonlocal wait
-            if self._listening:
+            if self._listening.is_set():
                 wait = timings.poll_active_s
                 return timings.notify_safety_s
             wait = timings.poll_active_s if active else min(wait * 2, timings.poll_idle_s)
