@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from datetime import datetime, timedelta
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import msgspec
@@ -448,3 +450,40 @@ def test_a2_telemetry_and_a2_clock_fixtures(
 ) -> None:
     assert a2_telemetry.spans == []
     assert a2_clock.epoch_ms == TrioClock().epoch_ms
+
+
+# -- the guide's examples ------------------------------------------------------------------------
+
+EXAMPLES = ROOT / "examples" / "testing"
+
+
+def _example(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"a2trio_guide_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Collected here so the suite runs them; `pytest examples/testing` runs them too.
+test_guide_lease_lapse = _example("test_lease_lapse").test_lease_lapses_when_renewals_fail
+test_guide_dead_letter = _example("test_dead_letter").test_retries_end_in_a_dead_letter
+test_guide_abort = _example("test_abort").test_cancellation_aborts_the_running_handler
+test_guide_schedule = _example("test_schedule").test_reminder_arrives_three_days_later
+test_guide_restart = _example("test_restart").test_a_crash_mid_handler_is_retried
+
+
+def test_every_example_is_run_and_shown_verbatim_in_the_guide() -> None:
+    run = {
+        "test_lease_lapse",
+        "test_dead_letter",
+        "test_abort",
+        "test_schedule",
+        "test_restart",
+    }
+    assert {path.stem for path in EXAMPLES.glob("*.py")} == run
+    guide = (ROOT / "docs" / "testing.md").read_text()
+    for name in sorted(run):
+        source = (EXAMPLES / f"{name}.py").read_text()
+        assert f"```python\n{source}```" in guide, f"docs/testing.md is missing {name}.py"

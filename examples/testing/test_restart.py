@@ -42,7 +42,7 @@ async def confirm(ctx: a2trio.HandlerContext[Booked]) -> a2trio.Returned:
     return hotel.event("confirmed", Confirmed(room))
 
 
-async def test_a_crash_mid_handler_is_retried_once_the_claim_lapses(
+async def test_a_crash_mid_handler_is_retried(
     autojump_clock: trio.testing.MockClock, a2_app: AppFactory
 ) -> None:
     app = await a2_app(hotel, handlers={"booked": confirm})
