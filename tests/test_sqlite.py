@@ -313,3 +313,23 @@ async def test_presence_is_the_degraded_tier_on_sqlite(tmp_path: Path) -> None:
                 await session.set_presence("alice", {"cursor": Cursor(3, 4)}, at=20)
                 patch = await feed.receive()
             assert patch == a2trio.PresencePatch("alice", {"cursor": Cursor(3, 4)}, 0, 20)
+
+
+async def test_two_stores_on_one_file_append_without_gaps(tmp_path: Path) -> None:
+    # Two stores have two writer connections: the file lock, not a Trio lock,
+    # serializes them, as it does between processes.
+    path = str(tmp_path / "dev.db")
+    async with sqlite(path) as first, sqlite(path) as second:
+
+        async def append_many(store: SqliteStore, tag: str) -> None:
+            for n in range(50):
+                await store.append("s", [_event(n, f"{tag}-{n}"), _event(n, f"{tag}-{n}-b")])
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(append_many, first, "first")
+            nursery.start_soon(append_many, second, "second")
+        rows = await first.read("s")
+    assert [row.index for row in rows] == list(range(1, 201))
+    # Each batch is contiguous: a batch is one transaction.
+    for pair in zip(rows[::2], rows[1::2], strict=True):
+        assert pair[1].id == pair[0].id + "-b"

@@ -291,14 +291,22 @@ class SqliteStore:
                         f"attempt {event.cause.attempt} no longer owns event "
                         f"{event.cause.index} in session {session_id!r}",
                     )
-            had_pending = _has_pending(conn, session_id)
-            base = _next_index(conn, session_id)
+            # One statement for both, as the seed's `maxRows` query.
+            top, had_pending = conn.execute(
+                "select coalesce(max(idx), 0), exists(select 1 from a2_events "
+                "where session_id = ?1 and processed_at is null) "
+                "from a2_events where session_id = ?1",
+                (session_id,),
+            ).fetchone()
+            base = top + 1
             now = self.clock.now_ms()
             inserted = [
                 _insert(conn, session_id, base + i, e, e.id or random_id(), e.cause, now)
                 for i, e in enumerate(events)
             ]
-            return AppendResult(inserted, had_pending or any(not e.settled for e in events)), True
+            return AppendResult(
+                inserted, bool(had_pending) or any(not e.settled for e in events)
+            ), True
 
         appended, wrote = await self._write("append", work)
         if wrote:

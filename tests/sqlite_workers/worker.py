@@ -16,6 +16,7 @@ import sys
 import trio
 
 import a2trio
+from a2trio.stores.sqlite import sqlite
 
 from .app import TIMINGS, VICTIM_FILE, Done, Job, jobs
 
@@ -35,7 +36,7 @@ def make_slow(folder: str) -> a2trio.HandlerSpec:
 
 
 async def main(path: str, folder: str) -> None:
-    store = a2trio.stores.sqlite(path)
+    store = sqlite(path)
     server = a2trio.Server(
         jobs, store=store, handlers={"job": job, "slow": make_slow(folder)}, timings=TIMINGS
     )

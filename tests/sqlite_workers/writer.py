@@ -20,6 +20,7 @@ import trio
 
 import a2trio
 from a2trio.scheduler import SchedulerTask
+from a2trio.stores.sqlite import sqlite
 
 from .app import TIMINGS, Job, jobs
 
@@ -40,7 +41,7 @@ async def _never(ctx: a2trio.HandlerContext[Job]) -> a2trio.Returned:
 async def main(path: str, args: list[str]) -> None:
     server = a2trio.Server(
         jobs,
-        store=a2trio.stores.sqlite(path),
+        store=sqlite(path),
         handlers={"job": _never, "slow": _never},
         scheduler=_NoScheduler(),
         timings=TIMINGS,
