@@ -170,6 +170,11 @@ class FaultyStore:
 
     Args:
       inner: the store to wrap (memory, sqlite, Postgres, ...).
+
+    Cancellation: each operation is a checkpoint. Cancelled during an injected
+    delay before the call, nothing was committed; cancelled during the real
+    call, the wrapped store's guarantee holds (all or nothing); with
+    ``after=True`` the real call has committed before the delay or failure.
     """
 
     def __init__(self, inner: Store) -> None:

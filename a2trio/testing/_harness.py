@@ -189,9 +189,13 @@ class Harness:
         until they expire. Advance past ``timings.claim_ttl_s`` (a watchdog or
         the next append then retries them), or call :meth:`drain`.
 
-        Cancellation caveat: a crash runs no ``finally`` blocks; this does,
-        because cancellation is how Trio stops code. Everything durable is as
-        after a crash.
+        A real crash runs no ``finally`` blocks; this does, because
+        cancellation is how Trio stops code. Everything durable is as after
+        a crash.
+
+        Cancellation: a checkpoint. Cancelled after the old server stopped
+        and before the new one started, the harness has no running server
+        and must not be used further.
 
         Returns:
           The new server (also :attr:`server`).
@@ -206,7 +210,11 @@ class Harness:
         return self.server
 
     async def drain(self, session: str | Session) -> DrainResult:
-        """Drain a session in this task (``server.drain``), e.g. after a restart."""
+        """Drain a session in this task (``server.drain``), e.g. after a restart.
+
+        Cancellation: cancels its handlers; their claims lapse and a later
+        drain retries them.
+        """
         return await self.server.drain(self.session(session).id)
 
     # -- time ----------------------------------------------------------------
@@ -271,6 +279,8 @@ class Harness:
 
         Raises:
           ValueError: a naive datetime, or one in the past.
+
+        Cancellation: as :meth:`advance`.
         """
         if when.tzinfo is None:
             raise ValueError(f"advance_to needs an aware datetime, got naive {when!r}")
@@ -281,8 +291,8 @@ class Harness:
 
     async def _quiet(self, mock: trio.testing.MockClock) -> None:
         if mock.autojump_threshold != math.inf:
-            # Cushion 0 wakes before an autojump (ties go to idle waiters),
-            # so this never moves the clock.
+            # Trio never autojumps while a task waits here (the run loop
+            # prefers idle waiters), so this returns without moving the clock.
             await trio.testing.wait_all_tasks_blocked()
             return
         while True:
@@ -317,6 +327,8 @@ class Harness:
 
         Raises:
           AssertionError: no such event, with the session's log.
+
+        Cancellation: a checkpoint; a read, so nothing to undo.
         """
         row = await self._row(session, event)
         status: OutcomeStatus
@@ -354,6 +366,8 @@ class Harness:
 
         Raises:
           AssertionError: showing both logs, with payloads.
+
+        Cancellation: a checkpoint; a read, so nothing to undo.
         """
         events = await self.session(session).history()
         actual = [e.type for e in events]
@@ -378,6 +392,8 @@ class Harness:
 
         Raises:
           AssertionError: naming the outcome found and the last error.
+
+        Cancellation: a checkpoint; a read, so nothing to undo.
         """
         found = await self.outcome(session, event)
         expected = {"status": status, "failures": failures, "attempts": attempts}

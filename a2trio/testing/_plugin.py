@@ -13,6 +13,7 @@ import trio
 
 from ..clock import TrioClock
 from ..contract import Contract
+from ..server import ValidatePush
 from ..stores.base import Store
 from ..timings import DEFAULT_TIMINGS, Timings
 from ._harness import Handlers, Harness, SchedulerFactory, local_scheduler, open_harness
@@ -39,7 +40,9 @@ class AppFactory:
         handlers: Handlers | None = None,
         store: Store | None = None,
         scheduler: SchedulerFactory | None = local_scheduler,
+        telemetry: RecordingTelemetry | None = None,
         timings: Timings = DEFAULT_TIMINGS,
+        validate_push: ValidatePush | None = None,
         presence_ttl_ms: int | None = None,
     ) -> Harness:
         """Open a harness; the arguments are :func:`open_harness`'s.
@@ -53,7 +56,9 @@ class AppFactory:
                 handlers=handlers,
                 store=store,
                 scheduler=scheduler,
+                telemetry=telemetry,
                 timings=timings,
+                validate_push=validate_push,
                 presence_ttl_ms=presence_ttl_ms,
             ) as harness:
                 task_status.started(harness)
