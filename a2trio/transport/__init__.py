@@ -1,0 +1,38 @@
+"""Sessions over the network: the wire format, an ASGI app, SSE and WebSockets.
+
+``asgi(*servers)`` builds the app (serve it with ``python -m a2trio.serve`` or any
+ASGI server on Trio, such as hypercorn's trio worker); :mod:`.wire` holds the
+frames, byte-compatible with the seed's ``wire.ts``.
+"""
+
+from __future__ import annotations
+
+from .asgi import App, asgi
+from .auth import (
+    Authorize,
+    HistoryOperation,
+    Operation,
+    PushOperation,
+    Request,
+    StreamOperation,
+    SubscribeOperation,
+)
+from .limits import DEFAULT_LIMITS, Limits
+from .scheduler_route import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign_task
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "SIGNATURE_HEADER",
+    "TIMESTAMP_HEADER",
+    "App",
+    "Authorize",
+    "HistoryOperation",
+    "Limits",
+    "Operation",
+    "PushOperation",
+    "Request",
+    "StreamOperation",
+    "SubscribeOperation",
+    "asgi",
+    "sign_task",
+]

@@ -1,0 +1,151 @@
+"""Plumbing shared by the lanes: ASGI types, refusals, query and path parsing."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Final, cast
+from urllib.parse import parse_qsl, unquote
+
+from ..errors import A2Error, ErrorCode
+from . import wire
+from .auth import Request
+
+if TYPE_CHECKING:
+    from ..contract import AppendInput, Event
+    from ..server import PushedEvent
+    from ..session import Session
+
+__all__ = [
+    "MAX_SAFE_INTEGER",
+    "Message",
+    "Receive",
+    "Refusal",
+    "Scope",
+    "Send",
+    "append_pushed",
+    "bad_input",
+    "failure",
+    "index_param",
+    "logger",
+    "path_segments",
+    "report",
+    "request_of",
+    "respond",
+]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+logger: Final = logging.getLogger("a2trio.transport")
+
+#: ``Number.MAX_SAFE_INTEGER``: the largest index a JavaScript client can hold.
+MAX_SAFE_INTEGER: Final = 2**53 - 1
+_INDEX: Final = re.compile(r"(?:0|[1-9][0-9]{0,15})")
+
+
+class Refusal(Exception):
+    """A transport-level answer (404, 405, 413, 401) with its envelope."""
+
+    def __init__(self, status: int, message: str, code: ErrorCode = ErrorCode.INVALID_PAYLOAD):
+        super().__init__(message)
+        self.status = status
+        self.error = A2Error(code, message)
+
+
+@contextmanager
+def bad_input() -> Iterator[None]:
+    """The server raises ``TypeError``/``ValueError`` for a bad session id, event
+    id or presence stamp: from the network these are the client's fault (400)."""
+    try:
+        yield
+    except (TypeError, ValueError) as exc:
+        raise A2Error(ErrorCode.INVALID_PAYLOAD, str(exc)) from None
+
+
+def report(exc: Exception) -> None:
+    """Log a failure that is not a verdict on the input (a bug, an outage)."""
+    if not isinstance(exc, A2Error | Refusal):
+        logger.error("unexpected failure in a request", exc_info=exc)
+
+
+async def append_pushed(session: Session, pushed: tuple[PushedEvent, ...]) -> list[Event[Any]]:
+    """``session.append`` of wire events, which go through ``validate_push``.
+
+    ``Session.append`` accepts ``PushedEvent`` (``Server._validate`` does) but is
+    annotated with ``AppendInput`` only, hence the cast.
+    """
+    return await session.append(*cast("tuple[AppendInput, ...]", pushed))
+
+
+def failure(exc: Exception) -> tuple[int, bytes]:
+    """The status and envelope for a failed request. Anything unexpected is
+    logged and answers a retryable 503, never a 500 (``asA2Error``)."""
+    if isinstance(exc, Refusal):
+        return exc.status, wire.encode_error(exc.error)
+    report(exc)
+    error = wire.as_a2_error(exc)
+    return wire.error_status(error.code), wire.encode_error(error)
+
+
+def index_param(name: str, raw: str | None) -> int | None:
+    """A non-negative safe integer from a query parameter or header.
+
+    Raises:
+      A2Error: ``INVALID_PAYLOAD`` naming the parameter.
+    """
+    if raw is None:
+        return None
+    if _INDEX.fullmatch(raw) is None or int(raw) > MAX_SAFE_INTEGER:
+        raise A2Error(
+            ErrorCode.INVALID_PAYLOAD,
+            f"`{name}` must be a non-negative integer, got {raw[:40]!r}",
+        )
+    return int(raw)
+
+
+def path_segments(scope: Scope) -> list[str]:
+    """The path split on ``/`` before percent-decoding, so a session id may hold ``%2F``."""
+    raw = scope.get("raw_path") or scope["path"].encode()
+    path = raw.decode("latin-1").partition("?")[0]
+    return [unquote(segment) for segment in path.split("/")[1:]]
+
+
+def request_of(scope: Scope) -> Request:
+    headers: dict[str, str] = {}
+    for name, value in scope.get("headers", ()):
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+    query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), True))
+    client = scope.get("client")
+    return Request(
+        scope.get("method", "GET"),
+        scope["path"],
+        headers,
+        query,
+        (str(client[0]), int(client[1])) if client else None,
+    )
+
+
+async def respond(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """A whole JSON response."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"cache-control", b"no-store"),
+                *(headers or []),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

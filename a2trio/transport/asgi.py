@@ -1,0 +1,411 @@
+"""The ASGI app: every server's sessions over HTTP, SSE and WebSockets.
+
+``asgi(*servers)`` mounts each server under its contract's name:
+
+=========================== ================================ ===============================
+lane                        request                          answer
+=========================== ================================ ===============================
+push                        ``POST /{contract}/{session}``   ``{"events": [wire events]}``
+stream                      ``GET`` + ``Accept:              SSE ``event``, ``presence``,
+                            text/event-stream``              ``presence-snapshot`` frames
+history                     ``GET ?gte=&lte=``               ``{"events": [...]}``
+socket                      ``GET /{contract}/{session}/ws`` socket frames (:mod:`.ws`)
+multiplexed socket          ``GET /{contract}/ws``           socket frames, tagged by session
+scheduler                   ``POST /_a2/scheduler`` (signed) 204 (:mod:`.scheduler_route`)
+=========================== ================================ ===============================
+
+The app is a thin shell over :mod:`.wire` and :mod:`.sse` (sans-I/O). Its
+lifespan opens the servers (``async with server``) and closes them on shutdown,
+which cancels their drains (claims lapse, as after a crash). Every stream is
+tied to its request: a client that disconnects cancels its feed task at once,
+which releases the store's listener.
+
+Every bad input answers the error envelope with a 4xx status and writes
+nothing; a store failure answers 503 ``STORE_UNAVAILABLE``; anything unexpected
+is logged and answers 503 too (``asA2Error``), never 500.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import AsyncExitStack
+from typing import Final
+
+import trio
+
+from ..errors import A2Error, ErrorCode
+from ..presence import set_presence
+from ..server import (
+    MAX_DATE_MS,
+    RESERVED_PARTICIPANTS,
+    PushedEvent,
+    PushedPresence,
+    Server,
+)
+from . import sse, wire
+from ._http import (
+    Receive,
+    Refusal,
+    Scope,
+    Send,
+    append_pushed,
+    bad_input,
+    failure,
+    index_param,
+    path_segments,
+    report,
+    request_of,
+    respond,
+)
+from .auth import (
+    Authorize,
+    HistoryOperation,
+    PushOperation,
+    Request,
+    StreamOperation,
+    check_authorized,
+)
+from .limits import DEFAULT_LIMITS, Limits
+from .scheduler_route import deliver_signed
+from .ws import serve_multiplexed_socket, serve_session_socket
+
+__all__ = ["App", "asgi"]
+
+_SSE_HEADERS: Final = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-store"),
+    # Proxies (nginx) otherwise buffer the stream and delay every frame.
+    (b"x-accel-buffering", b"no"),
+]
+_TRUE: Final = frozenset({"1", "true"})
+
+
+class _Disconnected(Exception):
+    """The client left before its request body arrived."""
+
+
+class App:
+    """An ASGI 3 application serving one or more servers; build it with :func:`asgi`."""
+
+    def __init__(
+        self,
+        servers: Sequence[Server],
+        *,
+        authorize: Authorize | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+        scheduler_secret: str | bytes | None = None,
+    ) -> None:
+        if not servers:
+            raise TypeError("asgi() needs at least one a2trio.Server")
+        mounted: dict[str, Server] = {}
+        for server in servers:
+            if not isinstance(server, Server):
+                raise TypeError(f"asgi() takes a2trio.Server objects, got {server!r}")
+            name = server.contract.name
+            if name in mounted:
+                raise ValueError(f"two servers implement the contract {name!r}: mount one")
+            if name == "_a2":
+                raise ValueError("the contract name '_a2' is reserved for the app's own routes")
+            mounted[name] = server
+        if scheduler_secret is not None and not scheduler_secret:
+            raise ValueError("`scheduler_secret` must not be empty")
+        self.servers: Mapping[str, Server] = mounted
+        self.authorize = authorize
+        self.limits = limits
+        self.scheduler_secret = scheduler_secret
+
+    def __repr__(self) -> str:
+        return f"App({', '.join(self.servers)})"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The ASGI entry point: ``lifespan``, ``http`` and ``websocket`` scopes."""
+        kind = scope["type"]
+        if kind == "lifespan":
+            await self._lifespan(receive, send)
+        elif kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "websocket":
+            await self._websocket(scope, receive, send)
+
+    # -- lifespan ----------------------------------------------------------------
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        """Open every server for the app's lifetime, in the lifespan task, so the
+        servers' nurseries span every request."""
+        await receive()  # lifespan.startup
+        async with AsyncExitStack() as stack:
+            try:
+                for server in self.servers.values():
+                    await stack.enter_async_context(server)
+            except Exception as exc:
+                await send({"type": "lifespan.startup.failed", "message": repr(exc)})
+                return
+            await send({"type": "lifespan.startup.complete"})
+            await receive()  # lifespan.shutdown
+        await send({"type": "lifespan.shutdown.complete"})
+
+    # -- routing ---------------------------------------------------------------------
+
+    def _server(self, name: str) -> Server:
+        server = self.servers.get(name)
+        if server is None:
+            raise Refusal(404, f"no contract named {name[:80]!r} is mounted here")
+        return server
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = request_of(scope)
+        try:
+            await self._route_http(scope, request, receive, send)
+        except _Disconnected:
+            return
+        except Exception as exc:
+            status, body = failure(exc)
+            headers = [(b"allow", b"GET, POST")] if status == 405 else None
+            await respond(send, status, body, headers)
+
+    async def _route_http(
+        self, scope: Scope, request: Request, receive: Receive, send: Send
+    ) -> None:
+        segments = path_segments(scope)
+        method = request.method
+        if segments == ["_a2", "scheduler"] and self.scheduler_secret is not None:
+            if method != "POST":
+                raise Refusal(405, "the scheduler route takes POST")
+            body = await self._body(request, receive)
+            await deliver_signed(self.servers, self.scheduler_secret, body, request.headers)
+            await send({"type": "http.response.start", "status": 204, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        if len(segments) != 2:
+            raise Refusal(404, "routes are /{contract}/{session} and /{contract}[/{session}]/ws")
+        server = self._server(segments[0])
+        with bad_input():
+            session_id = server.session(segments[1]).id
+        if method == "POST":
+            await self._push(server, session_id, request, receive, send)
+        elif method not in ("GET", "HEAD"):
+            raise Refusal(405, f"{method} is not allowed: use GET or POST")
+        elif "text/event-stream" in request.headers.get("accept", ""):
+            await self._stream(server, session_id, request, receive, send)
+        else:
+            await self._history(server, session_id, request, send)
+
+    # -- push --------------------------------------------------------------------------
+
+    async def _body(self, request: Request, receive: Receive) -> bytes:
+        """The request body, refused (413) as soon as it passes ``max_body_bytes``."""
+        limit = self.limits.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise Refusal(413, f"request bodies are limited to {limit} bytes")
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _Disconnected
+            body += message.get("body", b"")
+            if len(body) > limit:
+                raise Refusal(413, f"request bodies are limited to {limit} bytes")
+            if not message.get("more_body", False):
+                return bytes(body)
+
+    async def _push(
+        self, server: Server, session_id: str, request: Request, receive: Receive, send: Send
+    ) -> None:
+        push = wire.decode_push_body(await self._body(request, receive))
+        events = push.events or []
+        if len(events) > self.limits.max_push_events:
+            raise Refusal(413, f"a push carries at most {self.limits.max_push_events} events")
+        if not events and push.presence is None:
+            raise A2Error(ErrorCode.INVALID_PAYLOAD, "a push needs at least one event or presence")
+        pushed = tuple(PushedEvent(e.type, e.payload, e.id) for e in events)
+        presence = None
+        if push.presence is not None:
+            p = push.presence
+            presence = PushedPresence(p.participant, p.values, p.seen, p.at)
+        await check_authorized(
+            self.authorize,
+            request,
+            PushOperation(server.contract.name, session_id, pushed, presence),
+        )
+        if presence is not None:
+            # Check the presence half before appending, so a bad patch writes nothing.
+            _check_presence(server, presence)
+        with bad_input():
+            appended = await append_pushed(server.session(session_id), pushed) if pushed else []
+            if presence is not None:
+                await set_presence(server, session_id, presence, {}, None, None, 0)
+        await respond(send, 200, wire.encode_events(appended))
+
+    # -- reads -----------------------------------------------------------------------
+
+    async def _history(self, server: Server, session_id: str, request: Request, send: Send) -> None:
+        gte = index_param("gte", request.query.get("gte"))
+        lte = index_param("lte", request.query.get("lte"))
+        await check_authorized(
+            self.authorize, request, HistoryOperation(server.contract.name, session_id, gte, lte)
+        )
+        with bad_input():
+            events = await server.session(session_id).history(gte=gte, lte=lte)
+        await respond(send, 200, wire.encode_events(events))
+
+    async def _stream(
+        self, server: Server, session_id: str, request: Request, receive: Receive, send: Send
+    ) -> None:
+        resume = request.headers.get("last-event-id")
+        start_after = (
+            index_param("Last-Event-ID", resume)
+            if resume is not None
+            else index_param("startAfter", request.query.get("startAfter"))
+        ) or 0
+        presence = request.query.get("presence", "") in _TRUE
+        if presence and not server.contract.declares_presence:
+            raise A2Error(
+                ErrorCode.INVALID_PAYLOAD,
+                f"contract '{server.contract.name}' declares no presence: drop presence=1",
+            )
+        await check_authorized(
+            self.authorize,
+            request,
+            StreamOperation(server.contract.name, session_id, start_after, presence),
+        )
+        session = server.session(session_id)
+        heartbeat = self.limits.heartbeat_s
+
+        async def body(chunk: bytes) -> None:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+        async with session.stream(start_after, presence=presence) as feed:
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            # An immediate comment: the client sees the stream open before any event.
+            await body(sse.encode_comment("ok"))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
+                try:
+                    while True:
+                        with trio.move_on_after(heartbeat) as idle:
+                            item = await feed.receive()
+                        if idle.cancelled_caught:
+                            await body(sse.encode_comment("ping"))
+                        else:
+                            await body(sse.encode_item(item))
+                except StopAsyncIteration:
+                    pass
+                except Exception as exc:
+                    report(exc)
+                    await body(sse.encode_error_frame(exc))
+                nursery.cancel_scope.cancel(reason="stream ended")
+        await send({"type": "http.response.body", "body": b""})
+
+    # -- sockets --------------------------------------------------------------------
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = request_of(scope)
+        segments = path_segments(scope)
+        try:
+            if len(segments) not in (2, 3) or segments[-1] != "ws":
+                raise Refusal(404, "sockets are /{contract}/{session}/ws and /{contract}/ws")
+            server = self._server(segments[0])
+            presence = request.query.get("presence", "") in _TRUE
+            if presence and not server.contract.declares_presence:
+                raise A2Error(
+                    ErrorCode.INVALID_PAYLOAD,
+                    f"contract '{server.contract.name}' declares no presence: drop presence=1",
+                )
+            if len(segments) == 3:
+                with bad_input():
+                    session = server.session(segments[1])
+                start_after = index_param("startAfter", request.query.get("startAfter")) or 0
+        except Exception as exc:
+            message = await receive()
+            if message["type"] == "websocket.connect":
+                status, body = failure(exc)
+                await send(
+                    {
+                        "type": "websocket.http.response.start",
+                        "status": status,
+                        "headers": [(b"content-type", b"application/json")],
+                    }
+                )
+                await send({"type": "websocket.http.response.body", "body": body})
+            return
+        if len(segments) == 3:
+            await serve_session_socket(
+                server,
+                session,
+                request,
+                receive,
+                send,
+                authorize=self.authorize,
+                limits=self.limits,
+                start_after=start_after,
+                presence=presence,
+            )
+        else:
+            await serve_multiplexed_socket(
+                server,
+                request,
+                receive,
+                send,
+                authorize=self.authorize,
+                limits=self.limits,
+                presence=presence,
+            )
+
+
+def _check_presence(server: Server, presence: PushedPresence) -> None:
+    """The checks ``set_presence`` makes, made before the events are appended."""
+    if not server.contract.declares_presence:
+        raise A2Error(
+            ErrorCode.INVALID_PAYLOAD,
+            f"contract '{server.contract.name}' declares no presence fields",
+        )
+    if not presence.participant or presence.participant in RESERVED_PARTICIPANTS:
+        raise A2Error(
+            ErrorCode.INVALID_PAYLOAD,
+            f"presence participant must be a non-empty id, got {presence.participant!r}",
+        )
+    if presence.at is not None and not 0 <= presence.at <= MAX_DATE_MS:
+        raise A2Error(ErrorCode.INVALID_PAYLOAD, f"presence at is out of range: {presence.at}")
+    if presence.seen is not None and presence.seen < 0:
+        raise A2Error(ErrorCode.INVALID_PAYLOAD, f"presence seen is negative: {presence.seen}")
+    for field, value in presence.values.items():
+        if value is not None:
+            server.contract.validate_presence(field, value)
+        elif field not in server.contract.presence:
+            raise A2Error(
+                ErrorCode.UNKNOWN_PRESENCE_FIELD,
+                f"contract '{server.contract.name}' has no presence field {field!r}",
+            )
+
+
+async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel(reason="client disconnected")
+            return
+
+
+def asgi(
+    *servers: Server,
+    authorize: Authorize | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+    scheduler_secret: str | bytes | None = None,
+) -> App:
+    """An ASGI app mounting every server by its contract's name.
+
+    Args:
+      servers: one or more :class:`a2trio.Server`, each with a distinct contract.
+      authorize: ``authorize(request, operation) -> bool`` (or awaitable), asked
+        before every read, write and subscription; anything but ``True``
+        answers 403 ``FORBIDDEN``. See :mod:`a2trio.transport.auth`.
+      limits: body, batch, frame and lane limits and the heartbeat intervals.
+      scheduler_secret: enables ``POST /_a2/scheduler`` with HMAC-signed tasks
+        (:func:`~a2trio.transport.sign_task`). Without it the route is 404.
+
+    Raises:
+      TypeError: no servers, or something that is not a server.
+      ValueError: two servers for one contract; an empty secret.
+    """
+    return App(servers, authorize=authorize, limits=limits, scheduler_secret=scheduler_secret)

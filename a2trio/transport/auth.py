@@ -1,0 +1,106 @@
+"""Authorization: ``authorize(request, operation)`` before every read, write and subscription.
+
+Authentication (who is asking) is the application's: it reads
+:attr:`Request.headers` (a cookie, a bearer token). ``authorize`` decides whether
+this operation is allowed; ``False`` answers 403 ``FORBIDDEN`` (on a socket, an
+error ack or an ``unsubscribed`` notice). Raising ``A2Error`` answers with that
+error's status. The operation is a tagged union, dispatched with ``match``:
+
+* :class:`PushOperation` - events and/or presence pushed to a session;
+* :class:`StreamOperation` - an SSE stream (or a single-session socket);
+* :class:`HistoryOperation` - a bounded read of the log;
+* :class:`SubscribeOperation` - one lane of a multiplexed socket.
+
+Pushed events and presence also pass the server's ``validate_push``, after
+``authorize`` and before schema validation, as in the seed.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+
+from ..errors import A2Error, ErrorCode
+from ..server import PushedEvent, PushedPresence
+
+__all__ = [
+    "Authorize",
+    "HistoryOperation",
+    "Operation",
+    "PushOperation",
+    "Request",
+    "StreamOperation",
+    "SubscribeOperation",
+    "check_authorized",
+]
+
+
+class Request(msgspec.Struct, frozen=True):
+    """What ``authorize`` sees of the HTTP request or socket handshake.
+
+    Attributes:
+      method: ``GET``/``POST`` (``GET`` for sockets).
+      path: the decoded path.
+      headers: lower-cased names to values (repeated headers joined by ``, ``).
+      query: query parameters (the last value of a repeated one).
+      client: the peer's (host, port), when the server knows it.
+    """
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    query: dict[str, str]
+    client: tuple[str, int] | None = None
+
+
+class PushOperation(msgspec.Struct, frozen=True, tag="push"):
+    contract: str
+    session_id: str
+    events: tuple[PushedEvent, ...] = ()
+    presence: PushedPresence | None = None
+
+
+class StreamOperation(msgspec.Struct, frozen=True, tag="stream"):
+    contract: str
+    session_id: str
+    start_after: int
+    presence: bool = False
+
+
+class HistoryOperation(msgspec.Struct, frozen=True, tag="history"):
+    contract: str
+    session_id: str
+    gte: int | None = None
+    lte: int | None = None
+
+
+class SubscribeOperation(msgspec.Struct, frozen=True, tag="subscribe"):
+    contract: str
+    session_id: str
+    start_after: int
+
+
+Operation = PushOperation | StreamOperation | HistoryOperation | SubscribeOperation
+
+Authorize = Callable[[Request, Operation], "bool | Awaitable[bool]"]
+
+
+async def check_authorized(authorize: Authorize | None, request: Request, op: Operation) -> None:
+    """Ask ``authorize``; raise ``FORBIDDEN`` unless it says ``True``.
+
+    Raises:
+      A2Error: ``FORBIDDEN`` on a refusal, or whatever ``A2Error`` the policy
+        raised itself.
+
+    Cancellation: a checkpoint only if the policy is async; nothing is written.
+    """
+    if authorize is None:
+        return
+    verdict: Any = authorize(request, op)
+    if inspect.isawaitable(verdict):
+        verdict = await verdict
+    if verdict is not True:
+        raise A2Error(ErrorCode.FORBIDDEN, f"{type(op).__name__} on '{op.session_id}' refused")

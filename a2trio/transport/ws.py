@@ -1,0 +1,371 @@
+"""The socket lanes: one session per socket, or many sessions multiplexed on one.
+
+Theory of operation. Each accepted socket owns one nursery holding:
+
+* the **reader** (the handler's own task): decodes client frames one at a
+  time and answers pushes with acks, in order. A disconnect cancels the
+  nursery at once, which closes every feed and releases its store listener.
+* the **writer**: the only task that calls ASGI ``send``. Everything else puts
+  encoded frames into a bounded channel (:data:`OUTBOX_FRAMES`). Cancelling a
+  lane therefore never interrupts a half-written frame, and a slow client
+  pushes back through the channel onto the feeds.
+* the **pinger**: a ``{"kind": "ping"}`` frame every ``ping_s``.
+* **lanes**: one task per followed session, each in its own cancel scope,
+  forwarding the session's feed. A single-session socket has one lane for the
+  whole connection; a multiplexed socket opens and closes lanes with
+  ``subscribe`` / ``unsubscribe`` frames and reports each with ``subscribed``
+  and ``unsubscribed`` notices (a ``reason`` and the error envelope when a lane
+  is refused or lost; a lost lane never disturbs its siblings).
+
+Bad frames: an unreadable frame with a numeric ``req`` gets an error ack; one
+without a correlator closes the socket with 1007 and the reason; a message
+over ``max_frame_bytes`` closes it with 1009. Unknown kinds are skipped.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+import trio
+
+from ..errors import A2Error, ErrorCode
+from ..presence import set_presence
+from ..server import PushedEvent, PushedPresence, Server
+from . import wire
+from ._http import Message, Receive, Send, append_pushed, bad_input, failure, logger, report
+from .auth import (
+    Authorize,
+    PushOperation,
+    Request,
+    StreamOperation,
+    SubscribeOperation,
+    check_authorized,
+)
+from .limits import Limits
+
+if TYPE_CHECKING:
+    from ..session import Session
+
+__all__ = ["OUTBOX_FRAMES", "serve_multiplexed_socket", "serve_session_socket"]
+
+#: Frames queued for the writer. Bounds a slow client's backlog to this many
+#: frames (each at most one push's worth of events) per socket.
+OUTBOX_FRAMES: Final = 64
+
+_GOING_AWAY: Final = 1001
+_INVALID_DATA: Final = 1007
+_TOO_BIG: Final = 1009
+_INTERNAL: Final = 1011
+
+
+class _Socket:
+    """One accepted socket: its outbox, its writer and pinger, its lanes."""
+
+    def __init__(
+        self,
+        server: Server,
+        request: Request,
+        receive: Receive,
+        authorize: Authorize | None,
+        limits: Limits,
+        presence: bool,
+        session_id: str | None,
+    ) -> None:
+        self.server = server
+        self.request = request
+        self.receive = receive
+        self.authorize = authorize
+        self.limits = limits
+        self.presence = presence
+        # A single-session socket is bound to one session; a multiplexed one is not.
+        self.session_id = session_id
+        self.multiplexed = session_id is None
+        self.outbox, self._outbox_receive = trio.open_memory_channel[Message](OUTBOX_FRAMES)
+        self.lanes: dict[str, trio.CancelScope] = {}
+
+    async def put(self, frame: bytes) -> None:
+        await self.outbox.send({"type": "websocket.send", "text": frame.decode()})
+
+    async def close(self, code: int, reason: str) -> None:
+        """Queue the close frame after whatever is queued; the writer ends the socket."""
+        await self.outbox.send({"type": "websocket.close", "code": code, "reason": reason[:120]})
+
+    async def run(self, send: Send, first_lane: tuple[str, int] | None) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._write, send, nursery.cancel_scope)
+            nursery.start_soon(self._ping)
+            if first_lane is not None:
+                await nursery.start(self._lane, *first_lane)
+            await self._read()
+            nursery.cancel_scope.cancel(reason="socket closed")
+
+    async def _write(self, send: Send, scope: trio.CancelScope) -> None:
+        async for message in self._outbox_receive:
+            await send(message)
+            if message["type"] == "websocket.close":
+                scope.cancel(reason="socket closed by the server")
+                return
+
+    async def _ping(self) -> None:
+        while True:
+            await trio.sleep(self.limits.ping_s)
+            await self.outbox.send({"type": "websocket.send", "text": wire.PING_FRAME.decode()})
+
+    # -- lanes -------------------------------------------------------------------
+
+    async def _lane(
+        self,
+        session_id: str,
+        start_after: int,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        tag = session_id if self.multiplexed else None
+        with trio.CancelScope() as scope:
+            self.lanes[session_id] = scope
+            task_status.started()
+            try:
+                session = self.server.session(session_id)
+                async with session.stream(start_after, presence=self.presence) as feed:
+                    if self.multiplexed:
+                        await self.put(wire.encode_subscribed(session_id))
+                    async for item in feed:
+                        await self.put(wire.encode_item_frame(item, tag))
+                if self.multiplexed:
+                    await self.put(wire.encode_unsubscribed(session_id))
+                else:
+                    await self.close(_GOING_AWAY, "stream ended")
+            except Exception as exc:
+                status, _ = failure(exc)
+                if self.multiplexed:
+                    await self.put(wire.encode_unsubscribed(session_id, "stream failed", exc))
+                else:
+                    await self.close(_INTERNAL, f"stream failed ({status})")
+            finally:
+                if self.lanes.get(session_id) is scope:
+                    del self.lanes[session_id]
+
+    async def _subscribe(self, nursery: trio.Nursery, frame: wire.SubscribeFrame) -> None:
+        for entry in frame.sessions:
+            old = self.lanes.pop(entry.id, None)
+            if old is not None:
+                # The old lane stops before its replacement is authorized.
+                old.cancel(reason="resubscribed")
+            try:
+                start_after = entry.index
+                if start_after < 0 or start_after > 2**53 - 1:
+                    raise A2Error(
+                        ErrorCode.INVALID_PAYLOAD,
+                        f"subscribe index must be a non-negative integer, got {start_after}",
+                    )
+                with bad_input():
+                    self.server.session(entry.id)
+                if len(self.lanes) >= self.limits.max_socket_sessions:
+                    raise A2Error(
+                        ErrorCode.INVALID_PAYLOAD,
+                        f"a socket follows at most {self.limits.max_socket_sessions} sessions",
+                    )
+                await check_authorized(
+                    self.authorize,
+                    self.request,
+                    SubscribeOperation(self.server.contract.name, entry.id, start_after),
+                )
+            except Exception as exc:
+                reason = "forbidden" if _code(exc) is ErrorCode.FORBIDDEN else "refused"
+                report(exc)
+                await self.put(wire.encode_unsubscribed(entry.id, reason, exc))
+                continue
+            await nursery.start(self._lane, entry.id, start_after)
+
+    async def _unsubscribe(self, frame: wire.UnsubscribeFrame) -> None:
+        for session_id in frame.sessions:
+            scope = self.lanes.pop(session_id, None)
+            if scope is not None:
+                scope.cancel(reason="unsubscribed")
+                await self.put(wire.encode_unsubscribed(session_id))
+
+    # -- the reader --------------------------------------------------------------
+
+    async def _next_frame(self) -> bytes | None:
+        """The next client message; ``None`` once the socket is closing."""
+        while True:
+            message = await self.receive()
+            if message["type"] == "websocket.disconnect":
+                return None
+            if message["type"] != "websocket.receive":
+                continue
+            text = message.get("text")
+            data: bytes = text.encode() if text is not None else bytes(message.get("bytes") or b"")
+            if len(data) > self.limits.max_frame_bytes:
+                await self.close(_TOO_BIG, f"frames are limited to {self.limits.max_frame_bytes} B")
+                return None
+            return data
+
+    async def _read(self) -> None:
+        async with trio.open_nursery() as lanes:
+            await self._read_frames(lanes)
+            lanes.cancel_scope.cancel(reason="socket closed")
+
+    async def _read_frames(self, lanes: trio.Nursery) -> None:
+        while (data := await self._next_frame()) is not None:
+            frame = wire.decode_up_frame(data)
+            match frame:
+                case wire.BadFrame(req=None):
+                    await self.close(_INVALID_DATA, frame.error.message)
+                    return
+                case wire.BadFrame(req=int(req)):
+                    await self.put(wire.encode_error_ack(req, frame.error))
+                case wire.PushFrame():
+                    await self._push(frame)
+                case wire.PresenceUpFrame():
+                    await self._presence(frame)
+                case wire.SubscribeFrame() if self.multiplexed:
+                    await self._subscribe(lanes, frame)
+                case wire.UnsubscribeFrame() if self.multiplexed:
+                    await self._unsubscribe(frame)
+
+    def _target(self, tagged: str | Any) -> str:
+        """The session a push or presence frame addresses."""
+        if self.multiplexed:
+            if not isinstance(tagged, str):
+                raise A2Error(
+                    ErrorCode.INVALID_PAYLOAD, "frames on a multiplexed socket need a sessionId"
+                )
+            with bad_input():
+                return self.server.session(tagged).id
+        single = self.session_id
+        assert single is not None
+        if isinstance(tagged, str) and tagged != single:
+            raise A2Error(
+                ErrorCode.INVALID_PAYLOAD,
+                f"this socket follows {single!r}, not {tagged!r}",
+            )
+        return single
+
+    async def _push(self, frame: wire.PushFrame) -> None:
+        tag = frame.session_id if isinstance(frame.session_id, str) else None
+        try:
+            session_id = self._target(frame.session_id)
+            if not frame.events:
+                raise A2Error(ErrorCode.INVALID_PAYLOAD, "a push frame needs at least one event")
+            if len(frame.events) > self.limits.max_push_events:
+                raise A2Error(
+                    ErrorCode.INVALID_PAYLOAD,
+                    f"a push carries at most {self.limits.max_push_events} events",
+                )
+            pushed = tuple(PushedEvent(e.type, e.payload, e.id) for e in frame.events)
+            await check_authorized(
+                self.authorize,
+                self.request,
+                PushOperation(self.server.contract.name, session_id, pushed),
+            )
+            with bad_input():
+                events = await append_pushed(self.server.session(session_id), pushed)
+        except Exception as exc:
+            report(exc)
+            await self.put(wire.encode_error_ack(frame.req, exc, tag))
+            return
+        await self.put(wire.encode_ack(frame.req, events, tag))
+
+    async def _presence(self, frame: wire.PresenceUpFrame) -> None:
+        """Presence has no correlator: a refused patch is dropped, as in the seed."""
+        try:
+            session_id = self._target(frame.session_id)
+            pushed = PushedPresence(
+                frame.participant,
+                frame.values,
+                frame.seen if isinstance(frame.seen, int) else None,
+                frame.at if isinstance(frame.at, int) else None,
+            )
+            await check_authorized(
+                self.authorize,
+                self.request,
+                PushOperation(self.server.contract.name, session_id, presence=pushed),
+            )
+            with bad_input():
+                await set_presence(self.server, session_id, pushed, {}, None, None, 0)
+        except Exception as exc:
+            report(exc)
+            logger.debug("presence frame dropped: %r", exc)
+
+
+def _code(exc: Exception) -> ErrorCode | None:
+    return exc.code if isinstance(exc, A2Error) else None
+
+
+async def _refuse_handshake(send: Send, exc: Exception) -> None:
+    """Answer the upgrade request with the error envelope and its status."""
+    status, body = failure(exc)
+    await send(
+        {
+            "type": "websocket.http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json")],
+        }
+    )
+    await send({"type": "websocket.http.response.body", "body": body})
+
+
+async def _accept(receive: Receive) -> bool:
+    message = await receive()
+    return bool(message["type"] == "websocket.connect")
+
+
+async def serve_session_socket(
+    server: Server,
+    session: Session,
+    request: Request,
+    receive: Receive,
+    send: Send,
+    *,
+    authorize: Authorize | None,
+    limits: Limits,
+    start_after: int,
+    presence: bool,
+) -> None:
+    """Serve ``GET /{contract}/{session}/ws`` until the client leaves.
+
+    The handshake is authorized as a :class:`~a2trio.transport.auth.StreamOperation`;
+    a refusal answers the upgrade with the envelope (403).
+
+    Cancellation: cancelling closes the feed and releases its listener; a push
+    being appended when cancelled is atomic (all or nothing), and the client's
+    retry with the same ids replays.
+    """
+    if not await _accept(receive):
+        return
+    try:
+        await check_authorized(
+            authorize,
+            request,
+            StreamOperation(server.contract.name, session.id, start_after, presence),
+        )
+    except Exception as exc:
+        await _refuse_handshake(send, exc)
+        return
+    await send({"type": "websocket.accept"})
+    socket = _Socket(server, request, receive, authorize, limits, presence, session.id)
+    await socket.run(send, (session.id, start_after))
+
+
+async def serve_multiplexed_socket(
+    server: Server,
+    request: Request,
+    receive: Receive,
+    send: Send,
+    *,
+    authorize: Authorize | None,
+    limits: Limits,
+    presence: bool,
+) -> None:
+    """Serve ``GET /{contract}/ws``: lanes open and close with ``subscribe`` /
+    ``unsubscribe`` frames; each is authorized as a
+    :class:`~a2trio.transport.auth.SubscribeOperation`.
+
+    Cancellation: as :func:`serve_session_socket`, for every lane.
+    """
+    if not await _accept(receive):
+        return
+    await send({"type": "websocket.accept"})
+    socket = _Socket(server, request, receive, authorize, limits, presence, None)
+    await socket.run(send, None)

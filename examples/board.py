@@ -1,0 +1,77 @@
+"""A small task board, served over HTTP and sockets.
+
+Run it (the embedded sqlite store at ``.a2/dev.db``; ``--store memory:`` keeps
+nothing)::
+
+    python -m a2trio.serve examples.board:server
+
+Push a task and follow the board live::
+
+    curl -X POST localhost:8000/board/team-1 \\
+         -d '{"events": [{"type": "task_added", "payload": {"task_id": "t1", "title": "Ship it"}}]}'
+    curl -N -H 'Accept: text/event-stream' 'localhost:8000/board/team-1?startAfter=0'
+
+What happens: ``task_added`` wakes the ``estimate`` handler, which thinks for
+``ESTIMATE_S`` seconds and then returns a ``task_estimated`` event (committed
+atomically with its completion). If a ``task_removed`` for the same task lands
+first, the handler is cancelled (``abort_on``) and estimates nothing. Handlers of
+one board run in the ``"estimates"`` lane: one at a time, oldest first.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import trio
+
+import a2trio
+
+__all__ = ["ESTIMATE_S", "board", "server"]
+
+#: How long the estimator takes: long enough to abort it by hand with curl.
+ESTIMATE_S = 2.0
+
+
+class TaskAdded(msgspec.Struct, frozen=True):
+    task_id: str
+    title: str
+
+
+class TaskRemoved(msgspec.Struct, frozen=True):
+    task_id: str
+
+
+class TaskEstimated(msgspec.Struct, frozen=True):
+    task_id: str
+    points: int
+
+
+board = a2trio.contract(
+    "board",
+    events={"task_added": TaskAdded, "task_removed": TaskRemoved, "task_estimated": TaskEstimated},
+    presence={"viewing": str},
+)
+
+
+async def estimate(ctx: a2trio.HandlerContext[TaskAdded]) -> a2trio.Returned:
+    """Estimate a task: one point per word of its title, after some thought."""
+    await trio.sleep(ESTIMATE_S)
+    task = ctx.event.payload
+    return board.event(
+        "task_estimated", TaskEstimated(task.task_id, max(1, len(task.title.split())))
+    )
+
+
+def _same_task(
+    removed: a2trio.Event[TaskRemoved], added: a2trio.Event[TaskAdded], _: dict[str, int]
+) -> bool:
+    return removed.payload.task_id == added.payload.task_id
+
+
+server = a2trio.Server(
+    board,
+    handlers={
+        "task_added": a2trio.handler(
+            estimate, lane="estimates", abort_on={"task_removed": _same_task}
+        ),
+    },
+)
