@@ -1,0 +1,179 @@
+"""``python -m a2trio.serve module:server``: serve servers with hypercorn's trio worker.
+
+::
+
+    python -m a2trio.serve examples.board:server [--store URL] [--host H] [--port P] [--reload]
+
+The target is a module attribute holding an :class:`a2trio.Server`, a list of
+them, or an ASGI app (such as :func:`a2trio.transport.asgi`'s). ``--store`` sets
+``A2_STORE`` *before* the module is imported, so servers built without an
+explicit store pick it up; without it they default by ``A2_ENV`` (the embedded
+sqlite store at ``.a2/dev.db`` in development).
+
+Ctrl-C (or SIGTERM) shuts down gracefully: hypercorn stops accepting, open
+requests get ``SHUTDOWN_GRACE_S`` to finish, then the app's lifespan closes the
+servers, which cancels their drains (claims are left to lapse, and the next
+process retries them). ``--reload`` runs hypercorn's reloader, which restarts
+the worker when a source file changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any, Final, cast
+
+import hypercorn.config
+import hypercorn.run
+import hypercorn.trio
+import hypercorn.typing
+import trio
+
+from .server import Server
+from .transport import DEFAULT_LIMITS, App, asgi
+
+__all__ = ["SHUTDOWN_GRACE_S", "lanes", "load_target", "main"]
+
+#: How long open requests (streams, sockets) get to finish on shutdown before
+#: they are cancelled; streams never finish on their own, so keep it short.
+SHUTDOWN_GRACE_S: Final = 2.0
+_TARGET_ENV: Final = "A2_SERVE_TARGET"
+
+
+def load_target(target: str) -> App | Any:
+    """Import ``module:attribute`` and make it an ASGI app.
+
+    Args:
+      target: ``module:attribute``; the attribute defaults to ``server``.
+
+    Returns:
+      :func:`a2trio.transport.asgi` over a server or a list of servers, or the
+      attribute itself when it is already an ASGI app (any other callable).
+
+    Raises:
+      ValueError: the module has no such attribute, or it is neither a server,
+        a list of servers nor callable.
+    """
+    module_name, _, attribute = target.partition(":")
+    module = importlib.import_module(module_name)
+    attribute = attribute or "server"
+    try:
+        value = getattr(module, attribute)
+    except AttributeError:
+        raise ValueError(f"module {module_name!r} has no attribute {attribute!r}") from None
+    if isinstance(value, Server):
+        return asgi(value)
+    if isinstance(value, list | tuple) and value and all(isinstance(s, Server) for s in value):
+        return asgi(*value)
+    if callable(value):
+        return value
+    raise ValueError(
+        f"{target} is {value!r}: expected an a2trio.Server, a list of them, or an ASGI app"
+    )
+
+
+def _from_environ() -> App | Any:
+    """The reloader's entry point: each fresh worker loads the target again."""
+    return load_target(os.environ[_TARGET_ENV])
+
+
+def lanes(app: App | Any, url: str) -> list[str]:
+    """The banner's lines: one per lane of each mounted contract."""
+    if not isinstance(app, App):
+        return [f"  ASGI app {app!r} at {url}"]
+    ws = "ws" + url.removeprefix("http")
+    lines = []
+    for name in app.servers:
+        lines += [
+            f"  POST {url}/{name}/{{session}}      push events and presence",
+            f"  GET  {url}/{name}/{{session}}      history (?gte=&lte=), or SSE with "
+            "Accept: text/event-stream (?startAfter=&presence=1)",
+            f"  GET  {ws}/{name}/{{session}}/ws   socket",
+            f"  GET  {ws}/{name}/ws             multiplexed socket",
+        ]
+    if app.scheduler_secret is not None:
+        lines.append(f"  POST {url}/_a2/scheduler        signed scheduler deliveries")
+    return lines
+
+
+def _development_store() -> str | None:
+    """The development default (``Server``'s own for ``A2_ENV`` unset or
+    ``development``) spelled as a URL, so the banner can name it. ``test`` and
+    ``production`` keep their own rules."""
+    if os.environ.get("A2_ENV", "development") in ("test", "production"):
+        return None
+    return "sqlite:///.a2/dev.db"
+
+
+def _config(host: str, port: int) -> hypercorn.config.Config:
+    config = hypercorn.config.Config()
+    config.bind = [f"{host}:{port}"]
+    config.graceful_timeout = SHUTDOWN_GRACE_S
+    # hypercorn buffers a whole message before the app sees it: bound it by ours.
+    config.websocket_max_message_size = DEFAULT_LIMITS.max_frame_bytes
+    config.worker_class = "trio"
+    return config
+
+
+async def _serve(app: App | Any, config: hypercorn.config.Config) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+
+        async def shutdown() -> None:
+            async for _ in signals:
+                print("shutting down", flush=True)
+                return
+
+        async with trio.open_nursery() as nursery:
+            binds: list[str] = await nursery.start(
+                functools.partial(
+                    hypercorn.trio.serve,
+                    cast("hypercorn.typing.ASGIFramework", app),
+                    config,
+                    shutdown_trigger=shutdown,
+                )
+            )
+            store = os.environ.get("A2_STORE", "by A2_ENV")
+            for url in binds:
+                print(f"a2trio serving on {url} (store: {store})", flush=True)
+                for line in lanes(app, url):
+                    print(line, flush=True)
+            print("Ctrl-C to stop", flush=True)
+    print("stopped", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; returns the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="python -m a2trio.serve", description="Serve a2trio servers over HTTP and sockets."
+    )
+    parser.add_argument("target", help="module:attribute (a Server, a list of them, or an app)")
+    parser.add_argument("--store", help="store URL: memory:, sqlite:///path, postgresql://...")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--reload", action="store_true", help="restart when sources change")
+    args = parser.parse_args(argv)
+    store = args.store or os.environ.get("A2_STORE") or _development_store()
+    if store:
+        os.environ["A2_STORE"] = store
+    # `python -m` puts the working directory on the path; a console script does not.
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    config = _config(args.host, args.port)
+    if args.reload:
+        os.environ[_TARGET_ENV] = args.target
+        config.application_path = "a2trio.serve:_from_environ()"
+        config.use_reloader = True
+        print(f"a2trio serving {args.target} on http://{args.host}:{args.port} (reloading)")
+        return hypercorn.run.run(config)
+    app = load_target(args.target)
+    trio.run(_serve, app, config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""``python -m a2trio.serve``: target loading, and the real command on the example app."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+import trio
+
+import a2trio
+from a2trio.serve import lanes, load_target
+from a2trio.stores import memory
+from a2trio.transport import App, asgi
+from a2trio.transport.sse import SSEDecoder
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Note(msgspec.Struct, frozen=True):
+    text: str
+
+
+notes = a2trio.contract("notes", events={"note": Note})
+other = a2trio.contract("other", events={"note": Note})
+
+
+@pytest.fixture
+def targets(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    module = ModuleType("serve_targets")
+    module.server = a2trio.Server(notes, store=memory())  # type: ignore[attr-defined]
+    module.pair = [module.server, a2trio.Server(other, store=memory())]  # type: ignore[attr-defined]
+    module.app = asgi(module.server)  # type: ignore[attr-defined]
+    module.number = 3  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "serve_targets", module)
+    return module
+
+
+def test_load_target_accepts_servers_lists_and_apps(targets: ModuleType) -> None:
+    single = load_target("serve_targets")
+    assert isinstance(single, App)
+    assert list(single.servers) == ["notes"]
+    pair = load_target("serve_targets:pair")
+    assert isinstance(pair, App)
+    assert list(pair.servers) == ["notes", "other"]
+    assert load_target("serve_targets:app") is targets.app
+    with pytest.raises(ValueError, match=r"^module 'serve_targets' has no attribute 'nope'$"):
+        load_target("serve_targets:nope")
+    with pytest.raises(ValueError, match=r"expected an a2trio.Server, a list of them"):
+        load_target("serve_targets:number")
+
+
+def test_lanes_name_every_route(targets: ModuleType) -> None:
+    app = asgi(targets.server, scheduler_secret="k")
+    text = "\n".join(lanes(app, "http://h:1"))
+    for route in (
+        "POST http://h:1/notes/{session}",
+        "GET  http://h:1/notes/{session}",
+        "ws://h:1/notes/{session}/ws",
+        "ws://h:1/notes/ws",
+        "POST http://h:1/_a2/scheduler",
+    ):
+        assert route in text
+
+
+@asynccontextmanager
+async def serve_command(cwd: Path, *args: str) -> AsyncIterator[tuple[str, list[str]]]:
+    """Run the command; yield its URL and its output lines so far; Ctrl-C it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("A2_")}
+    env["PYTHONPATH"] = str(ROOT)
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "a2trio.serve", "examples.board:server", "--port", "0", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    assert process.stdout is not None
+    lines: list[str] = []
+    buffer = b""
+    try:
+        with trio.fail_after(30):
+            while not any(line.startswith("Ctrl-C") for line in lines):
+                chunk = await process.stdout.receive_some()
+                assert chunk, b"".join(line.encode() for line in lines)
+                buffer += chunk
+                *done, rest = buffer.split(b"\n")
+                buffer = rest
+                lines += [line.decode() for line in done]
+        url = next(line.split()[3] for line in lines if line.startswith("a2trio serving on"))
+        yield url, lines
+        process.send_signal(signal.SIGINT)
+        with trio.fail_after(30):
+            async for chunk in process.stdout:
+                buffer += chunk
+            assert await process.wait() == 0
+        lines += buffer.decode().splitlines()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def push_and_follow(url: str) -> list[dict[str, Any]]:
+    """The documented curl push, then the SSE read, through httpx."""
+    task = {"type": "task_added", "payload": {"task_id": "t1", "title": "Ship it"}, "id": "c-1"}
+    async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+        pushed = await c.post("/board/team-1", content=json.dumps({"events": [task]}))
+        assert pushed.status_code == 200
+        frames: list[dict[str, Any]] = []
+        decoder = SSEDecoder()
+        headers = {"accept": "text/event-stream"}
+        async with c.stream("GET", "/board/team-1?startAfter=0", headers=headers) as response:
+            async for chunk in response.aiter_raw():
+                frames += [json.loads(f.data) for f in decoder.feed(chunk)]
+                if frames:
+                    break
+        return frames
+
+
+@pytest.mark.filterwarnings(r"ignore:Async generator 'http(x|core)\..*:ResourceWarning")
+async def test_the_readme_command_serves_the_example_on_sqlite(tmp_path: Path) -> None:
+    async with serve_command(tmp_path) as (url, lines):
+        assert any("store: sqlite:///.a2/dev.db" in line for line in lines)
+        frames = await push_and_follow(url)
+        assert [(f["id"], f["type"], f["sessionId"]) for f in frames] == [
+            ("c-1", "task_added", "team-1")
+        ]
+    assert lines[-2:] == ["shutting down", "stopped"]
+    assert (tmp_path / ".a2" / "dev.db").exists()
+
+
+@pytest.mark.filterwarnings(r"ignore:Async generator 'http(x|core)\..*:ResourceWarning")
+async def test_store_flag_selects_the_store(tmp_path: Path) -> None:
+    async with serve_command(tmp_path, "--store", "memory:") as (url, lines):
+        assert any("store: memory:" in line for line in lines)
+        assert len(await push_and_follow(url)) == 1
+    assert not (tmp_path / ".a2").exists()
