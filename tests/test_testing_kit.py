@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 from types import ModuleType
@@ -323,13 +325,29 @@ class ThreadSafeTrioClock(TrioClock):
             return trio.from_thread.run_sync(super().now_ms)
 
 
-async def test_jump_mode_on_sqlite_lapses_a_lease_when_renewals_fail(
-    mock_clock: trio.testing.MockClock, tmp_path: Path
+@asynccontextmanager
+async def real_store(backend: str, tmp_path: Path) -> AsyncIterator[a2trio.Store]:
+    if backend == "sqlite":
+        from a2trio.stores.sqlite import sqlite
+
+        yield sqlite(str(tmp_path / "app.db"), clock=ThreadSafeTrioClock())
+        return
+    from tests.backends.postgres import open_store
+
+    async with open_store(TrioClock()) as store:
+        yield store
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_jump_mode_on_a_real_backend_lapses_a_lease_when_renewals_fail(
+    mock_clock: trio.testing.MockClock, tmp_path: Path, backend: str
 ) -> None:
-    """The same lease scenario as the memory store's, on a real file: the clock
+    """The lease scenario of the memory store, on a real backend: the clock
     moves by ``MockClock.jump`` between quiet points, never mid-query."""
-    store = a2trio.stores.sqlite(str(tmp_path / "app.db"), clock=ThreadSafeTrioClock())
-    async with open_harness(shop, store=store, handlers={"ordered": ship_slowly}) as app:
+    async with (
+        real_store(backend, tmp_path) as store,
+        open_harness(shop, store=store, handlers={"ordered": ship_slowly}) as app,
+    ):
         s = app.session("s")
         app.store.fail("renew_claims", start=5, end=35)
         await s.append(ordered())
@@ -337,9 +355,37 @@ async def test_jump_mode_on_sqlite_lapses_a_lease_when_renewals_fail(
         assert trio.current_time() == 30
         surrendered = app.telemetry.one("a2.event", {"a2.event.attempt": 1})
         assert surrendered.attributes["a2.event.outcome"] == "surrendered"
+        # settle() in jump mode never moves the clock: attempt 2 is still asleep.
+        await app.settle()
+        assert trio.current_time() == 30
+        await app.assert_outcome(s, 1, "pending", attempts=2)
         await app.advance(45)
         await app.assert_outcome(s, 1, "processed", attempts=2, failures=0)
         await app.assert_log(s, ["ordered", "shipped"])
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_jump_mode_on_a_real_backend_restarts_and_fires_schedules(
+    mock_clock: trio.testing.MockClock, tmp_path: Path, backend: str
+) -> None:
+    async with (
+        real_store(backend, tmp_path) as store,
+        open_harness(shop, store=store, handlers={"ordered": ship_slowly}) as app,
+    ):
+        s = app.session("s")
+        await s.append(ordered("desk"))
+        await app.advance(5)
+        await app.restart()
+        assert (await app.drain(s)).outcome == "busy"
+        await app.advance(30)  # the watchdog at t=35 starts attempt 2
+        await app.advance(45)
+        assert trio.current_time() == 80
+        await app.assert_outcome(s, 1, "processed", attempts=2)
+        # Handles belong to the server that made them: take one from the new server.
+        s = app.session("s")
+        await s.schedule("later", "3d", ordered("chair"))
+        await app.advance(3 * 86_400)
+        await app.assert_log(s, ["ordered", "shipped", "ordered"])
 
 
 # -- the harness: outcomes and assertions -------------------------------------------------

@@ -189,6 +189,10 @@ class Harness:
         until they expire. Advance past ``timings.claim_ttl_s`` (a watchdog or
         the next append then retries them), or call :meth:`drain`.
 
+        Session handles belong to the server that made them, as objects of
+        a dead process would: take new ones with :meth:`session` afterwards.
+        The harness's own methods accept either.
+
         A real crash runs no ``finally`` blocks; this does, because
         cancellation is how Trio stops code. Everything durable is as after
         a crash.
