@@ -106,6 +106,14 @@ def test_trio_clock_is_the_core_clock() -> None:
     assert TrioClock is a2trio.TrioClock
 
 
+def test_the_kit_exports_what_all_lists_sorted() -> None:
+    import a2trio.testing
+
+    assert a2trio.testing.__all__ == sorted(a2trio.testing.__all__)
+    for name in a2trio.testing.__all__:
+        assert getattr(a2trio.testing, name) is not None
+
+
 # -- FaultyStore ---------------------------------------------------------------------
 
 
@@ -475,6 +483,16 @@ async def test_restart_mid_handler_leaves_the_claim_to_lapse(autojump_clock: Any
         assert isinstance(cancelled.error, trio.Cancelled)
 
 
+async def test_a_presence_contract_runs_on_the_wrapped_store(autojump_clock: Any) -> None:
+    rooms = a2trio.contract("rooms", events={"shipped": Shipped}, presence={"typing": bool})
+    async with open_harness(rooms, presence_ttl_ms=5_000) as app:
+        s = app.session("r")
+        await s.set_presence("ada", {"typing": True})
+        assert (await s.presence())["ada"]["typing"].value is True
+        await app.advance(5)
+        assert await s.presence() == {}
+
+
 # -- the pytest fixtures ------------------------------------------------------------------------
 
 
@@ -489,6 +507,16 @@ async def test_a2_app_factory_opens_harnesses_closed_at_teardown(
     await one.settle()
     await one.assert_log("s", ["ordered", "shipped"])
     await two.assert_log("s", [])
+
+
+async def test_a2_app_reports_to_the_telemetry_given(
+    autojump_clock: Any, a2_app: AppFactory, a2_telemetry: RecordingTelemetry
+) -> None:
+    app = await a2_app(shop, telemetry=a2_telemetry, scheduler=None)
+    assert app.server.scheduler is None
+    await app.session("s").append(ordered())
+    assert app.telemetry is a2_telemetry
+    assert a2_telemetry.one("a2.append").attributes["a2.append.types"] == "ordered"
 
 
 def test_a2_telemetry_and_a2_clock_fixtures(
