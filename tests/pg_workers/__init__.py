@@ -1,0 +1,1 @@
+"""Worker and writer processes for ``tests/test_postgres_multiprocess.py``."""

@@ -1,0 +1,181 @@
+"""Exactly once across processes: 3 workers, 2 writers, one Postgres, and trouble.
+
+2,000 ``job`` events over 50 sessions are appended by two writer processes
+while three worker processes drain them. Mid-run, the worker holding the
+``stall`` job is SIGKILLed inside its handler, then the Postgres server is
+restarted. Writers retry appends that failed with ``STORE_UNAVAILABLE`` with
+the same ids; workers recover on their own. Afterwards: every job completed
+exactly once with exactly one returned ``done`` event, every session's indexes
+run 1..n without gaps, and no id appears twice.
+
+The restart uses ``pg_ctlcluster``; when the local cluster is not manageable
+from here the test skips with the reason (and fails under
+``A2_TEST_POSTGRES_REQUIRED=1``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from functools import partial
+from pathlib import Path
+
+import psycopg
+import pytest
+import trio
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.backends.postgres import REQUIRED, database_dsn, run_sql  # noqa: E402
+
+WORKERS = 2 + 1
+WRITERS = 2
+EVENTS_PER_WRITER = 1000
+TOTAL = WRITERS * EVENTS_PER_WRITER
+RESTART = ["pg_ctlcluster", "--skip-systemctl-redirect", "15", "main", "restart"]
+
+
+def _cluster_manageable() -> str | None:
+    if shutil.which("pg_ctlcluster") is None:
+        return "pg_ctlcluster is not installed"
+    if not Path("/etc/postgresql/15/main").is_dir():
+        return "no local PostgreSQL 15 'main' cluster"
+    return None
+
+
+async def _retrying(dsn: str, statement: str) -> list[tuple[object, ...]]:
+    """Run a statement, retrying while the server restarts."""
+    while True:
+        try:
+            return await run_sql(dsn, statement)
+        except psycopg.OperationalError:
+            await trio.sleep(0.1)
+
+
+async def _poll_until(check: Callable[[], Awaitable[bool]], interval_s: float) -> None:
+    """Wait for what another process does: no trio.Event crosses processes."""
+    while not await check():  # noqa: ASYNC110
+        await trio.sleep(interval_s)
+
+
+async def _count(dsn: str, statement: str) -> int:
+    [(value,)] = await _retrying(dsn, statement)
+    assert isinstance(value, int)
+    return value
+
+
+async def test_exactly_once_across_processes_through_a_kill_and_a_restart(
+    tmp_path: Path,
+) -> None:
+    reason = _cluster_manageable()
+    if reason is not None:
+        if REQUIRED:
+            pytest.fail(reason)
+        pytest.skip(reason)
+    dsn = await database_dsn()
+    schema = f"mp_{secrets.token_hex(6)}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    python = sys.executable
+    table = f'"{schema}".a2_events'
+    reports: list[dict[str, int]] = []
+    writers_done = trio.Event()
+
+    async def write(n: int) -> None:
+        result = await trio.run_process(
+            [python, "-m", "tests.pg_workers.writer", dsn, schema, str(n), str(EVENTS_PER_WRITER)],
+            capture_stdout=True,
+            env=env,
+        )
+        reports.append(json.loads(result.stdout))
+        if len(reports) == WRITERS:
+            writers_done.set()
+
+    try:
+        with trio.fail_after(50):
+            async with trio.open_nursery() as nursery:
+                workers: list[trio.Process] = []
+                for _ in range(WORKERS):
+                    command = [python, "-m", "tests.pg_workers.worker", dsn, schema, str(tmp_path)]
+                    workers.append(
+                        await nursery.start(
+                            partial(trio.run_process, command, env=env, check=False)
+                        )
+                    )
+                for n in range(WRITERS):
+                    nursery.start_soon(write, n)
+
+                # SIGKILL the worker that is inside the stalling handler.
+                marker = trio.Path(tmp_path / "stalled")
+                await _poll_until(marker.exists, 0.05)
+                victim = int(await marker.read_text())
+                assert victim in [w.pid for w in workers]
+                os.kill(victim, signal.SIGKILL)
+
+                # Restart Postgres while the writers are still appending.
+                async def third_appended() -> bool:
+                    return await _count(dsn, f"select count(*) from {table}") >= TOTAL // 3
+
+                await _poll_until(third_appended, 0.05)
+                await trio.run_process(RESTART, capture_stdout=True, capture_stderr=True)
+
+                await writers_done.wait()
+                processed = (
+                    f"select count(*) from {table}"
+                    " where processed_at is not null and event_type = 'job'"
+                )
+
+                async def all_processed() -> bool:
+                    return await _count(dsn, processed) == TOTAL
+
+                await _poll_until(all_processed, 0.25)
+                nursery.cancel_scope.cancel(reason="all jobs processed")
+
+        # Appends during the outage failed as STORE_UNAVAILABLE and were retried.
+        assert sum(r["appended"] for r in reports) == TOTAL
+        assert sum(r["unavailable"] for r in reports) > 0
+        assert sum(r["retried"] for r in reports) > 0
+
+        jobs = await run_sql(
+            dsn, f"select count(*), count(distinct event_id) from {table} where event_type = 'job'"
+        )
+        assert jobs == [(TOTAL, TOTAL)]
+        gaps = await run_sql(
+            dsn,
+            f"select session_id from {table} group by session_id"
+            " having min(idx) <> 1 or max(idx) <> count(*)",
+        )
+        assert gaps == []
+        unfinished = await run_sql(
+            dsn,
+            f"select event_id from {table} where event_type = 'job' and (processed_at is null"
+            " or failed_at is not null or jsonb_array_length(returned_event_ids) <> 1)",
+        )
+        assert unfinished == []
+        done = await run_sql(
+            dsn,
+            f"select count(*), count(distinct done.payload->>'job') from {table} done"
+            f" join {table} job on job.session_id = done.session_id"
+            "  and job.idx = (done.cause->>'index')::bigint"
+            "  and job.returned_event_ids->>0 = done.event_id"
+            "  and job.event_id = done.payload->>'job'"
+            "  and job.processed_by_attempt = (done.cause->>'attempt')::int"
+            " where done.event_type = 'done'",
+        )
+        total_done = await run_sql(dsn, f"select count(*) from {table} where event_type = 'done'")
+        assert done == [(TOTAL, TOTAL)]
+        assert total_done == [(TOTAL,)]
+        # The killed attempt was retried by another worker.
+        stalled = await run_sql(
+            dsn, f"select attempt_count, processed_by_attempt from {table} where event_id = 'w0-10'"
+        )
+        assert stalled[0][0] >= 2  # type: ignore[operator]
+        assert stalled[0][1] >= 2  # type: ignore[operator]
+    finally:
+        await _retrying(dsn, f'drop schema if exists "{schema}" cascade')
