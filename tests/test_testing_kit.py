@@ -295,6 +295,18 @@ async def test_settle_waits_out_a_sleeping_handler_under_autojump(autojump_clock
         await app.assert_log("s", ["ordered", "shipped"])
 
 
+async def test_settle_waits_out_a_delayed_scheduled_append(autojump_clock: Any) -> None:
+    async with open_harness(shop, handlers={"ordered": ship_now}) as app:
+        s = app.session("s")
+        await s.schedule("later", "10s", ordered())
+        app.store.delay("append", seconds=5)
+        await app.advance(10)
+        await app.assert_log(s, [])
+        await app.settle()
+        assert trio.current_time() == 15
+        await app.assert_log(s, ["ordered", "shipped"])
+
+
 async def test_advance_to_a_datetime(autojump_clock: Any) -> None:
     async with open_harness(shop) as app:
         start = app.now()

@@ -226,8 +226,9 @@ class Harness:
     async def settle(self) -> None:
         """Run until quiet and no drain is left running.
 
-        Delivers schedules already due and waits out every drain: those an
-        append started and those a scheduler delivered (watchdogs). Under
+        Delivers schedules already due and waits out every drain and append
+        in progress: those an append started and those a scheduler delivered
+        (watchdogs, delayed appends). Under
         autojump a handler that sleeps moves the clock while settling (a drain
         ends only when its handlers do); in jump mode the clock never moves
         here: a handler waiting on time stays waiting until :meth:`advance`.
@@ -241,10 +242,12 @@ class Harness:
                 return
             if self.server.statistics().background_tasks:
                 await self.server.settle()
-            elif self.telemetry.open_count("a2.drain"):
-                await self.telemetry.wait_all_closed("a2.drain")
-            else:
+                continue
+            busy = [name for name in _BUSY_SPANS if self.telemetry.open_count(name)]
+            if not busy:
                 return
+            for name in busy:
+                await self.telemetry.wait_all_closed(name)
 
     async def advance(self, seconds: float) -> None:
         """Move Trio time forward by ``seconds`` and run whatever falls due, in order.
@@ -413,6 +416,10 @@ class Harness:
             )
         return found
 
+
+#: Spans whose being open means work in progress that settle() waits out,
+#: wherever it runs (server background, scheduler deliveries).
+_BUSY_SPANS = ("a2.drain", "a2.append")
 
 #: Jump mode's quiet cushion: every task blocked for this long (real seconds)
 #: with no store call in flight. Short, because in-flight calls are counted
