@@ -8,7 +8,6 @@ module that exists but fails to import is an error, not a skip.
 from __future__ import annotations
 
 import importlib
-import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -18,22 +17,12 @@ import trio
 from a2trio.stores.conformance import CHECKS, REQUIRES, StoreFactory, capabilities
 
 _TESTS = Path(__file__).resolve().parent
-# `python -m pytest` (scripts/test) puts the repository root on sys.path; the
-# bare `pytest` entry point does not, and `tests.backends` needs it.
-if str(_TESTS.parent) not in sys.path:
-    sys.path.insert(0, str(_TESTS.parent))
 
 BACKENDS = ["memory", "sqlite", "postgres"]
 
 #: (backend, check name) pairs that fail because the backend is wrong against
 #: the seed, each with the bug's location. Strict: a fix turns them into errors.
-KNOWN_BUGS: dict[tuple[str, str], str] = {
-    ("memory", "complete_attempt_replay_keeps_types"): (
-        "a2trio/stores/memory.py MemoryStore.complete_attempt returns the stored rows of a "
-        "repeated completion without `replay(events, ...)`, so a retyped id replays "
-        "(seed: idempotentReplay)"
-    ),
-}
+KNOWN_BUGS: dict[tuple[str, str], str] = {}
 
 Check = Callable[[StoreFactory], Awaitable[None]]
 

@@ -499,7 +499,9 @@ class MemoryStore:
                     ErrorCode.PARTIAL_DUPLICATE_BATCH,
                     "returned event retry does not match the committed batch",
                 )
-            return CompleteResult("completed", [r.stored() for r in stored if r is not None])
+            return CompleteResult(
+                "completed", replay(events, [r.stored() for r in stored if r is not None])
+            )
         if (
             parent.attempt_count != attempt
             or parent.claim_holder is None
