@@ -33,7 +33,7 @@ import trio
 
 from .contract import Event
 from .errors import store_unavailable
-from .stores._feed import Feed
+from .stores._feed import Feed, own_tasks
 from .stores.base import PresenceRow, PresenceStore, StoredPresencePatch
 
 if TYPE_CHECKING:
@@ -295,12 +295,9 @@ async def open_presence_feed(
     feed = _TwoPlaneFeed(server, key, api)
     unsubscribe = api.subscribe(key, feed.enqueue) if api.push else None
     try:
-        async with trio.open_nursery() as nursery:
+        async with own_tasks() as nursery:
             await feed.start(nursery, start_after)
-            try:
-                yield feed
-            finally:
-                nursery.cancel_scope.cancel(reason="feed closed")
+            yield feed
     finally:
         if unsubscribe is not None:
             unsubscribe()

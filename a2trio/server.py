@@ -247,7 +247,11 @@ class Server:
         self._nursery.cancel_scope.cancel(reason="server closed")
         self._nursery = None
         self._closed = True
-        return await stack.__aexit__(exc_type, exc, tb)
+        # The block's own exception is not the nursery's business: background
+        # tasks were cancelled above, so it propagates as itself, not wrapped
+        # in an ExceptionGroup.
+        await stack.__aexit__(None, None, None)
+        return None
 
     def _spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         if self._nursery is None:

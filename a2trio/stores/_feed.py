@@ -20,7 +20,15 @@ from typing import Generic, TypeVar
 import msgspec
 import trio
 
-__all__ = ["FEED_BUFFER", "ChannelFeed", "Feed", "FeedStatistics", "Wakeups", "open_pump_feed"]
+__all__ = [
+    "FEED_BUFFER",
+    "ChannelFeed",
+    "Feed",
+    "FeedStatistics",
+    "Wakeups",
+    "open_pump_feed",
+    "own_tasks",
+]
 
 T = TypeVar("T")
 
@@ -121,6 +129,24 @@ class ChannelFeed(Feed[T]):
 
 
 @asynccontextmanager
+async def own_tasks() -> AsyncIterator[trio.Nursery]:
+    """A nursery for a context manager's helper tasks, cancelled when the block
+    ends. An exception from the block propagates as itself rather than wrapped
+    in an ``ExceptionGroup``: the helpers are cancelled, not failed, by it.
+    """
+    error: BaseException | None = None
+    async with trio.open_nursery() as nursery:
+        try:
+            yield nursery
+        except BaseException as exc:
+            error = exc
+        finally:
+            nursery.cancel_scope.cancel(reason="block finished")
+    if error is not None:
+        raise error
+
+
+@asynccontextmanager
 async def open_pump_feed(
     key: str,
     read_after: Callable[[int], Awaitable[list[T]]],
@@ -159,12 +185,9 @@ async def open_pump_feed(
 
     wakeups.watch(key)
     try:
-        async with trio.open_nursery() as nursery:
+        async with own_tasks() as nursery:
             nursery.start_soon(pump)
-            try:
-                async with receive:
-                    yield feed
-            finally:
-                nursery.cancel_scope.cancel(reason="feed closed")
+            async with receive:
+                yield feed
     finally:
         wakeups.unwatch(key)
