@@ -65,7 +65,7 @@ from typing import Any, Literal, cast
 
 import msgspec
 import trio
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import A2Error, ErrorCode, store_unavailable
@@ -320,7 +320,9 @@ class PostgresStore:
             self._pool, self._owns_pool = dsn, False
         else:
             if schema is not None:
-                dsn = make_conninfo(dsn, options=f"-csearch_path={schema}")
+                # Keep the caller's options (e.g. -csynchronous_commit=off).
+                options = conninfo_to_dict(dsn).get("options") or ""
+                dsn = make_conninfo(dsn, options=f"{options} -csearch_path={schema}".strip())
             self._pool = PgPool(
                 dsn,
                 max_size=max_connections,
