@@ -46,11 +46,14 @@ from .limits import Limits
 if TYPE_CHECKING:
     from ..session import Session
 
-__all__ = ["OUTBOX_FRAMES", "serve_multiplexed_socket", "serve_session_socket"]
+__all__ = ["CLOSE_GRACE_S", "OUTBOX_FRAMES", "serve_multiplexed_socket", "serve_session_socket"]
 
 #: Frames queued for the writer. Bounds a slow client's backlog to this many
 #: frames (each at most one push's worth of events) per socket.
 OUTBOX_FRAMES: Final = 64
+
+#: How long a socket we close waits for the client's closing handshake.
+CLOSE_GRACE_S: Final = 5.0
 
 _GOING_AWAY: Final = 1001
 _INVALID_DATA: Final = 1007
@@ -82,12 +85,14 @@ class _Socket:
         self.multiplexed = session_id is None
         self.outbox, self._outbox_receive = trio.open_memory_channel[Message](OUTBOX_FRAMES)
         self.lanes: dict[str, trio.CancelScope] = {}
+        self.closing = False
 
     async def put(self, frame: bytes) -> None:
         await self.outbox.send({"type": "websocket.send", "text": frame.decode()})
 
     async def close(self, code: int, reason: str) -> None:
         """Queue the close frame after whatever is queued; the writer ends the socket."""
+        self.closing = True
         await self.outbox.send({"type": "websocket.close", "code": code, "reason": reason[:120]})
 
     async def run(self, send: Send, first_lane: tuple[str, int] | None) -> None:
@@ -97,7 +102,14 @@ class _Socket:
             if first_lane is not None:
                 await nursery.start(self._lane, *first_lane)
             await self._read()
-            nursery.cancel_scope.cancel(reason="socket closed")
+            if not self.closing:
+                nursery.cancel_scope.cancel(reason="client disconnected")
+        if self.closing:
+            # Read until the client answers our close: closing the TCP connection
+            # with its frames unread would reset it and lose the close frame.
+            with trio.move_on_after(CLOSE_GRACE_S):
+                while (await self.receive())["type"] != "websocket.disconnect":
+                    pass
 
     async def _write(self, send: Send, scope: trio.CancelScope) -> None:
         async for message in self._outbox_receive:
