@@ -263,6 +263,9 @@ class MemoryStore:
         self.clock = clock
         self._sessions: dict[str, list[_Row]] = {}
         self._ids: dict[str, _Row] = {}
+        # Unprocessed rows per session, in index order: claims, lane checks and
+        # has_pending look only here, so a long processed history costs nothing.
+        self._open: dict[str, dict[int, _Row]] = {}
         self._snapshots: dict[tuple[str, str], tuple[int, bytes, int]] = {}
         self._wakeups = Wakeups()
         self.presence: _MemoryPresence = _MemoryPresence(self)
@@ -290,7 +293,7 @@ class MemoryStore:
         )
 
     def _pending(self, session_id: str) -> bool:
-        return any(r.processed_at_ms is None for r in self._sessions.get(session_id, ()))
+        return bool(self._open.get(session_id))
 
     def _insert(
         self,
@@ -302,9 +305,8 @@ class MemoryStore:
         now: int,
     ) -> _Row:
         lane = event.lane
-        lane_ready = lane is None or not any(
-            r.lane == lane and r.processed_at_ms is None for r in rows
-        )
+        open_rows = self._open.setdefault(session_id, {})
+        lane_ready = lane is None or not any(r.lane == lane for r in open_rows.values())
         row = _Row(
             id=event_id,
             type=event.type,
@@ -319,6 +321,8 @@ class MemoryStore:
         )
         rows.append(row)
         self._ids[event_id] = row
+        if not event.settled:
+            open_rows[row.index] = row
         return row
 
     async def append(self, session_id: str, events: Sequence[AppendEvent]) -> AppendResult:
@@ -398,8 +402,8 @@ class MemoryStore:
         excluded = set(exclude)
         live = [
             r
-            for r in self._sessions.get(session_id, ())
-            if r.processed_at_ms is None and r.failed_at_ms is None and r.lane_ready
+            for r in self._open.get(session_id, {}).values()
+            if r.failed_at_ms is None and r.lane_ready
         ]
         claimed = []
         for row in live:
@@ -520,15 +524,15 @@ class MemoryStore:
             for e in events
         ]
         parent.processed_at_ms = now
+        open_rows = self._open[session_id]
+        del open_rows[parent.index]
         parent.processed_by_attempt = attempt
         parent.returned_event_ids = [i for i in ids if i is not None]
         parent.lane_ready = False
         parent.claim_holder = None
         parent.claim_expires_at_ms = None
         if parent.lane is not None:
-            successor = next(
-                (r for r in rows if r.lane == parent.lane and r.processed_at_ms is None), None
-            )
+            successor = next((r for r in open_rows.values() if r.lane == parent.lane), None)
             if successor is not None:
                 successor.lane_ready = True
         if inserted:

@@ -1,0 +1,185 @@
+"""Drain throughput and latency, per store, side by side in one run.
+
+    python bench/drain.py                          # memory
+    python bench/drain.py --store memory,sqlite    # two columns
+    python bench/drain.py --store postgres --dsn postgresql://root@127.0.0.1/postgres
+
+Measures, with a no-op handler on the real clock:
+
+* appended + handled events/s: ``--events`` single-event appends spread over
+  one session, then over ``--sessions`` sessions, appended concurrently (one
+  writer task per session), timed until every handler has run;
+* appends/s alone (no handlers);
+* append -> handler-start latency p50/p99 over ``--latency`` sequential events
+  in one session (the next append waits for the previous handler).
+
+Postgres runs in a fresh database created and dropped by the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import msgspec
+import trio
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import a2trio
+from a2trio.stores.base import Store
+
+
+class Tick(msgspec.Struct, frozen=True):
+    n: int
+
+
+bench = a2trio.contract("bench", events={"tick": Tick, "plain": Tick})
+
+
+@asynccontextmanager
+async def open_backend(name: str, dsn: str) -> AsyncIterator[Store]:
+    if name == "memory":
+        yield a2trio.stores.memory()
+    elif name == "sqlite":
+        with tempfile.TemporaryDirectory() as folder:
+            store = a2trio.stores.sqlite(os.path.join(folder, "bench.db"))
+            try:
+                yield store
+            finally:
+                await store.aclose()
+    elif name == "postgres":
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        database = f"a2trio_bench_{secrets.token_hex(4)}"
+        admin = make_conninfo(dsn, dbname="postgres")
+
+        def run(sql: str) -> None:
+            with psycopg.connect(admin, autocommit=True) as conn:
+                conn.execute(sql)
+
+        await trio.to_thread.run_sync(run, f'create database "{database}"')
+        params = conninfo_to_dict(dsn)
+        params["dbname"] = database
+        store = a2trio.stores.postgres(make_conninfo(**params))
+        try:
+            yield store
+        finally:
+            await store.aclose()
+            await trio.to_thread.run_sync(run, f'drop database "{database}" with (force)')
+    else:
+        raise SystemExit(f"unknown store {name!r}: memory, sqlite or postgres")
+
+
+async def throughput(store: Store, events: int, sessions: int, handled: bool) -> float:
+    done = trio.Event()
+    count = 0
+
+    async def tick(ctx: a2trio.HandlerContext[Tick]) -> None:
+        nonlocal count
+        count += 1
+        if count == events:
+            done.set()
+
+    server = a2trio.Server(bench, store=store, handlers={"tick": tick})
+    kind = "tick" if handled else "plain"
+    prefix = secrets.token_hex(3)
+    per_session = events // sessions
+    async with server:
+        started = time.perf_counter()
+
+        async def writer(sid: str) -> None:
+            session = server.session(sid)
+            for n in range(per_session):
+                await session.append(bench.event(kind, Tick(n)))
+
+        async with trio.open_nursery() as nursery:
+            for s in range(sessions):
+                nursery.start_soon(writer, f"{prefix}-{s}")
+        if handled:
+            await done.wait()
+        elapsed = time.perf_counter() - started
+        await server.settle()
+    return per_session * sessions / elapsed
+
+
+async def latency(store: Store, samples: int) -> tuple[float, float]:
+    started_at: list[float] = []
+    ran = trio.Event()
+
+    async def tick(ctx: a2trio.HandlerContext[Tick]) -> None:
+        started_at.append(time.perf_counter())
+        ran.set()
+
+    server = a2trio.Server(bench, store=store, handlers={"tick": tick})
+    gaps = []
+    async with server:
+        session = server.session(f"lat-{secrets.token_hex(3)}")
+        for n in range(samples):
+            ran = trio.Event()
+            before = time.perf_counter()
+            await session.append(bench.event("tick", Tick(n)))
+            await ran.wait()
+            gaps.append((started_at[-1] - before) * 1000)
+        await server.settle()
+    gaps.sort()
+    return statistics.median(gaps), gaps[int(len(gaps) * 0.99) - 1]
+
+
+async def measure(name: str, args: argparse.Namespace) -> dict[str, str]:
+    row: dict[str, str] = {}
+    async with open_backend(name, args.dsn) as store:
+        row["appends/s (no handler, 1 session)"] = (
+            f"{await throughput(store, args.events, 1, handled=False):,.0f}"
+        )
+        row["appended+handled/s, 1 session"] = (
+            f"{await throughput(store, args.events, 1, handled=True):,.0f}"
+        )
+        row[f"appended+handled/s, {args.sessions} sessions"] = (
+            f"{await throughput(store, args.events, args.sessions, handled=True):,.0f}"
+        )
+        p50, p99 = await latency(store, args.latency)
+        row["append -> handler start p50 (ms)"] = f"{p50:.3f}"
+        row["append -> handler start p99 (ms)"] = f"{p99:.3f}"
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--store", default="memory", help="comma-separated: memory,sqlite,postgres")
+    parser.add_argument("--events", type=int, default=5000)
+    parser.add_argument("--sessions", type=int, default=100)
+    parser.add_argument("--latency", type=int, default=200)
+    parser.add_argument("--dsn", default="postgresql://root@127.0.0.1:5432/postgres")
+    parser.add_argument("--versions", action="store_true", help="print versions and exit")
+    args = parser.parse_args(argv)
+    versions = (
+        f"python {sys.version.split()[0]}, trio {trio.__version__}, msgspec {msgspec.__version__}"
+    )
+    if args.versions:
+        print(versions)
+        return
+    names = [name.strip() for name in args.store.split(",") if name.strip()]
+    results: dict[str, dict[str, str]] = {}
+    for name in names:
+        results[name] = trio.run(measure, name, args)
+    metrics: list[str] = list(next(iter(results.values())))
+    width = max(len(m) for m in metrics)
+    print(f"# bench/drain.py: {args.events} events; {versions}")
+    print("| " + "metric".ljust(width) + " | " + " | ".join(n.rjust(10) for n in names) + " |")
+    print("|" + "-" * (width + 2) + "|" + "|".join("-" * 12 for _ in names) + "|")
+    for metric in metrics:
+        cells = " | ".join(results[n][metric].rjust(10) for n in names)
+        print(f"| {metric.ljust(width)} | {cells} |")
+
+
+if __name__ == "__main__":
+    main()
