@@ -73,7 +73,7 @@ from ..ids import random_id
 from ..timings import DEFAULT_TIMINGS, Timings
 from . import _pg_sql as sql
 from ._feed import Feed, FeedStatistics, Wakeups, open_pump_feed
-from ._pg_conn import Param, PgConnectionError, PgError, PgPool, Row, Statement
+from ._pg_conn import Param, PgError, PgPool, Row, Statement
 from .base import (
     AppendEvent,
     AppendResult,
@@ -484,7 +484,10 @@ class PostgresStore:
         while True:
             try:
                 await self._listen_once()
-            except (PgConnectionError, PgError, OSError, A2Error):
+            except Exception:
+                # Whatever broke (the connection, the server, a subscriber's
+                # callback), the store must outlive it: reconnect and let every
+                # feed catch up. Cancellation is a BaseException and ends this.
                 pass
             if self._listening.is_set():
                 self._listening = trio.Event()
@@ -513,7 +516,10 @@ class PostgresStore:
             conn.close()
 
     def _deliver_remote(self, payload: str) -> None:
-        note = _decode_presence(payload)
+        try:
+            note = _decode_presence(payload)
+        except msgspec.DecodeError:
+            return  # not a payload this version writes: nothing to deliver
         if note.o == self._origin:
             return
         self.presence.deliver(
