@@ -134,7 +134,8 @@ async def test_state_folds_caches_a_snapshot_and_reads_only_the_tail() -> None:
         assert [(s.reducer_name, s.index) for s in snaps] == [("count", 2), ("totals", 2)]
         await session.append(orders.event("ordered", Ordered("c")))
         read = await store.read_state(server._key("s1"), "totals")
-        assert read.snapshot is not None and read.snapshot.index == 2
+        assert read.snapshot is not None
+        assert read.snapshot.index == 2
         assert [e.index for e in read.events] == [3]
         state, index = await session.state(totals())
         assert (state.items, index) == (["a", "b", "c"], 3)
