@@ -1,33 +1,44 @@
 """Store backends and the seam they implement.
 
-``memory()`` ships with the core; ``sqlite()`` and ``postgres()`` are imported
-on first use so that their drivers stay optional.
+``memory()`` and ``sqlite()`` need nothing beyond the core. ``postgres()``
+needs the ``postgres`` extra (psycopg); without it, calling it raises
+``STORE_NOT_CONFIGURED`` naming the extra.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, NoReturn
 
+from ..errors import A2Error, ErrorCode
 from .base import Store
 from .memory import MemoryStore, memory
+from .sqlite import SqliteStore, sqlite
 
-if TYPE_CHECKING:
-    from .postgres import postgres
-    from .sqlite import sqlite
+try:
+    from .postgres import PostgresStore, postgres
+except ImportError as _missing:  # pragma: no cover - the dev extra installs psycopg
+    if not (_missing.name or "").startswith("psycopg"):
+        raise
+    _reason = str(_missing)
 
-__all__ = ["MemoryStore", "Store", "from_url", "memory", "postgres", "sqlite"]
+    def postgres(*args: Any, **kwargs: Any) -> NoReturn:  # type: ignore[misc]
+        """Stand-in when psycopg is not installed."""
+        raise A2Error(
+            ErrorCode.STORE_NOT_CONFIGURED,
+            f"the Postgres store needs psycopg: pip install 'a2trio[postgres]' ({_reason})",
+        )
 
 
-def __getattr__(name: str) -> Any:
-    if name == "sqlite":
-        from .sqlite import sqlite
-
-        return sqlite
-    if name == "postgres":
-        from .postgres import postgres
-
-        return postgres
-    raise AttributeError(f"module 'a2trio.stores' has no attribute {name!r}")
+__all__ = [
+    "MemoryStore",
+    "PostgresStore",
+    "SqliteStore",
+    "Store",
+    "from_url",
+    "memory",
+    "postgres",
+    "sqlite",
+]
 
 
 def from_url(url: str) -> Store:
@@ -37,17 +48,13 @@ def from_url(url: str) -> Store:
     Raises:
       ValueError: an unknown scheme.
     """
-    if url in ("memory", "memory:") or url.startswith("memory:"):
+    if url.startswith("memory"):
         return memory()
     if url.startswith("sqlite:"):
-        from .sqlite import sqlite
-
         # SQLAlchemy's spelling: sqlite:///relative.db, sqlite:////abs/path.db.
         path = url.removeprefix("sqlite:").removeprefix("//").removeprefix("/")
         return sqlite(path or ".a2/dev.db")
     if url.startswith(("postgres://", "postgresql://")):
-        from .postgres import postgres
-
         return postgres(url)
     raise ValueError(
         f"unknown store URL {url!r}: use 'memory:', 'sqlite:///path' or 'postgresql://...'"

@@ -1,0 +1,36 @@
+"""The public API is what a2trio/__init__.py re-exports, sorted and documented."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import a2trio
+
+
+def test_all_is_sorted_and_complete() -> None:
+    # isort-style, as ruff keeps it: CONSTANTS, then Classes, then functions.
+    def style(name: str) -> tuple[bool, bool, str]:
+        return (not name.isupper(), not name[0].isupper(), name)
+
+    assert a2trio.__all__ == sorted(a2trio.__all__, key=style)
+    for name in a2trio.__all__:
+        assert hasattr(a2trio, name), name
+
+
+def test_public_classes_say_a2trio_in_tracebacks() -> None:
+    for name in ("A2Error", "Server", "Contract", "Event", "Reducer", "Timings"):
+        assert getattr(a2trio, name).__module__ == "a2trio", name
+
+
+def test_public_callables_have_docstrings() -> None:
+    for name in a2trio.__all__:
+        value = getattr(a2trio, name)
+        if callable(value) and not isinstance(value, type(a2trio)):
+            assert (value.__doc__ or "").strip(), f"a2trio.{name} has no docstring"
+
+
+def test_import_a2trio_does_not_import_pytest_or_the_testing_kit() -> None:
+    code = "import sys, a2trio; print('pytest' in sys.modules, 'a2trio.testing' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
