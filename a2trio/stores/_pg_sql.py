@@ -298,69 +298,96 @@ select event.idx, event.attempt_count,
 """
 )
 
-# store-postgres.ts `completeAttempt`, first half: the parent `for update`, and
-# (EVENTS_BY_ID) whatever already holds the returned ids. Runs after the session's advisory
-# lock (taken first here, unlike the seed, so completions and appends lock in
-# the same order and cannot deadlock).
-COMPLETE_PARENT = Statement(
-    f"select {EVENT_COLUMNS} from a2_events"
-    " where session_id = $1::text and idx = $2::bigint for update"
-)
-EVENTS_BY_ID = Statement(f"select {EVENT_COLUMNS} from a2_events where event_id = any($1::text[])")
-
-
-# completeAttempt, second half: insert the returned events (lane readiness as
-# in append: the parent is still unprocessed), mark the parent processed.
-#   $1 session, $2 batch, $3 now, $4 cause, $5 parent idx, $6 attempt, $7 ids
-COMPLETE_WRITE = Statement(
+# store-postgres.ts `completeAttempt` in one statement, after the session's
+# advisory lock (taken before the parent row here, unlike the seed, so
+# completions and appends lock in the same order and cannot deadlock). The
+# verdict (missing, replay, superseded, duplicate, completed) is the seed's
+# sequence of checks; only `completed` writes: the returned events, the parent
+# marked processed, and the lane handed on. One statement cannot see its own
+# writes, so the hand-off is computed from the snapshot: the oldest other
+# unprocessed event of the parent's lane, else the first returned event of
+# that lane (made ready as it is inserted). Rows: the verdict, then the
+# existing rows holding the returned ids (for a replay) or the inserted ones.
+#   $1 session, $2 parent idx, $3 returned ids, $4 attempt, $5 batch (jsonb),
+#   $6 now, $7 cause (jsonb), $8 returned ids (jsonb)
+COMPLETE = Statement(
     f"""
-with batch as (
-  select * from jsonb_to_recordset($2::jsonb)
-    as b(ord bigint, id text, type text, payload jsonb, lane text, settled boolean)
+with parent as materialized (
+  select idx, lane, attempt_count, claim_holder, failed_at, processed_at,
+         processed_by_attempt, returned_event_ids
+    from a2_events
+   where session_id = $1::text and idx = $2::bigint
+   for update
 ),
-base as (
-  select coalesce(max(idx), 0) as base from a2_events where session_id = $1::text
+existing as materialized (
+  select * from a2_events where event_id = any($3::text[])
+),
+verdict as (
+  select case
+      when not exists (select 1 from parent) then 'missing'
+      when exists (select 1 from parent where processed_at is not null) then 'replay'
+      when exists (select 1 from parent
+                    where attempt_count <> $4::int or claim_holder is null
+                       or failed_at is not null) then 'superseded'
+      when exists (select 1 from existing) then 'duplicate'
+      else 'completed'
+    end as outcome,
+    (select processed_by_attempt from parent) as processed_by_attempt,
+    (select returned_event_ids from parent) as returned_event_ids,
+    (select coalesce(max(idx), 0) from a2_events where session_id = $1::text) as base
+),
+batch as (
+  select * from jsonb_to_recordset($5::jsonb)
+    as b(ord bigint, id text, type text, payload jsonb, lane text, settled boolean)
 ),
 inserted as (
   insert into a2_events
     (session_id, idx, event_type, payload, event_id, created_at, cause, lane,
      lane_ready, processed_at)
-  select $1::text, base.base + b.ord, b.type, coalesce(b.payload, 'null'::jsonb), b.id,
-         $3::bigint, $4::jsonb, b.lane,
+  select $1::text, v.base + b.ord, b.type, coalesce(b.payload, 'null'::jsonb), b.id,
+         $6::bigint, $7::jsonb, b.lane,
          b.lane is null or (
            not exists (select 1 from a2_events l
                         where l.session_id = $1::text and l.lane = b.lane
-                          and l.processed_at is null)
+                          and l.processed_at is null and l.idx <> $2::bigint)
            and not exists (select 1 from batch e
                             where e.lane = b.lane and e.ord < b.ord and not e.settled)),
-         case when b.settled then $3::bigint end
-    from batch b, base
+         case when b.settled then $6::bigint end
+    from batch b, verdict v
+   where v.outcome = 'completed'
   returning *
 ),
-parent as (
-  update a2_events set
-    processed_at = $3::bigint,
-    processed_by_attempt = $6::int,
-    returned_event_ids = $7::jsonb,
+processed as (
+  update a2_events e set
+    processed_at = $6::bigint,
+    processed_by_attempt = $4::int,
+    returned_event_ids = $8::jsonb,
     lane_ready = false,
     claim_holder = null,
     claim_expires_at = null
-  where session_id = $1::text and idx = $5::bigint
+  from verdict v
+  where v.outcome = 'completed' and e.session_id = $1::text and e.idx = $2::bigint
+),
+handed_on as (
+  update a2_events e set lane_ready = true
+    from verdict v, parent p
+   where v.outcome = 'completed' and p.lane is not null
+     and e.session_id = $1::text
+     and e.idx = (select min(l.idx) from a2_events l
+                   where l.session_id = $1::text and l.lane = p.lane
+                     and l.processed_at is null and l.idx <> $2::bigint)
+),
+rows_ as (
+  select 0 as tag, {EVENT_COLUMNS} from existing
+  union all
+  select 1 as tag, {EVENT_COLUMNS} from inserted
 )
-select {_cols("inserted")} from inserted order by inserted.idx
+select v.outcome, v.processed_by_attempt, v.returned_event_ids, {_cols("r")}
+  from verdict v left join rows_ r on true
+ order by r.tag, r.idx
 """
 )
 
-# completeAttempt's lane hand-off, after the inserts and the parent update.
-LANE_HANDOFF = Statement(
-    """
-update a2_events set lane_ready = true
- where session_id = $1::text
-   and idx = (select idx from a2_events
-               where session_id = $1::text and lane = $2::text and processed_at is null
-               order by idx limit 1)
-"""
-)
 
 # store-postgres.ts `failAttempt`, verbatim.
 #   $1 session, $2 idx, $3 attempt, $4 error, $5 max failures, $6 now

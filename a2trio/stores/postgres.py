@@ -173,6 +173,40 @@ def _no_event(session_id: str, index: int) -> ValueError:
     return ValueError(f"no event at index {index} in session {session_id!r}")
 
 
+def _replay_completion(
+    session_id: str,
+    index: int,
+    attempt: int,
+    events: Sequence[AppendEvent],
+    processed_by_attempt: int | None,
+    returned_event_ids: list[str] | None,
+    stored: list[StoredEvent],
+) -> CompleteResult:
+    """A completion of an already-processed event: replay it, or say who won."""
+    if processed_by_attempt != attempt:
+        return CompleteResult("superseded")
+    ids = [e.id for e in events]
+    if returned_event_ids != ids:
+        raise A2Error(
+            ErrorCode.PARTIAL_DUPLICATE_BATCH,
+            "completed attempt does not match the returned event batch",
+        )
+    by_id = {r.id: r for r in stored}
+    ordered = [by_id.get(i or "") for i in ids]
+    if any(
+        r is None
+        or r.session_id != session_id
+        or r.cause is None
+        or (r.cause.index, r.cause.attempt) != (index, attempt)
+        for r in ordered
+    ):
+        raise A2Error(
+            ErrorCode.PARTIAL_DUPLICATE_BATCH,
+            "returned event retry does not match the committed batch",
+        )
+    return CompleteResult("completed", replay(events, stored))
+
+
 def _index_of(event: StoredEvent) -> int:
     return event.index
 
@@ -709,7 +743,7 @@ class PostgresStore:
         events: Sequence[AppendEvent],
     ) -> CompleteResult:
         """Mark processed, append the returned events, hand the lane on: one
-        transaction, two round trips.
+        statement after the session lock, one round trip.
 
         Cancellation: committed entirely or not at all; a repeat by the same
         attempt with the same ids replays.
@@ -723,98 +757,54 @@ class PostgresStore:
                 "returned event batch contains the same event id more than once",
             )
         returned = cast(list[str], ids)
+        batch = [
+            {
+                "ord": ord_,
+                "id": e.id,
+                "type": e.type,
+                "payload": e.payload,
+                "lane": e.lane,
+                "settled": e.settled,
+            }
+            for ord_, e in enumerate(events, 1)
+        ]
         with store_unavailable("complete"):
-            pool = await self._ready()
-            async with pool.connection() as conn:
-                _, _, parents, existing = await conn.run(
-                    [
-                        (sql.BEGIN, ()),
-                        (sql.LOCK, (session_id,)),
-                        (sql.COMPLETE_PARENT, (session_id, index)),
-                        (sql.EVENTS_BY_ID, (returned,)),
-                    ]
-                )
-                if not parents:
-                    raise _no_event(session_id, index)
-                parent = _stored(parents[0])
-                if parent.processed_at_ms is not None:
-                    return self._replay_completion(
-                        session_id, index, attempt, events, parent, existing
-                    )
-                if (
-                    parent.attempt_count != attempt
-                    or parent.claim_holder is None
-                    or parent.failed_at_ms is not None
-                ):
-                    return CompleteResult("superseded")
-                if existing:
-                    raise A2Error(
-                        ErrorCode.PARTIAL_DUPLICATE_BATCH,
-                        "returned event batch contains an already-appended event id",
-                    )
-                now = self.clock.now_ms()
-                cause = EventCause(index, attempt)
-                batch = [
-                    {
-                        "ord": ord_,
-                        "id": e.id,
-                        "type": e.type,
-                        "payload": e.payload,
-                        "lane": e.lane,
-                        "settled": e.settled,
-                    }
-                    for ord_, e in enumerate(events, 1)
-                ]
-                work: list[tuple[Statement, Sequence[Param]]] = [
+            [rows] = await self._transaction(
+                [
                     (
-                        sql.COMPLETE_WRITE,
+                        sql.COMPLETE,
                         (
                             session_id,
-                            _encode(batch),
-                            now,
-                            _encode(_cause_json(cause)),
                             index,
+                            returned,
                             attempt,
+                            _encode(batch),
+                            self.clock.now_ms(),
+                            _encode(_cause_json(EventCause(index, attempt))),
                             _encode(returned),
                         ),
                     )
-                ]
-                if parent.lane is not None:
-                    work.append((sql.LANE_HANDOFF, (session_id, parent.lane)))
-                inserted, *_ = await conn.run([*work, (sql.COMMIT, ())])
-        if inserted:
-            self._wakeups.notify(session_id)
-        return CompleteResult("completed", [_stored(row) for row in inserted])
-
-    @staticmethod
-    def _replay_completion(
-        session_id: str,
-        index: int,
-        attempt: int,
-        events: Sequence[AppendEvent],
-        parent: StoredEvent,
-        existing: list[Row],
-    ) -> CompleteResult:
-        if parent.processed_by_attempt != attempt:
+                ],
+                lock=session_id,
+            )
+        outcome, processed_by_attempt, returned_event_ids = rows[0][:3]
+        stored = [_stored(row, 3) for row in rows if row[3] is not None]
+        if outcome == "missing":
+            raise _no_event(session_id, index)
+        if outcome == "superseded":
             return CompleteResult("superseded")
-        ids = [e.id for e in events]
-        if parent.returned_event_ids != ids:
+        if outcome == "duplicate":
             raise A2Error(
                 ErrorCode.PARTIAL_DUPLICATE_BATCH,
-                "completed attempt does not match the returned event batch",
+                "returned event batch contains an already-appended event id",
             )
-        stored = [_stored(row) for row in existing]
-        if len(stored) != len(ids) or any(
-            r.session_id != session_id
-            or r.cause is None
-            or (r.cause.index, r.cause.attempt) != (index, attempt)
-            for r in stored
-        ):
-            raise A2Error(
-                ErrorCode.PARTIAL_DUPLICATE_BATCH,
-                "returned event retry does not match the committed batch",
+        if outcome == "replay":
+            return _replay_completion(
+                session_id, index, attempt, events, processed_by_attempt, returned_event_ids, stored
             )
-        return CompleteResult("completed", replay(events, stored))
+        if stored:
+            self._wakeups.notify(session_id)
+        return CompleteResult("completed", stored)
 
     async def fail_attempt(
         self,
