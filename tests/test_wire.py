@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -71,6 +73,12 @@ def test_status_table_covers_every_code_as_wire_ts() -> None:
     assert wire.error_status(ErrorCode.FORBIDDEN) == 403
     assert wire.error_status(ErrorCode.SUPERSEDED_ATTEMPT) == 409
     assert wire.error_status("SOMETHING_NEW") == 503
+
+
+def test_the_documented_status_table_is_the_code() -> None:
+    page = (Path(__file__).resolve().parents[1] / "docs" / "transport.md").read_text()
+    documented = dict(re.findall(r"^\| `([A-Z_]+)` \| (\d{3}) \|$", page, re.MULTILINE))
+    assert documented == {code.value: str(status) for code, status in wire.ERROR_STATUS.items()}
 
 
 def test_error_envelope_round_trips_and_hides_internal_failures() -> None:
