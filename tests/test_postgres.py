@@ -13,6 +13,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -49,8 +50,8 @@ async def _schema() -> AsyncIterator[tuple[str, str]]:
 
 
 @asynccontextmanager
-async def _store(dsn: str, schema: str, **options: object) -> AsyncIterator[PostgresStore]:
-    store = postgres(dsn, schema=schema, **options)  # type: ignore[arg-type]
+async def _store(dsn: str, schema: str, **options: Any) -> AsyncIterator[PostgresStore]:
+    store = postgres(dsn, schema=schema, **options)
     try:
         async with store:
             yield store

@@ -14,6 +14,7 @@ import os
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import psycopg
 import pytest
@@ -77,12 +78,12 @@ async def run_sql(dsn: str, statement: str) -> list[tuple[object, ...]]:
 
 
 @asynccontextmanager
-async def open_store(clock: Clock, **options: object) -> AsyncIterator[Store]:
+async def open_store(clock: Clock, **options: Any) -> AsyncIterator[Store]:
     """A new Postgres store in a fresh schema on ``clock``; the schema is
     dropped and the store closed on exit."""
     dsn = await database_dsn()
     schema = f"s_{secrets.token_hex(6)}"
-    store: PostgresStore = postgres(dsn, clock=clock, schema=schema, **options)  # type: ignore[arg-type]
+    store: PostgresStore = postgres(dsn, clock=clock, schema=schema, **options)
     try:
         async with store:
             yield store
