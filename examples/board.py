@@ -25,7 +25,7 @@ import trio
 
 import a2trio
 
-__all__ = ["ESTIMATE_S", "board", "server"]
+__all__ = ["ESTIMATE_S", "board", "handlers", "server"]
 
 #: How long the estimator takes: long enough to abort it by hand with curl.
 ESTIMATE_S = 2.0
@@ -67,11 +67,9 @@ def _same_task(
     return removed.payload.task_id == added.payload.task_id
 
 
-server = a2trio.Server(
-    board,
-    handlers={
-        "task_added": a2trio.handler(
-            estimate, lane="estimates", abort_on={"task_removed": _same_task}
-        ),
-    },
-)
+handlers = {
+    "task_added": a2trio.handler(estimate, lane="estimates", abort_on={"task_removed": _same_task}),
+}
+
+#: No store: ``A2_STORE`` picks one, else the default for ``A2_ENV``.
+server = a2trio.Server(board, handlers=handlers)

@@ -118,7 +118,13 @@ class App:
         return f"App({', '.join(self.servers)})"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The ASGI entry point: ``lifespan``, ``http`` and ``websocket`` scopes."""
+        """The ASGI entry point: ``lifespan``, ``http`` and ``websocket`` scopes.
+
+        Cancellation: the server cancels a request's task when it shuts down;
+        the request's feeds close with it. A push cancelled midway is atomic
+        (all of its events or none), so the client's retry with the same ids
+        replays. A cancelled lifespan closes the servers as shutdown would.
+        """
         kind = scope["type"]
         if kind == "lifespan":
             await self._lifespan(receive, send)
