@@ -90,6 +90,8 @@ class SchedulerStatistics(msgspec.Struct, frozen=True):
       delivered: tasks delivered and deleted.
       failed: deliveries that raised and were rescheduled.
       queue_errors: backend calls of the workers that failed (retried).
+      passes: worker passes completed (claim, then look ahead), so a test
+        can wait until a worker has looked at the queue after moving time.
     """
 
     bound: tuple[str, ...]
@@ -97,6 +99,7 @@ class SchedulerStatistics(msgspec.Struct, frozen=True):
     delivered: int
     failed: int
     queue_errors: int
+    passes: int
 
 
 class _Binding:
@@ -142,6 +145,7 @@ class QueueScheduler:
         self._delivered = 0
         self._failed = 0
         self._queue_errors = 0
+        self._passes = 0
 
     # -- lifetime ------------------------------------------------------------
 
@@ -243,6 +247,7 @@ class QueueScheduler:
             delivered=self._delivered,
             failed=self._failed,
             queue_errors=self._queue_errors,
+            passes=self._passes,
         )
 
     # -- the worker ----------------------------------------------------------
@@ -276,6 +281,7 @@ class QueueScheduler:
                     self._queue_errors += 1
                     failures += 1
                     wait_s = retry_delay_s(failures)
+                self._passes += 1
                 with trio.move_on_after(wait_s):
                     await woken.wait()
 
