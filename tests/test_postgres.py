@@ -15,9 +15,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 
+import a2trio
 from a2trio.clock import SYSTEM_CLOCK
 from a2trio.errors import A2Error, ErrorCode
 from a2trio.stores._pg_conn import PgConnectionError, PgError, PgPool, Statement
@@ -321,6 +323,14 @@ async def test_presence_push_across_stores_and_once_locally() -> None:
         unsubscribe_b()
 
 
+async def test_presence_without_listen_is_the_degraded_tier() -> None:
+    async with _schema() as (dsn, schema), _store(dsn, schema, listen=False) as store:
+        assert store.presence.push is False
+        await store.presence.set("s", "alice", {"typing": True}, seen=1, at_ms=5, ttl_ms=60_000)
+        [row] = await store.presence.read("s")
+        assert (row.participant, row.field, row.value) == ("alice", "typing", True)
+
+
 async def test_unprepared_statements_work() -> None:
     async with _schema() as (dsn, schema), _store(dsn, schema, prepare=False) as store:
         await store.append("s", [_event("x")])
@@ -335,3 +345,45 @@ async def test_dsn_carries_the_schema() -> None:
         assert rows == [(1,)]
         assert store.clock is SYSTEM_CLOCK
         assert not math.isnan(store.timings.notify_safety_s)
+
+
+class Ordered(msgspec.Struct, frozen=True):
+    item: str
+
+
+class Shipped(msgspec.Struct, frozen=True):
+    item: str
+
+
+shop = a2trio.contract(
+    "shop", events={"ordered": Ordered, "shipped": Shipped}, presence={"typing": bool}
+)
+
+
+async def test_servers_in_two_processes_share_events_and_presence() -> None:
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> a2trio.AppendInput:
+        return shop.event("shipped", Shipped(ctx.event.payload.item))
+
+    async with _schema() as (dsn, schema):
+        # Two stores on one schema stand for two processes.
+        front = a2trio.Server(shop, store=postgres(dsn, schema=schema))
+        back = a2trio.Server(shop, store=postgres(dsn, schema=schema), handlers={"ordered": ship})
+        try:
+            async with front, back:
+                async with front.session("o1").stream(presence=True) as feed:
+                    snapshot = await feed.receive()
+                    assert isinstance(snapshot, a2trio.PresenceSnapshot)
+                    await back.session("o1").append(shop.event("ordered", Ordered("book")))
+                    await back.settle()
+                    await back.session("o1").set_presence("alice", {"typing": True})
+                    with trio.fail_after(10):
+                        received = [await feed.receive() for _ in range(3)]
+                events = [r for r in received if isinstance(r, a2trio.Event)]
+                patches = [r for r in received if isinstance(r, a2trio.PresencePatch)]
+                assert [(e.type, e.index) for e in events] == [("ordered", 1), ("shipped", 2)]
+                assert [(p.participant, p.values) for p in patches] == [("alice", {"typing": True})]
+                history = await front.session("o1").history()
+                assert [e.payload for e in history] == [Ordered("book"), Shipped("book")]
+        finally:
+            await front.store.aclose()
+            await back.store.aclose()

@@ -212,12 +212,16 @@ def _index_of(event: StoredEvent) -> int:
 
 
 class _PostgresPresence:
-    """Presence rows (the seed's ``a2_presence``): LWW per field, push tier."""
+    """Presence rows (the seed's ``a2_presence``): LWW per field.
 
-    push = True
+    The push tier needs the listener to hear other processes' writes; with
+    ``listen=False`` this is the degraded tier (``push`` is False) and the
+    server re-reads and diffs.
+    """
 
     def __init__(self, store: PostgresStore) -> None:
         self._store = store
+        self.push: bool = store.listen
         self._subscribers: dict[str, set[Callable[[StoredPresencePatch], None]]] = {}
 
     async def set(
