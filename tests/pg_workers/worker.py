@@ -2,8 +2,9 @@
 
 Usage: ``python -m tests.pg_workers.worker DSN SCHEMA MARKER_DIR``
 
-Each session has a task that drains it, then waits for the session's feed to
-move (or a second, to retry claims lapsed elsewhere) and drains again. Store
+Each session has a task that drains it, then follows the session's feed until
+a new job lands (or a second passes, to retry claims lapsed elsewhere) and
+drains again. Store
 outages surface as ``A2Error``: the task backs off and tries again, so the
 worker recovers on its own. The first attempt of the ``stall`` job writes a
 marker holding this pid and never returns, so the test can SIGKILL this
@@ -22,7 +23,7 @@ import a2trio
 from a2trio.stores.postgres import postgres
 from a2trio.timings import Timings
 
-from .app import SESSIONS, Done, Job, jobs
+from .app import SESSIONS, Done, Job, jobs, store_key
 
 TIMINGS = Timings(claim_ttl_s=2.0, heartbeat_s=0.5, renew_retry_s=0.2)
 
@@ -43,12 +44,23 @@ async def main(dsn: str, schema: str, marker_dir: Path) -> None:
         while True:
             try:
                 await server.drain(session_id)
-                async with store.stream(f"{jobs.name}\x1f{session_id}", start_after=cursor) as feed:
-                    with trio.move_on_after(1.0):
-                        cursor = (await feed.receive()).index
+                cursor = await wait_for_a_job(session_id, cursor)
             except* a2trio.A2Error:
                 # The drain engine raises store outages inside an exception group.
                 await trio.sleep(0.2)
+
+    async def wait_for_a_job(session_id: str, cursor: int) -> int:
+        """Follow the session until a new ``job`` lands (``done`` events need
+        no drain) or a second passes (claims lapsed elsewhere need one).
+        Returns the new cursor."""
+        async with store.stream(store_key(session_id), start_after=cursor) as feed:
+            with trio.move_on_after(1.0):
+                while True:
+                    row = await feed.receive()
+                    cursor = row.index
+                    if row.type == "job":
+                        break
+        return cursor
 
     async with server, trio.open_nursery() as nursery:
         for session_id in SESSIONS:
