@@ -303,6 +303,9 @@ class PgConnection:
 
         Raises:
           PgError: a statement failed (the rest were skipped).
+
+        Cancellation: the connection's state is unknown afterwards; its owner
+        closes it (the pool does so for borrowed connections).
         """
         self._check()
         pg = self._pg

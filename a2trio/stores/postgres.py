@@ -110,6 +110,13 @@ _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _RETRYABLE = frozenset({"23505", "40P01"})
 _ATTEMPTS = 3
 _LISTENER_BACKOFF_S = (0.05, 2.0)
+_KEEPALIVE = {
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "30000",
+}
 
 
 class _Presence(msgspec.Struct, frozen=True):
@@ -357,10 +364,15 @@ class PostgresStore:
         if isinstance(dsn, PgPool):
             self._pool, self._owns_pool = dsn, False
         else:
+            given = conninfo_to_dict(dsn)
+            # A peer that vanishes mid-query (a partition, not a restart) is
+            # noticed within ~30 s instead of the OS's two hours of keepalive.
+            extra = {k: v for k, v in _KEEPALIVE.items() if k not in given}
             if schema is not None:
                 # Keep the caller's options (e.g. -csynchronous_commit=off).
-                options = conninfo_to_dict(dsn).get("options") or ""
-                dsn = make_conninfo(dsn, options=f"{options} -csearch_path={schema}".strip())
+                options = f"{given.get('options') or ''} -csearch_path={schema}"
+                extra["options"] = options.strip()
+            dsn = make_conninfo(dsn, **extra)
             self._pool = PgPool(
                 dsn,
                 max_size=max_connections,
@@ -395,7 +407,9 @@ class PostgresStore:
         """Open the store's nursery (for the listener) on the first entry.
 
         Nested entries share it; the nursery closes with the outermost exit,
-        which must happen in the task that entered first.
+        which must happen in the task that entered first. No I/O happens here.
+
+        Cancellation: a checkpoint; a cancelled first entry opens nothing.
         """
         if self._closed:
             raise trio.ClosedResourceError("this Postgres store was closed: create a new one")
@@ -416,7 +430,8 @@ class PostgresStore:
         if self._entered > 0:
             return
         await self._stop_nursery()
-        self._pool.discard_idle()
+        if self._owns_pool:
+            self._pool.discard_idle()
 
     async def _stop_nursery(self) -> None:
         manager, self._nursery_cm = self._nursery_cm, None
