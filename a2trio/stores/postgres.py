@@ -409,7 +409,7 @@ class PostgresStore:
         Nested entries share it; the nursery closes with the outermost exit,
         which must happen in the task that entered first. No I/O happens here.
 
-        Cancellation: a checkpoint; a cancelled first entry opens nothing.
+        Cancellation: opens no connection, so there is nothing to undo.
         """
         if self._closed:
             raise trio.ClosedResourceError("this Postgres store was closed: create a new one")
