@@ -92,6 +92,7 @@ class SchedulerStatistics(msgspec.Struct, frozen=True):
       queue_errors: backend calls of the workers that failed (retried).
       passes: worker passes completed (claim, then look ahead), so a test
         can wait until a worker has looked at the queue after moving time.
+      waiting: workers between passes, waiting for a due time or a wake-up.
     """
 
     bound: tuple[str, ...]
@@ -100,6 +101,7 @@ class SchedulerStatistics(msgspec.Struct, frozen=True):
     failed: int
     queue_errors: int
     passes: int
+    waiting: int
 
 
 class _Binding:
@@ -146,6 +148,7 @@ class QueueScheduler:
         self._failed = 0
         self._queue_errors = 0
         self._passes = 0
+        self._waiting = 0
 
     # -- lifetime ------------------------------------------------------------
 
@@ -248,6 +251,7 @@ class QueueScheduler:
             failed=self._failed,
             queue_errors=self._queue_errors,
             passes=self._passes,
+            waiting=self._waiting,
         )
 
     # -- the worker ----------------------------------------------------------
@@ -282,8 +286,12 @@ class QueueScheduler:
                     failures += 1
                     wait_s = retry_delay_s(failures)
                 self._passes += 1
-                with trio.move_on_after(wait_s):
-                    await woken.wait()
+                self._waiting += 1
+                try:
+                    with trio.move_on_after(wait_s):
+                        await woken.wait()
+                finally:
+                    self._waiting -= 1
 
     async def _pump(self, binding: _Binding, nursery: trio.Nursery) -> float:
         """Claim and start due deliveries; return how long to wait before the next pass."""

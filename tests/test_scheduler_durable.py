@@ -1,0 +1,320 @@
+"""The durable scheduler on real sqlite files and a real Postgres server.
+
+The scheduler's queries run in worker threads, which autojump would count as
+idle, so these tests take pytest-trio's ``mock_clock`` (no autojump) and move
+time with ``MockClock.jump``. With time frozen between jumps, an event's
+``created_at`` says exactly at which jump it was delivered. A real-time
+limit guards every test against hangs (the Trio clock does not move by
+itself). The event store is the memory store: the scheduler keeps its own
+connection and does not care which store the server uses.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import psycopg
+import pytest
+import trio
+import trio.testing
+
+import a2trio
+from a2trio.clock import ms_to_datetime
+from a2trio.scheduler import AppendTask, ScheduledEvent
+from a2trio.schedulers import DurableScheduler
+from a2trio.stores import MemoryStore, memory
+
+PG_HOST = "postgresql://postgres@127.0.0.1:5432"
+WORKER = Path(__file__).parent / "sched_workers" / "worker.py"
+
+
+class Ordered(msgspec.Struct, frozen=True):
+    item: str
+
+
+class Note(msgspec.Struct, frozen=True):
+    text: str
+
+
+shop = a2trio.contract("shop", events={"ordered": Ordered, "note": Note})
+EPOCH_MS = a2trio.TrioClock().epoch_ms
+SID = "s1"
+
+MakeScheduler = Callable[[], DurableScheduler]
+
+
+def at(seconds: float) -> int:
+    return EPOCH_MS + round(seconds * 1000)
+
+
+@pytest.fixture
+def pg_dsn() -> Iterator[str]:
+    """A fresh database, dropped after the test."""
+    name = f"a2trio_sched_{secrets.token_hex(4)}"
+    try:
+        admin = psycopg.connect(f"{PG_HOST}/postgres", autocommit=True)
+    except psycopg.OperationalError as exc:
+        if os.environ.get("A2_TEST_POSTGRES_REQUIRED"):
+            raise
+        pytest.skip(f"Postgres at {PG_HOST} is unreachable: {exc}")
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{PG_HOST}/{name}"
+    finally:
+        with psycopg.connect(f"{PG_HOST}/postgres", autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def make_scheduler(request: pytest.FixtureRequest, tmp_path: Path) -> MakeScheduler:
+    """Builds schedulers on one sqlite file or one Postgres database."""
+    if request.param == "sqlite":
+        path = tmp_path / "scheduler.db"
+        return lambda: DurableScheduler.sqlite(path)
+    dsn: str = request.getfixturevalue("pg_dsn")
+    return lambda: DurableScheduler.postgres(dsn)
+
+
+@asynccontextmanager
+async def real_time_limit(seconds: float) -> AsyncIterator[None]:
+    """Fail if the block takes longer than ``seconds`` of wall-clock time."""
+    done = threading.Event()
+
+    async def guard() -> None:
+        if not await trio.to_thread.run_sync(done.wait, seconds):
+            raise TimeoutError(f"test still running after {seconds} s of real time")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(guard)
+        try:
+            yield
+        finally:
+            done.set()
+
+
+async def until(predicate: Callable[[], Awaitable[bool] | bool]) -> None:
+    """Wait, in real time, for worker threads to make ``predicate`` true."""
+    while True:
+        result = predicate()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        await trio.to_thread.run_sync(threading.Event().wait, 0.002)
+
+
+async def jump_and_look(
+    clock: trio.testing.MockClock, scheduler: DurableScheduler, s: float
+) -> None:
+    """Jump ``s`` seconds once the worker is waiting, then wait for its next pass."""
+    await until(lambda: scheduler.statistics().waiting == 1)
+    passes = scheduler.statistics().passes
+    clock.jump(s)
+    await until(lambda: scheduler.statistics().passes > passes)
+
+
+def fresh_store() -> MemoryStore:
+    return memory(clock=a2trio.TrioClock())
+
+
+def make_server(
+    store: MemoryStore,
+    scheduler: DurableScheduler,
+    handlers: dict[str, Callable[..., Awaitable[Any]]] | None = None,
+) -> a2trio.Server:
+    return a2trio.Server(shop, store=store, handlers=handlers or {}, scheduler=scheduler)
+
+
+async def next_event(server: a2trio.Server, after: int = 0) -> a2trio.Event[Any]:
+    async with server.session(SID).stream(start_after=after) as feed:
+        event: a2trio.Event[Any] = await feed.receive()
+        return event
+
+
+async def test_a_delayed_append_fires_at_its_due_time_and_not_before(
+    mock_clock: trio.testing.MockClock, make_scheduler: MakeScheduler
+) -> None:
+    scheduler = make_scheduler()
+    async with real_time_limit(30), make_server(fresh_store(), scheduler) as server:
+        await server.session(SID).schedule("remind", "30s", shop.event("note", Note("hi")))
+        assert await scheduler.queued() == 1
+        # Past the poll deadline (2 s sqlite, 10 s Postgres): the worker looks.
+        await jump_and_look(mock_clock, scheduler, 29.999)
+        assert await server.session(SID).history() == []
+        mock_clock.jump(0.001)
+        event = await next_event(server)
+        assert event.created_at == ms_to_datetime(at(30))
+        assert event.payload == Note("hi")
+        await until(lambda: scheduler.statistics().delivered == 1)
+        assert await scheduler.queued() == 0
+
+
+async def test_an_at_in_the_past_fires_at_once(
+    mock_clock: trio.testing.MockClock, make_scheduler: MakeScheduler
+) -> None:
+    scheduler = make_scheduler()
+    async with real_time_limit(30), make_server(fresh_store(), scheduler) as server:
+        mock_clock.jump(10)
+        past = ms_to_datetime(at(-60))
+        await server.session(SID).schedule("late", past, shop.event("note", Note("late")))
+        event = await next_event(server)
+        assert event.created_at == ms_to_datetime(at(10))
+
+
+async def test_a_task_scheduled_before_a_restart_fires_after_it(
+    mock_clock: trio.testing.MockClock, make_scheduler: MakeScheduler
+) -> None:
+    store = fresh_store()
+    async with real_time_limit(30):
+        async with make_server(store, make_scheduler()) as server:
+            await server.session(SID).schedule("remind", "30s", shop.event("note", Note("x")))
+        async with make_scheduler() as standalone:
+            assert await standalone.queued("shop") == 1
+        mock_clock.jump(30)
+        async with make_server(store, make_scheduler()) as server:
+            event = await next_event(server)
+            assert event.created_at == ms_to_datetime(at(30))
+
+
+async def test_a_watchdog_rescues_a_drain_lost_with_its_process(
+    mock_clock: trio.testing.MockClock, make_scheduler: MakeScheduler
+) -> None:
+    started: list[tuple[int, float]] = []
+    rescued = trio.Event()
+
+    async def ship(ctx: a2trio.HandlerContext[Any]) -> None:
+        started.append((ctx.attempt, trio.current_time()))
+        if ctx.attempt == 1:
+            await trio.sleep_forever()
+        rescued.set()
+
+    store = fresh_store()
+    async with real_time_limit(30):
+        async with make_server(store, make_scheduler(), {"ordered": ship}) as server:
+            await server.session(SID).append(shop.event("ordered", Ordered("book")))
+            await until(lambda: bool(started))
+        scheduler = make_scheduler()
+        async with make_server(store, scheduler, {"ordered": ship}):
+            await jump_and_look(mock_clock, scheduler, 34.999)
+            assert started == [(1, 0.0)]
+            mock_clock.jump(0.001)
+            await rescued.wait()
+            assert started == [(1, 0.0), (2, 35.0)]
+
+
+async def test_a_handler_that_schedules_fails_and_is_retried_schedules_once(
+    mock_clock: trio.testing.MockClock, make_scheduler: MakeScheduler
+) -> None:
+    attempts: list[int] = []
+
+    async def ship(ctx: a2trio.HandlerContext[Any]) -> None:
+        attempts.append(ctx.attempt)
+        await ctx.session.schedule("remind", "30s", shop.event("note", Note("due")))
+        if ctx.attempt == 1:
+            raise RuntimeError("crash after scheduling")
+
+    scheduler = make_scheduler()
+    async with real_time_limit(30), make_server(fresh_store(), scheduler, {"ordered": ship}) as s:
+        await s.session(SID).append(shop.event("ordered", Ordered("book")))
+        # Attempt 1 scheduled, failed and its drain ended, all at t=0.
+        await s.settle()
+        assert attempts == [1]
+        mock_clock.jump(30)
+        # The scheduled append lands and its drain retries: attempt 2 schedules again.
+        await until(lambda: attempts == [1, 2])
+        await s.settle()
+        await until(lambda: scheduler.statistics().in_flight == 0)
+        notes = [e for e in await s.session(SID).history() if e.type == "note"]
+        assert [n.created_at for n in notes] == [ms_to_datetime(at(30))]
+
+
+async def test_dispatch_hands_the_drain_to_the_durable_scheduler(
+    mock_clock: trio.testing.MockClock, make_scheduler: MakeScheduler
+) -> None:
+    done = trio.Event()
+
+    async def ship(ctx: a2trio.HandlerContext[Any]) -> None:
+        done.set()
+
+    async with (
+        real_time_limit(30),
+        make_server(fresh_store(), make_scheduler(), {"ordered": ship}) as server,
+    ):
+        await server.session(SID).dispatch(shop.event("ordered", Ordered("book")))
+        assert server.statistics().drains == 0
+        await done.wait()
+
+
+async def test_scheduling_needs_an_open_scheduler(make_scheduler: MakeScheduler) -> None:
+    scheduler = make_scheduler()
+    task = AppendTask("t", "shop", SID, at(0), [ScheduledEvent("e", "note", {"text": "x"})])
+    with pytest.raises(RuntimeError, match=r"is not open: enter `async with scheduler:`"):
+        await scheduler.schedule(task)
+    async with scheduler:
+        await scheduler.schedule(task)
+        await scheduler.schedule(task)
+        assert await scheduler.queued() == 1
+        assert await scheduler.queued("other") == 0
+
+
+async def test_two_processes_deliver_each_task_exactly_once(pg_dsn: str) -> None:
+    total = 500
+    workers = [
+        await trio.lowlevel.open_process(
+            [sys.executable, str(WORKER), pg_dsn],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        for _ in range(2)
+    ]
+    outputs: list[bytes] = [b"", b""]
+
+    async def read_until(i: int, marker: bytes) -> None:
+        stdout = workers[i].stdout
+        assert stdout is not None
+        while marker not in outputs[i]:
+            chunk = await stdout.receive_some()
+            if not chunk:
+                return
+            outputs[i] += chunk
+
+    try:
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                for i in range(2):
+                    nursery.start_soon(read_until, i, b"ready\n")
+            clock = a2trio.SystemClock()
+            async with DurableScheduler.postgres(pg_dsn) as scheduler:
+                for n in range(total):
+                    event = ScheduledEvent(f"tick-{n}", "tick", {"n": n})
+                    await scheduler.schedule(
+                        AppendTask(f"task-{n}", "fleet", f"s{n % 10}", clock.now_ms(), [event])
+                    )
+            for worker in workers:
+                assert worker.stdin is not None
+                await worker.stdin.send_all(b"go\n")
+            async with trio.open_nursery() as nursery:
+                for i in range(2):
+                    nursery.start_soon(read_until, i, b"]\n")
+            for worker in workers:
+                assert await worker.wait() == 0
+    finally:
+        for worker in workers:
+            if worker.returncode is None:
+                worker.kill()
+                await worker.wait()
+    delivered = [msgspec.json.decode(out.split(b"\n")[1], type=list[str]) for out in outputs]
+    assert sorted(delivered[0] + delivered[1]) == sorted(f"tick-{n}" for n in range(total))
+    assert not set(delivered[0]) & set(delivered[1])
+    assert delivered[0], "the first worker delivered nothing"
+    assert delivered[1], "the second worker delivered nothing"
