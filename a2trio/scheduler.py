@@ -11,7 +11,10 @@ seed's ``scheduler-task.ts``:
   deterministic, so delivering a task twice appends once.
 
 Implementations are async context managers entered by ``async with server``
-(``bind``), which gives them a place for their timer tasks.
+(``bind``), which gives them a place for their timer tasks. Two ship in
+:mod:`a2trio.schedulers`: ``LocalScheduler`` (Trio timers in this process)
+and ``DurableScheduler`` (a sqlite or Postgres table shared by processes).
+``docs/schedules.md`` explains how to write another.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ class DrainTask(msgspec.Struct, frozen=True, tag="drain", tag_field="kind", rena
 
     contract: str
     session_id: str
-    due_at_ms: int
+    due_at_ms: int = msgspec.field(name="dueAt")
     version: Literal[1] = 1
 
 
@@ -58,7 +61,7 @@ class AppendTask(msgspec.Struct, frozen=True, tag="append", tag_field="kind", re
     id: str
     contract: str
     session_id: str
-    due_at_ms: int
+    due_at_ms: int = msgspec.field(name="dueAt")
     events: list[ScheduledEvent]
     version: Literal[1] = 1
 
@@ -81,14 +84,38 @@ def task_id(task: SchedulerTask) -> str:
 
 
 class Scheduler(Protocol):
-    """What a scheduler implements.
+    """What a scheduler implements (see ``docs/schedules.md``).
 
-    ``schedule`` must be durable when it returns (for durable schedulers), and
-    idempotent by :func:`task_id`. ``bind`` is entered by each server that uses
-    the scheduler, for the server's lifetime; due tasks for that server's
-    contract go to ``server.deliver(task)``.
+    The server calls :meth:`schedule` to queue a task and enters :meth:`bind`
+    for its lifetime; the scheduler hands each due task back through
+    ``await server.deliver(task)``.
+
+    Obligations:
+
+    * ``schedule`` returns once the task is stored (committed, for a durable
+      scheduler) and is idempotent by :func:`task_id` while the task is
+      queued: a second call with the same id changes nothing.
+    * A task is delivered at or after ``due_at_ms`` (never before), at least
+      once. Delivering twice is safe: appends carry deterministic event ids
+      and drains are idempotent.
+    * When ``deliver`` raises, the task stays queued and is retried later,
+      with a backoff.
+    * ``bind(server)`` delivers only tasks whose ``contract`` is
+      ``server.contract.name``. It is entered after the store is open, and
+      leaving it stops the scheduler's tasks for that server.
     """
 
-    async def schedule(self, task: SchedulerTask) -> None: ...
+    async def schedule(self, task: SchedulerTask) -> None:
+        """Queue ``task`` (see the obligations above).
 
-    def bind(self, server: Server) -> AbstractAsyncContextManager[None]: ...
+        Raises:
+          Exception: the backend failed; nothing may be assumed queued.
+
+        Cancellation: the store of the task is atomic: cancelled, it is
+        either queued or not, and retrying is safe either way.
+        """
+        ...
+
+    def bind(self, server: Server) -> AbstractAsyncContextManager[None]:
+        """A context manager that delivers ``server``'s due tasks while inside."""
+        ...

@@ -459,6 +459,30 @@ async def test_dispatch_without_a_scheduler_is_a_type_error_and_writes_nothing()
 # -- the LocalScheduler itself ------------------------------------------------------
 
 
+def test_tasks_encode_as_the_seeds_scheduler_tasks() -> None:
+    # scheduler-task.ts: {version, kind, contract, sessionId, dueAt[, id, events]}.
+    drain = DrainTask("shop", SID, 1000)
+    append = AppendTask("a", "shop", SID, 2000, [ScheduledEvent("e", "note", {"text": "x"})])
+    assert msgspec.json.decode(msgspec.json.encode(drain)) == {
+        "kind": "drain",
+        "contract": "shop",
+        "sessionId": SID,
+        "dueAt": 1000,
+        "version": 1,
+    }
+    assert msgspec.json.decode(msgspec.json.encode(append)) == {
+        "kind": "append",
+        "id": "a",
+        "contract": "shop",
+        "sessionId": SID,
+        "dueAt": 2000,
+        "events": [{"id": "e", "type": "note", "payload": {"text": "x"}}],
+        "version": 1,
+    }
+    decoder = a2trio.scheduler.task_decoder()
+    assert [decoder.decode(msgspec.json.encode(t)) for t in (drain, append)] == [drain, append]
+
+
 async def test_tasks_are_idempotent_by_task_id() -> None:
     scheduler = LocalScheduler()
     drain = DrainTask("shop", SID, at(40))

@@ -267,6 +267,29 @@ async def test_scheduling_needs_an_open_scheduler(make_scheduler: MakeScheduler)
         assert await scheduler.queued("other") == 0
 
 
+async def test_a_cancelled_schedule_commits_whole_or_writes_nothing(
+    make_scheduler: MakeScheduler,
+) -> None:
+    def task(n: int) -> AppendTask:
+        return AppendTask(f"t{n}", "shop", SID, at(0), [ScheduledEvent("e", "note", {"text": ""})])
+
+    async with make_scheduler() as scheduler:
+        with trio.CancelScope() as early:
+            early.cancel()
+            await scheduler.schedule(task(1))
+        assert early.cancelled_caught
+        assert await scheduler.queued() == 0
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(scheduler.schedule, task(2))
+            # Blocked means its insert is in the worker thread, which runs to the end.
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+        assert await scheduler.queued() == 1
+        # No transaction was left open on the connection: it keeps working.
+        await scheduler.schedule(task(3))
+        assert await scheduler.queued() == 2
+
+
 async def test_two_processes_deliver_each_task_exactly_once(pg_dsn: str) -> None:
     total = 500
     workers = [
