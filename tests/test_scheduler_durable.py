@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import os
 import secrets
+import sqlite3
 import subprocess
 import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, closing
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +187,29 @@ async def test_a_task_scheduled_before_a_restart_fires_after_it(
             assert event.created_at == ms_to_datetime(at(30))
 
 
+async def test_another_processs_task_wakes_the_worker(
+    mock_clock: trio.testing.MockClock,
+    make_scheduler: MakeScheduler,
+    request: pytest.FixtureRequest,
+) -> None:
+    scheduler = make_scheduler()
+    task = AppendTask("t", "shop", SID, at(0), [ScheduledEvent("e", "note", {"text": "x"})])
+    async with real_time_limit(30), make_server(fresh_store(), scheduler) as server:
+        await until(lambda: scheduler.statistics().waiting == 1)
+        # Another scheduler on the same table stands in for another process.
+        async with make_scheduler() as other:
+            await other.schedule(task)
+        if request.node.callspec.params["make_scheduler"] == "postgres":
+            # NOTIFY wakes the worker with no time passing.
+            wake_s = 0.0
+        else:
+            # sqlite has no notifications: the next poll (Timings.poll_idle_s) finds it.
+            mock_clock.jump(2)
+            wake_s = 2.0
+        event = await next_event(server)
+        assert event.created_at == ms_to_datetime(at(wake_s))
+
+
 async def test_a_watchdog_rescues_a_drain_lost_with_its_process(
     mock_clock: trio.testing.MockClock, make_scheduler: MakeScheduler
 ) -> None:
@@ -287,6 +311,36 @@ async def test_a_cancelled_schedule_commits_whole_or_writes_nothing(
         assert await scheduler.queued() == 1
         # No transaction was left open on the connection: it keeps working.
         await scheduler.schedule(task(3))
+        assert await scheduler.queued() == 2
+
+
+async def test_a_backend_failure_is_store_unavailable(tmp_path: Path) -> None:
+    path = tmp_path / "scheduler.db"
+    task = AppendTask("t", "shop", SID, at(0), [ScheduledEvent("e", "note", {"text": ""})])
+    async with DurableScheduler.sqlite(path) as scheduler:
+        with closing(sqlite3.connect(path)) as other:
+            other.execute("DROP TABLE a2_scheduler_tasks")
+        with pytest.raises(a2trio.A2Error) as caught:
+            await scheduler.schedule(task)
+        assert caught.value.code == a2trio.ErrorCode.STORE_UNAVAILABLE
+        assert isinstance(caught.value.__cause__, sqlite3.OperationalError)
+
+
+async def test_postgres_reconnects_after_losing_its_connections(pg_dsn: str) -> None:
+    def task(n: int) -> AppendTask:
+        return AppendTask(f"t{n}", "shop", SID, at(0), [ScheduledEvent("e", "note", {"text": ""})])
+
+    async with DurableScheduler.postgres(pg_dsn) as scheduler:
+        await scheduler.schedule(task(1))
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        with pytest.raises(a2trio.A2Error) as caught:
+            await scheduler.schedule(task(2))
+        assert caught.value.code == a2trio.ErrorCode.STORE_UNAVAILABLE
+        await scheduler.schedule(task(2))
         assert await scheduler.queued() == 2
 
 

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import trio
 
+from ..errors import store_unavailable
 from ..scheduler import SchedulerTask, task_decoder, task_id
 from ..stores._feed import Wakeups
 from ._queue import NotifyingQueue
@@ -182,8 +183,8 @@ class QueueScheduler:
         Raises:
           RuntimeError: a durable scheduler used outside ``async with
             scheduler`` and outside any bound server's lifetime.
-          Exception: the backend's error (the server maps it to
-            ``STORE_UNAVAILABLE`` where it reaches a caller).
+          A2Error: ``STORE_UNAVAILABLE`` when the backend fails (the original
+            is ``__cause__``); the task may not be assumed queued.
 
         Cancellation: a checkpoint. The insert is one transaction: cancelled,
         it either committed or wrote nothing, and retrying is a no-op if it
@@ -194,7 +195,9 @@ class QueueScheduler:
                 f"{self!r} is not open: enter `async with scheduler:` or a server using it"
             )
         body = _encoder.encode(task)
-        if await self._queue.insert(task_id(task), task.contract, task.due_at_ms, body):
+        with store_unavailable("schedule"):
+            inserted = await self._queue.insert(task_id(task), task.contract, task.due_at_ms, body)
+        if inserted:
             self._wakeups.notify(task.contract)
 
     @asynccontextmanager

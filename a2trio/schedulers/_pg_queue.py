@@ -194,25 +194,32 @@ class PostgresQueue:
     ) -> None:
         """Wake workers on other processes' inserts (see the module docstring).
 
+        Reports started once ``LISTEN`` is in place (or its first attempt
+        failed), so a task committed after that wakes this process.
+
         Cancellation: waits are cancellable at once; the connection is closed
         on the way out.
         """
-        task_status.started()
-        first = True
+        started = False
         while True:
             conn: _Conn | None = None
             try:
                 conn = await trio.to_thread.run_sync(self._listener)
-                if not first:
+                if started:
+                    # Reconnected: anything sent meanwhile was lost.
                     wakeups.notify_all()
-                first = False
+                else:
+                    started = True
+                    task_status.started()
                 while True:
                     await trio.lowlevel.wait_readable(conn.fileno())
                     for notify in conn.notifies(timeout=0):
                         wakeups.notify(notify.payload)
             except Exception:
-                # Lost the listener: polling (notify_safety_s) covers the gap.
-                first = False
+                # No listener: the worker's safety re-read (notify_safety_s) covers the gap.
+                if not started:
+                    started = True
+                    task_status.started()
             finally:
                 if conn is not None:
                     conn.close()
