@@ -510,6 +510,18 @@ async def test_tasks_wait_for_a_server_of_their_contract(autojump_clock: trio.ab
         assert event.id == "e1"
 
 
+async def test_a_nearer_task_wakes_the_worker_early(autojump_clock: trio.abc.Clock) -> None:
+    async with make_server(fresh_store(), LocalScheduler()) as server:
+        s = server.session(SID)
+        await s.schedule("far", "60s", shop.event("note", Note("far")))
+        await trio.sleep(1)
+        await s.schedule("near", "10s", shop.event("note", Note("near")))
+        event = await next_event(server)
+        assert (trio.current_time(), event.payload) == (11.0, Note("near"))
+        event = await next_event(server, after=1)
+        assert (trio.current_time(), event.payload) == (60.0, Note("far"))
+
+
 async def test_a_failing_delivery_is_retried_with_backoff(autojump_clock: trio.abc.Clock) -> None:
     scheduler = LocalScheduler()
     bad = AppendTask("bad", "shop", SID, at(0), [ScheduledEvent("e1", "note", {"text": 1})])
