@@ -2,7 +2,7 @@
 
 One ``sqlite3`` connection (WAL, so readers in other processes never block on
 us) serves every call, one at a time under a Trio lock. Each call is a whole
-``BEGIN IMMEDIATE ... COMMIT`` run in a worker thread through
+transaction (``BEGIN IMMEDIATE`` for writes) run in a worker thread through
 ``trio.to_thread.run_sync``, which is not abandoned on cancellation: the
 transaction always finishes (commit, or rollback on error) before the caller
 sees ``Cancelled``, so a transaction is never left open. ``BEGIN IMMEDIATE``
@@ -75,11 +75,11 @@ class SqliteQueue:
             raise
         return conn
 
-    def _transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    def _transaction(self, fn: Callable[[sqlite3.Connection], T], begin: str) -> T:
         conn = self._conn
         if conn is None:
             conn = self._conn = self._connect()
-        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(begin)
         try:
             result = fn(conn)
         except BaseException:
@@ -88,9 +88,11 @@ class SqliteQueue:
         conn.execute("COMMIT")
         return result
 
-    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def _run(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True) -> T:
+        # Reads take a deferred transaction: a WAL snapshot, no write lock.
+        begin = "BEGIN IMMEDIATE" if write else "BEGIN"
         async with self._lock:
-            return await trio.to_thread.run_sync(self._transaction, fn)
+            return await trio.to_thread.run_sync(self._transaction, fn, begin)
 
     async def open(self) -> None:
         await self._run(lambda conn: None)
@@ -170,7 +172,7 @@ class SqliteQueue:
             ).fetchone()
             return None if due is None else int(due)
 
-        return await self._run(next_due)
+        return await self._run(next_due, write=False)
 
     async def count(self, contract: str | None = None) -> int:
         def count(conn: sqlite3.Connection) -> int:
@@ -180,4 +182,4 @@ class SqliteQueue:
             ).fetchone()
             return int(n)
 
-        return await self._run(count)
+        return await self._run(count, write=False)
