@@ -45,7 +45,8 @@ class TrioClock:
 
     Under ``MockClock(autojump_threshold=0)`` stored times jump with the virtual
     clock, so a 30 s lease lapses in the store at the same instant as in the
-    drain. Must be read from inside ``trio.run``.
+    drain. Must be read from inside ``trio.run`` or from a thread started by
+    ``trio.to_thread``.
 
     Args:
       epoch_ms: the epoch time that Trio time 0 maps to. Default: a fixed,
@@ -56,7 +57,13 @@ class TrioClock:
         self.epoch_ms = epoch_ms
 
     def now_ms(self) -> int:
-        return self.epoch_ms + int(trio.current_time() * 1000)
+        try:
+            now = trio.current_time()
+        except RuntimeError:
+            # A store's worker thread (started by trio.to_thread) asks the run
+            # loop, which is free while it waits for that thread.
+            now = trio.from_thread.run_sync(trio.current_time)
+        return self.epoch_ms + int(now * 1000)
 
     def __repr__(self) -> str:
         return f"TrioClock(epoch_ms={self.epoch_ms})"
