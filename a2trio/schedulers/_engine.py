@@ -72,9 +72,6 @@ DEFAULT_MAX_IN_FLIGHT = 64
 #: Upper bound on the shielded cleanup write after a delivery, so a hung
 #: backend cannot hold a closing server forever (the lease lapses instead).
 CLEANUP_TIMEOUT_S = 10.0
-#: Floor on the worker's wait when a due task was taken by another process
-#: between its claim and its look-ahead, so it never spins.
-MIN_WAIT_S = 0.001
 
 
 def retry_delay_s(attempts: int) -> float:
@@ -154,17 +151,35 @@ class QueueScheduler:
     # -- lifetime ------------------------------------------------------------
 
     async def __aenter__(self) -> QueueScheduler:
+        """Open the queue for use without a bound server (scripts, other services).
+
+        Lifetimes nest and count: the connection closes when the last of
+        these blocks and bound servers ends.
+
+        Raises:
+          A2Error: ``STORE_UNAVAILABLE`` when the backend cannot be reached.
+
+        Cancellation: a checkpoint; if cancelled, the scheduler was not opened.
+        """
         await self._acquire()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        """Close the queue if this was its last user (shielded, so always)."""
         await self._release()
 
     async def _acquire(self) -> None:
         async with self._open_lock:
             if self._users == 0:
-                await self._queue.open()
+                with store_unavailable("opening the scheduler"):
+                    await self._queue.open()
             self._users += 1
+
+    def _check_open(self) -> None:
+        if self._needs_open and self._users == 0:
+            raise RuntimeError(
+                f"{self!r} is not open: enter `async with scheduler:` or a server using it"
+            )
 
     async def _release(self) -> None:
         self._users -= 1
@@ -190,10 +205,7 @@ class QueueScheduler:
         it either committed or wrote nothing, and retrying is a no-op if it
         committed.
         """
-        if self._needs_open and self._users == 0:
-            raise RuntimeError(
-                f"{self!r} is not open: enter `async with scheduler:` or a server using it"
-            )
+        self._check_open()
         body = _encoder.encode(task)
         with store_unavailable("schedule"):
             inserted = await self._queue.insert(task_id(task), task.contract, task.due_at_ms, body)
@@ -241,9 +253,15 @@ class QueueScheduler:
     async def queued(self, contract: str | None = None) -> int:
         """How many tasks are queued (due or not, leased or not).
 
+        Raises:
+          RuntimeError: a durable scheduler that is not open (as :meth:`schedule`).
+          A2Error: ``STORE_UNAVAILABLE`` when the backend fails.
+
         Cancellation: a checkpoint; a read, so nothing to undo.
         """
-        return await self._queue.count(contract)
+        self._check_open()
+        with store_unavailable("counting scheduler tasks"):
+            return await self._queue.count(contract)
 
     def statistics(self) -> SchedulerStatistics:
         """Counters for tests and debugging; does no I/O."""
@@ -318,7 +336,9 @@ class QueueScheduler:
         wait_s = self._poll_s(binding)
         next_due = await self._queue.next_due(binding.contract)
         if next_due is not None:
-            wait_s = min(wait_s, max(MIN_WAIT_S, (next_due - binding.clock.now_ms()) / 1000))
+            # Already due (time moved during the claim): pass again at once. A
+            # row claimable now is claimed by that pass, so this cannot spin.
+            wait_s = min(wait_s, max(0.0, (next_due - binding.clock.now_ms()) / 1000))
         return wait_s
 
     async def _deliver(self, binding: _Binding, row: TaskRow, token: str) -> None:
