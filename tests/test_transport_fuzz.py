@@ -28,7 +28,12 @@ from hypothesis import strategies as st
 import a2trio
 from a2trio.stores import memory
 from a2trio.transport import Limits, asgi, wire
-from tests.test_transport import orders, serving, ws_url
+from tests.test_transport import (  # the autouse collector keeps client garbage here
+    collect_client_garbage,  # noqa: F401
+    orders,
+    serving,
+    ws_url,
+)
 
 pytestmark = [
     pytest.mark.filterwarnings(r"ignore:Async generator 'http(x|core)\..*:ResourceWarning"),

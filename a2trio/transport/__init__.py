@@ -2,7 +2,8 @@
 
 ``asgi(*servers)`` builds the app (serve it with ``python -m a2trio.serve`` or any
 ASGI server on Trio, such as hypercorn's trio worker); :mod:`.wire` holds the
-frames, byte-compatible with the seed's ``wire.ts``.
+frames, byte-compatible with the seed's ``wire.ts``; :func:`open_client` is a Trio
+client of the multiplexed socket.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from .auth import (
     StreamOperation,
     SubscribeOperation,
 )
+from .client import Client, Lane, open_client
 from .limits import DEFAULT_LIMITS, Limits
 from .scheduler_route import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign_task
 
@@ -26,7 +28,9 @@ __all__ = [
     "TIMESTAMP_HEADER",
     "App",
     "Authorize",
+    "Client",
     "HistoryOperation",
+    "Lane",
     "Limits",
     "Operation",
     "PushOperation",
@@ -34,5 +38,6 @@ __all__ = [
     "StreamOperation",
     "SubscribeOperation",
     "asgi",
+    "open_client",
     "sign_task",
 ]
