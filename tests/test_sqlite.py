@@ -93,14 +93,6 @@ def test_rejects_an_empty_path() -> None:
         sqlite("")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason=(
-        "a2trio/server.py _default_store does `from .stores import sqlite`, which is the "
-        "submodule once a2trio.stores.sqlite was imported; use `from .stores.sqlite import sqlite`"
-    ),
-)
 def test_default_store_in_development_is_sqlite_at_dev_db(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -8,7 +8,9 @@ front. That lock does the work of Postgres' ``pg_advisory_xact_lock`` and
 all read and write under it, so several OS processes can share one file (WAL
 mode lets their readers run beside the writer). Each transaction runs whole in
 a worker thread (:mod:`._sqlite_conn`), so Trio never waits on the disk and a
-cancelled task never leaves a transaction open.
+cancelled task never leaves a transaction open. Timestamps are read from the
+injected clock on the Trio side, before the thread call, as the seed reads
+``clock.now()`` before its query: a ``Clock`` need not work from a thread.
 
 Live feeds. A commit that adds events notifies this store's feeds at once.
 Appends by other processes are found by adaptive polling: ``poll_active_s``
@@ -218,7 +220,6 @@ class SqliteStore:
 
         Cancellation: shielded; the connections are always closed.
         """
-        self._wakeups.notify_all()
         await self._pool.aclose()
 
     def feed_statistics(self) -> FeedStatistics:
@@ -254,6 +255,8 @@ class SqliteStore:
             raise A2Error(
                 ErrorCode.PARTIAL_DUPLICATE_BATCH, "batch contains the same event id more than once"
             )
+
+        now = self.clock.now_ms()
 
         def work(conn: sqlite3.Connection) -> tuple[AppendResult, bool]:
             existing = _rows_by_ids(conn, supplied) if supplied else []
@@ -299,7 +302,6 @@ class SqliteStore:
                 (session_id,),
             ).fetchone()
             base = top + 1
-            now = self.clock.now_ms()
             inserted = [
                 _insert(conn, session_id, base + i, e, e.id or random_id(), e.cause, now)
                 for i, e in enumerate(events)
@@ -349,8 +351,9 @@ class SqliteStore:
         or not at all.
         """
 
+        now = self.clock.now_ms()
+
         def work(conn: sqlite3.Connection) -> ClaimResult:
-            now = self.clock.now_ms()
             expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
             rows = conn.execute(
                 f"""
@@ -400,8 +403,9 @@ class SqliteStore:
         if not claims:
             return RenewResult([], [])
 
+        now = self.clock.now_ms()
+
         def work(conn: sqlite3.Connection) -> RenewResult:
-            now = self.clock.now_ms()
             expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
             renewed: list[int] = []
             superseded: list[int] = []
@@ -452,6 +456,8 @@ class SqliteStore:
             )
         returned_ids = [i for i in ids if i is not None]
 
+        now = self.clock.now_ms()
+
         def work(conn: sqlite3.Connection) -> tuple[CompleteResult, bool]:
             parent = conn.execute(
                 "select processed_at, processed_by_attempt, returned_event_ids, "
@@ -494,7 +500,6 @@ class SqliteStore:
                     "returned event batch contains an already-appended event id",
                 )
             base = _next_index(conn, session_id)
-            now = self.clock.now_ms()
             cause = EventCause(index, attempt)
             inserted = [
                 _insert(conn, session_id, base + i, e, returned_ids[i], cause, now)
@@ -543,6 +548,8 @@ class SqliteStore:
         attempt reports the recorded outcome.
         """
 
+        now = self.clock.now_ms()
+
         def work(conn: sqlite3.Connection) -> FailResult:
             row = conn.execute(
                 "select processed_at, failed_at, attempt_count, claim_holder, failure_count, "
@@ -558,7 +565,6 @@ class SqliteStore:
                 and attempts == attempt
                 and holder is not None
             ):
-                now = self.clock.now_ms()
                 failures += 1
                 dead = failures >= max_failures
                 conn.execute(
@@ -613,6 +619,7 @@ class SqliteStore:
         """See :meth:`Store.put_snapshot`: a guarded upsert that never moves a
         snapshot backwards. Cancellation: written entirely or not at all."""
         encoded = _text(state)
+        now = self.clock.now_ms()
 
         def work(conn: sqlite3.Connection) -> None:
             conn.execute(
@@ -625,7 +632,7 @@ class SqliteStore:
                   updated_at = excluded.updated_at
                 where excluded.up_to_index > a2_snapshots.up_to_index
                 """,
-                (session_id, reducer, index, encoded, self.clock.now_ms()),
+                (session_id, reducer, index, encoded, now),
             )
 
         await self._write("put_snapshot", work)
@@ -707,8 +714,9 @@ class _SqlitePresence:
         fields in one transaction. Cancellation: applied entirely or not at all."""
         encoded = {field: None if v is None else _text(v) for field, v in values.items()}
 
+        now = self._store.clock.now_ms()
+
         def work(conn: sqlite3.Connection) -> StoredPresencePatch | None:
-            now = self._store.clock.now_ms()
             # Sweep here, under the write lock we hold anyway, so reads stay reads.
             conn.execute(
                 "delete from a2_presence where ns = ? and expires_at <= ?", (session_id, now)
@@ -752,12 +760,13 @@ class _SqlitePresence:
     async def read(self, session_id: str) -> list[PresenceRow]:
         """Live rows, ordered by participant and field (expired rows are
         filtered out here and swept by the next ``set``). Cancellation: a read."""
+        now = self._store.clock.now_ms()
 
         def work(conn: sqlite3.Connection) -> list[PresenceRow]:
             rows = conn.execute(
                 "select participant, field, value, seen, at, expires_at from a2_presence "
                 "where ns = ? and expires_at > ? order by participant, field",
-                (session_id, self._store.clock.now_ms()),
+                (session_id, now),
             ).fetchall()
             return [PresenceRow(p, f, _decode(v), s, a, e) for p, f, v, s, a, e in rows]
 
