@@ -344,11 +344,26 @@ async def test_postgres_reconnects_after_losing_its_connections(pg_dsn: str) -> 
         assert await scheduler.queued() == 2
 
 
-async def test_two_processes_deliver_each_task_exactly_once(pg_dsn: str) -> None:
+@pytest.fixture(params=["sqlite", "postgres"])
+def shared_target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """What worker processes share: a sqlite file or a Postgres database."""
+    if request.param == "sqlite":
+        return str(tmp_path / "scheduler.db")
+    dsn: str = request.getfixturevalue("pg_dsn")
+    return dsn
+
+
+def open_shared(target: str) -> DurableScheduler:
+    if target.startswith("postgresql://"):
+        return DurableScheduler.postgres(target)
+    return DurableScheduler.sqlite(target)
+
+
+async def test_two_processes_deliver_each_task_exactly_once(shared_target: str) -> None:
     total = 500
     workers = [
         await trio.lowlevel.open_process(
-            [sys.executable, str(WORKER), pg_dsn],
+            [sys.executable, str(WORKER), shared_target],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
@@ -371,7 +386,7 @@ async def test_two_processes_deliver_each_task_exactly_once(pg_dsn: str) -> None
                 for i in range(2):
                     nursery.start_soon(read_until, i, b"ready\n")
             clock = a2trio.SystemClock()
-            async with DurableScheduler.postgres(pg_dsn) as scheduler:
+            async with open_shared(shared_target) as scheduler:
                 for n in range(total):
                     event = ScheduledEvent(f"tick-{n}", "tick", {"n": n})
                     await scheduler.schedule(

@@ -1,7 +1,8 @@
-"""A scheduler worker process for the multi-process Postgres test.
+"""A scheduler worker process for the multi-process tests.
 
-Usage: ``python worker.py DSN``. Serves the ``fleet`` contract on a memory
-store with a Postgres :class:`DurableScheduler`, prints ``ready`` once bound,
+Usage: ``python worker.py TARGET``, a ``postgresql://`` DSN or a sqlite file
+path. Serves the ``fleet`` contract on a memory store with a
+:class:`DurableScheduler` on that target, prints ``ready`` once bound,
 waits for a line on stdin (the test has queued every task), keeps delivering
 until the shared queue is empty, then prints the ids of the events it
 appended, as one JSON list.
@@ -28,8 +29,12 @@ SESSIONS = 10
 MAX_IN_FLIGHT = 8
 
 
-async def main(dsn: str) -> None:
-    scheduler = DurableScheduler.postgres(dsn, max_in_flight=MAX_IN_FLIGHT)
+async def main(target: str) -> None:
+    scheduler = (
+        DurableScheduler.postgres(target, max_in_flight=MAX_IN_FLIGHT)
+        if target.startswith("postgresql://")
+        else DurableScheduler.sqlite(target, max_in_flight=MAX_IN_FLIGHT)
+    )
     async with a2trio.Server(fleet, store=a2trio.stores.memory(), scheduler=scheduler) as server:
         print("ready", flush=True)
         await trio.to_thread.run_sync(sys.stdin.readline)
