@@ -32,6 +32,7 @@ from types import TracebackType
 from typing import Any, Final, TypeVar
 
 import msgspec
+import trio
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import A2Error, ErrorCode, store_unavailable
@@ -401,6 +402,7 @@ class SqliteStore:
         Cancellation: committed entirely or not at all; renewing again is safe.
         """
         if not claims:
+            await trio.lowlevel.checkpoint()
             return RenewResult([], [])
 
         now = self.clock.now_ms()
@@ -607,6 +609,7 @@ class SqliteStore:
         """See :meth:`Store.read_states`; all sessions in one read transaction.
         Cancellation: a read; nothing to undo."""
         if not session_ids:
+            await trio.lowlevel.checkpoint()
             return []
         ids = list(session_ids)
 
