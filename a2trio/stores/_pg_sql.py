@@ -91,15 +91,16 @@ _TRIGGERS = """
 create or replace function a2_notify_events() returns trigger
 language plpgsql as $$
 begin
-  perform pg_notify(tg_table_schema || '.a2_events', s.session_id)
-     from (select distinct session_id from inserted) s;
+  perform pg_notify(tg_table_schema || '.a2_events', new.session_id);
   return null;
 end $$;
 
+-- Per row, not per statement: a statement trigger with a transition table
+-- costs ~0.8 ms per insert here, a row trigger ~0.01 ms. Postgres folds the
+-- same (channel, payload) within a transaction into one notification.
 create or replace trigger a2_events_notify
   after insert on a2_events
-  referencing new table as inserted
-  for each statement execute function a2_notify_events();
+  for each row execute function a2_notify_events();
 
 create or replace function a2_notify_presence() returns trigger
 language plpgsql as $$
