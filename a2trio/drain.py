@@ -173,6 +173,8 @@ class _Drain:
         self.server._arm_watchdog(self.session_id, due_at_ms)
 
     async def run(self) -> DrainResult:
+        error: BaseException | None = None
+        result: DrainResult | None = None
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             if self.signal is not None:
@@ -180,15 +182,19 @@ class _Drain:
             nursery.start_soon(self._heartbeat)
             try:
                 result = await self._loop()
-            except BaseException:
-                self._stop_renewing = True
-                raise
+            except BaseException as exc:
+                # Raised as itself below, not wrapped in an ExceptionGroup by
+                # the nursery: the helpers are cancelled, not failed, by it.
+                error = exc
             finally:
                 if self.signal is not None:
                     self.signal.closed = True
                     self.signal._listener = None
-            self._stop_renewing = True
-            nursery.cancel_scope.cancel(reason="drain finished")
+                self._stop_renewing = True
+                nursery.cancel_scope.cancel(reason="drain finished")
+        if error is not None:
+            raise error
+        assert result is not None
         return result
 
     async def _loop(self) -> DrainResult:

@@ -396,3 +396,16 @@ def test_handler_registration_errors_name_the_bad_value() -> None:
         a2trio.handler(noop, lane="")
     with pytest.raises(TypeError, match="not the string"):
         a2trio.handler(noop, abort_on="cancelled")
+
+
+async def test_a_store_failure_reaches_drain_callers_as_a_plain_a2error(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    class Down(MemoryStore):
+        async def claim_available(self, session_id: str, **kwargs: Any) -> Any:
+            await trio.lowlevel.checkpoint()
+            raise a2trio.A2Error("STORE_UNAVAILABLE", "down")
+
+    server = a2trio.Server(orders, store=Down(clock=a2trio.TrioClock()), handlers={})
+    with pytest.raises(a2trio.A2Error, match="STORE_UNAVAILABLE"):
+        await server.drain("s1")
