@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -321,6 +322,32 @@ async def test_advance_to_a_datetime(autojump_clock: Any) -> None:
             await app.advance(-1)
 
 
+async def test_jump_mode_drain_moves_the_clock_like_autojump(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    async with open_harness(shop, handlers={"ordered": ship_slowly}, scheduler=None) as app:
+        s = app.session("s")
+        await s.append(ordered())
+        await app.advance(1)
+        await app.restart()
+        await app.advance(29)
+        result = await app.drain(s)
+        assert result.outcome == "settled"
+        assert trio.current_time() == 75
+        await app.assert_outcome(s, 1, "processed", attempts=2)
+
+
+async def test_jump_mode_settle_reports_work_that_can_never_finish(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    async with open_harness(shop, scheduler=None) as app, trio.open_nursery() as nursery:
+        app.store.delay("append", seconds=math.inf)
+        nursery.start_soon(app.session("s").append, ordered())
+        with pytest.raises(RuntimeError, match=r"^settle: work is in progress, but every task"):
+            await app.settle()
+        nursery.cancel_scope.cancel()
+
+
 async def test_the_harness_needs_a_mock_clock() -> None:
     async with open_harness(shop) as app:
         with pytest.raises(RuntimeError, match=r"take pytest-trio's `autojump_clock` fixture"):
@@ -333,24 +360,12 @@ async def test_the_harness_needs_a_trio_clock_store() -> None:
             pass  # pragma: no cover
 
 
-class ThreadSafeTrioClock(TrioClock):
-    """Works around the sqlite store reading its clock inside its worker thread,
-    where ``trio.current_time()`` is unavailable (reported: the store should read
-    ``now_ms()`` before entering the thread)."""
-
-    def now_ms(self) -> int:
-        try:
-            return super().now_ms()
-        except RuntimeError:
-            return trio.from_thread.run_sync(super().now_ms)
-
-
 @asynccontextmanager
 async def real_store(backend: str, tmp_path: Path) -> AsyncIterator[a2trio.Store]:
     if backend == "sqlite":
         from a2trio.stores.sqlite import sqlite
 
-        yield sqlite(str(tmp_path / "app.db"), clock=ThreadSafeTrioClock())
+        yield sqlite(str(tmp_path / "app.db"), clock=TrioClock())
         return
     from tests.backends.postgres import open_store
 
@@ -375,11 +390,10 @@ async def test_jump_mode_on_a_real_backend_lapses_a_lease_when_renewals_fail(
         assert trio.current_time() == 30
         surrendered = app.telemetry.one("a2.event", {"a2.event.attempt": 1})
         assert surrendered.attributes["a2.event.outcome"] == "surrendered"
-        # settle() in jump mode never moves the clock: attempt 2 is still asleep.
-        await app.settle()
-        assert trio.current_time() == 30
         await app.assert_outcome(s, 1, "pending", attempts=2)
-        await app.advance(45)
+        # As under autojump, settle() moves the clock while attempt 2 sleeps.
+        await app.settle()
+        assert trio.current_time() == 75
         await app.assert_outcome(s, 1, "processed", attempts=2, failures=0)
         await app.assert_log(s, ["ordered", "shipped"])
 
@@ -398,7 +412,7 @@ async def test_jump_mode_on_a_real_backend_restarts_and_fires_schedules(
         await app.restart()
         assert (await app.drain(s)).outcome == "busy"
         await app.advance(30)  # the watchdog at t=35 starts attempt 2
-        await app.advance(45)
+        await app.settle()
         assert trio.current_time() == 80
         await app.assert_outcome(s, 1, "processed", attempts=2)
         # Handles belong to the server that made them: take one from the new server.

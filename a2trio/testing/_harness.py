@@ -21,10 +21,12 @@ Time moves in one of two ways, chosen from the running Trio clock:
   for the memory store: autojump treats a task waiting on a thread or socket
   as idle and would jump the clock in the middle of a query.
 * **jump** (``MockClock()`` with no autojump, pytest-trio's ``mock_clock``):
-  for real backends. ``advance`` moves the clock with ``MockClock.jump`` to
-  the next pending deadline at a time, and between jumps waits until every
-  task is blocked *and* no store call is in flight (the harness's
-  :class:`FaultyStore` counts them).
+  for real backends. The harness does autojump's work itself: it moves the
+  clock with ``MockClock.jump`` to the next pending deadline at a time, and
+  between jumps waits until every task is blocked *and* no store call is in
+  flight (the harness's :class:`FaultyStore` counts them). ``advance``,
+  ``settle`` and ``drain`` therefore move time identically in both modes, and
+  one test runs unchanged on either.
 
 "Quiet" means: every task is blocked, and (jump mode) no store call is in
 flight. Deadlines already due run before the system is quiet, so a schedule
@@ -216,38 +218,76 @@ class Harness:
     async def drain(self, session: str | Session) -> DrainResult:
         """Drain a session in this task (``server.drain``), e.g. after a restart.
 
+        Moves the clock as :meth:`settle` does while the drain's handlers wait
+        on time, in both modes.
+
         Cancellation: cancels its handlers; their claims lapse and a later
         drain retries them.
         """
-        return await self.server.drain(self.session(session).id)
+        session_id = self.session(session).id
+        mock = trio.lowlevel.current_clock()
+        if not isinstance(mock, trio.testing.MockClock) or _autojumps(mock):
+            return await self.server.drain(session_id)
+        results: list[DrainResult] = []
+
+        async def run() -> None:
+            results.append(await self.server.drain(session_id))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run)
+            while True:
+                await self._quiet(mock)
+                if results:
+                    break
+                self._jump_to_next_deadline(mock, "drain")
+        return results[0]
 
     # -- time ----------------------------------------------------------------
 
     async def settle(self) -> None:
-        """Run until quiet and no drain is left running.
+        """Run until quiet with no drain or append in progress.
 
         Delivers schedules already due and waits out every drain and append
         in progress: those an append started and those a scheduler delivered
-        (watchdogs, delayed appends). Under
-        autojump a handler that sleeps moves the clock while settling (a drain
-        ends only when its handlers do); in jump mode the clock never moves
-        here: a handler waiting on time stays waiting until :meth:`advance`.
+        (watchdogs, delayed appends). While such work waits on time (a
+        handler that sleeps, a heartbeat), the clock moves to the next
+        deadline, in both modes; with no work in progress it never moves.
+
+        Raises:
+          RuntimeError: (jump mode) work is in progress but every task is
+            blocked and no deadline is pending: it can never finish. Under
+            autojump the same test would hang; guard with ``trio.fail_after``.
 
         Cancellation: a checkpoint; cancelling it cancels nothing else.
         """
         mock = _mock_clock()
         while True:
             await self._quiet(mock)
-            if mock.autojump_threshold == math.inf:
+            if not self._busy():
                 return
-            if self.server.statistics().background_tasks:
+            if not _autojumps(mock):
+                self._jump_to_next_deadline(mock, "settle")
+            elif self.server.statistics().background_tasks:
                 await self.server.settle()
-                continue
-            busy = [name for name in _BUSY_SPANS if self.telemetry.open_count(name)]
-            if not busy:
-                return
-            for name in busy:
-                await self.telemetry.wait_all_closed(name)
+            else:
+                for name in _BUSY_SPANS:
+                    await self.telemetry.wait_all_closed(name)
+
+    def _busy(self) -> bool:
+        return bool(self.server.statistics().background_tasks) or any(
+            self.telemetry.open_count(name) for name in _BUSY_SPANS
+        )
+
+    @staticmethod
+    def _jump_to_next_deadline(mock: trio.testing.MockClock, what: str) -> None:
+        gap = trio.lowlevel.current_statistics().seconds_to_next_deadline
+        if gap == math.inf:
+            raise RuntimeError(
+                f"{what}: work is in progress, but every task is blocked and no deadline "
+                "is pending, so it can never finish (a handler waiting on an event that "
+                "never comes?)"
+            )
+        mock.jump(max(gap, 0.0))
 
     async def advance(self, seconds: float) -> None:
         """Move Trio time forward by ``seconds`` and run whatever falls due, in order.
@@ -266,7 +306,7 @@ class Harness:
             raise ValueError(f"`seconds` must be non-negative, got {seconds!r}")
         mock = _mock_clock()
         target = trio.current_time() + seconds
-        if mock.autojump_threshold != math.inf:
+        if _autojumps(mock):
             await trio.sleep_until(target)
             await self._quiet(mock)
             return
@@ -297,7 +337,7 @@ class Harness:
         await self.advance(delta_ms / 1000)
 
     async def _quiet(self, mock: trio.testing.MockClock) -> None:
-        if mock.autojump_threshold != math.inf:
+        if _autojumps(mock):
             # Trio never autojumps while a task waits here (the run loop
             # prefers idle waiters), so this returns without moving the clock.
             await trio.testing.wait_all_tasks_blocked()
@@ -425,6 +465,10 @@ _BUSY_SPANS = ("a2.drain", "a2.append")
 #: with no store call in flight. Short, because in-flight calls are counted
 #: rather than guessed at.
 _JUMP_CUSHION_S = 0.005
+
+
+def _autojumps(mock: trio.testing.MockClock) -> bool:
+    return mock.autojump_threshold != math.inf
 
 
 def _mock_clock() -> trio.testing.MockClock:
