@@ -26,8 +26,7 @@ HTTP statuses for these codes live in one table, ``a2trio.transport.wire``.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
-from contextlib import contextmanager
+from types import TracebackType
 from typing import Any
 
 __all__ = ["A2Error", "ErrorCode", "store_unavailable"]
@@ -73,20 +72,34 @@ class A2Error(Exception):
         return f"A2Error({self.code.value!r}, {self.message!r})"
 
 
-@contextmanager
-def store_unavailable(what: str) -> Iterator[None]:
+class store_unavailable:
     """Translate any backend failure inside the block into ``STORE_UNAVAILABLE``.
 
     ``A2Error``, ``TypeError`` and ``ValueError`` pass through unchanged: they
     are verdicts (a fence, a duplicate batch) or programmer errors, not outages.
-    Trio's ``Cancelled`` is a ``BaseException`` and is never caught.
+    Trio's ``Cancelled`` is a ``BaseException`` and is never caught. A class,
+    not a generator: it wraps every store call on the hot path.
     """
-    try:
-        yield
-    except (A2Error, TypeError, ValueError):
-        raise
-    except Exception as exc:
-        raise A2Error(ErrorCode.STORE_UNAVAILABLE, f"{what} failed: {exc}") from exc
+
+    __slots__ = ("what",)
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None or not isinstance(exc, Exception):
+            return
+        if isinstance(exc, A2Error | TypeError | ValueError):
+            return
+        raise A2Error(ErrorCode.STORE_UNAVAILABLE, f"{self.what} failed: {exc}") from exc
 
 
 A2Error.__module__ = "a2trio"
