@@ -205,13 +205,16 @@ class _TwoPlaneFeed(Feed["Event[Any] | PresencePatch | PresenceSnapshot"]):
         else:
             self._painted[key] = _Stamp(seen, at_ms, _fingerprint(value))
 
-    def _diff(self, rows: list[PresenceRow]) -> None:
+    def _diff(self, rows: list[PresenceRow]) -> bool:
+        """Queue what changed since the last paint; return whether anything did."""
+        changed = False
         live = set()
         for row in rows:
             key = (row.participant, row.field)
             live.add(key)
             stamp = _Stamp(row.seen, row.at_ms, _fingerprint(row.value))
-            if self._painted.get(key) != stamp:
+            if self._painted.get(key) != stamp and key not in self._queue:
+                changed = True
                 self.enqueue(
                     StoredPresencePatch(
                         row.participant, {row.field: row.value}, row.seen, row.at_ms
@@ -222,7 +225,9 @@ class _TwoPlaneFeed(Feed["Event[Any] | PresencePatch | PresenceSnapshot"]):
             if key not in live and key not in self._queue:
                 # A cleared or expired field has no row left: its last painted
                 # `seen` and the observation time are the honest stamps.
+                changed = True
                 self.enqueue(StoredPresencePatch(key[0], {key[1]: None}, prior.seen, now))
+        return changed
 
     async def start(self, nursery: trio.Nursery, start_after: int) -> None:
         with store_unavailable("presence read"):
@@ -231,8 +236,7 @@ class _TwoPlaneFeed(Feed["Event[Any] | PresencePatch | PresenceSnapshot"]):
             self._paint((row.participant, row.field), row.value, row.seen, row.at_ms)
         self._snapshot = PresenceSnapshot(_fold(self._server, rows))
         nursery.start_soon(self._pump_events, start_after)
-        if not self._api.push:
-            nursery.start_soon(self._poll_presence)
+        nursery.start_soon(self._reconcile)
 
     async def _pump_events(self, start_after: int) -> None:
         try:
@@ -248,11 +252,25 @@ class _TwoPlaneFeed(Feed["Event[Any] | PresencePatch | PresenceSnapshot"]):
         self._done = True
         self._wake.set()
 
-    async def _poll_presence(self) -> None:
+    async def _reconcile(self) -> None:
+        """Re-read the map and diff it against what this feed painted.
+
+        Degraded tier: this is the delivery path, on an adaptive cadence:
+        ``poll_active_s`` after a change or an event, doubling to
+        ``poll_idle_s`` while nothing changes. Push tier: a safety read every
+        ``notify_safety_s``, so expired fields (which no store broadcasts)
+        surface as ``None`` patches.
+        """
+        timings = self._server.timings
+        interval = timings.poll_active_s
         while True:
             self._events_flowing = trio.Event()
-            with trio.move_on_after(self._server.timings.poll_idle_s):
-                await self._events_flowing.wait()
+            if self._api.push:
+                await trio.sleep(timings.notify_safety_s)
+            else:
+                with trio.move_on_after(interval):
+                    await self._events_flowing.wait()
+            event_seen = self._events_flowing.is_set()
             try:
                 rows = await self._api.read(self._key)
             except Exception as exc:
@@ -260,7 +278,9 @@ class _TwoPlaneFeed(Feed["Event[Any] | PresencePatch | PresenceSnapshot"]):
                 self._done = True
                 self._wake.set()
                 return
-            self._diff(rows)
+            changed = self._diff(rows)
+            active = changed or event_seen
+            interval = timings.poll_active_s if active else min(interval * 2, timings.poll_idle_s)
 
     async def receive(self) -> Event[Any] | PresencePatch | PresenceSnapshot:
         while True:

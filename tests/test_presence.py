@@ -22,7 +22,7 @@ from a2trio.stores.conformance import ManualClock
 from .apps import Cursor, Note, rooms
 
 BACKENDS = ["memory", "sqlite", "postgres"]
-FAST = a2trio.Timings(poll_idle_s=0.05, poll_active_s=0.01)
+FAST = a2trio.Timings(poll_idle_s=0.05, poll_active_s=0.01, notify_safety_s=0.05)
 
 
 @asynccontextmanager
@@ -206,3 +206,19 @@ async def test_a_patch_set_through_one_postgres_store_reaches_a_subscriber_of_an
                 patch = await feed.receive()
     assert isinstance(patch, a2trio.PresencePatch)
     assert (patch.participant, patch.values) == ("ann", {"typing": True})
+
+
+async def test_expired_fields_surface_as_none_patches_on_every_tier(backend: str) -> None:
+    clock = ManualClock()
+    async with open_server(backend, clock, presence_ttl_ms=1000) as server:
+        room = server.session(f"r-{secrets.token_hex(4)}")
+        await room.set_presence("ann", {"typing": True}, seen=2)
+        async with room.stream(presence=True) as feed:
+            with trio.fail_after(10):
+                snapshot = await feed.receive()
+                assert isinstance(snapshot, a2trio.PresenceSnapshot)
+                assert values(snapshot.snapshot) == {"ann": {"typing": True}}
+                clock.advance(1000)
+                patch = await feed.receive()
+    assert isinstance(patch, a2trio.PresencePatch)
+    assert (patch.participant, patch.values, patch.seen) == ("ann", {"typing": None}, 2)
