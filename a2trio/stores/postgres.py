@@ -74,6 +74,7 @@ from ..timings import DEFAULT_TIMINGS, Timings
 from . import _pg_sql as sql
 from ._feed import Feed, FeedStatistics, Wakeups, open_pump_feed
 from ._pg_conn import Param, PgError, PgPool, Row, Statement
+from ._pg_group import GroupCommitter, GroupStatistics, Request
 from .base import (
     AppendEvent,
     AppendResult,
@@ -397,6 +398,7 @@ class PostgresStore:
         self._closed = False
         self.presence: _PostgresPresence = _PostgresPresence(self)
         self.inspect: _PostgresInspection = _PostgresInspection(self)
+        self._completions = GroupCommitter(self._complete_group)
 
     def __repr__(self) -> str:
         return f"PostgresStore(schema={self._schema!r}, listen={self.listen})"
@@ -519,6 +521,25 @@ class PostgresStore:
                 if exc.sqlstate not in _RETRYABLE or attempt == _ATTEMPTS - 1:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _complete_group(self, group: Sequence[Request]) -> list[list[Row]]:
+        """One transaction for completions in session order: each session's lock,
+        then its members' ``COMPLETE`` statements (see ``_pg_group``)."""
+        batch: list[tuple[Statement, Sequence[Param]]] = []
+        positions: list[int] = []
+        locked: str | None = None
+        for request in group:
+            if request.session_id != locked:
+                batch.append((sql.LOCK, (request.session_id,)))
+                locked = request.session_id
+            positions.append(len(batch))
+            batch.append((sql.COMPLETE, request.params))
+        rows = await self._transaction(batch, lock=None)
+        return [rows[position] for position in positions]
+
+    def completion_statistics(self) -> GroupStatistics:
+        """How completions were group-committed (for tests and benchmarks)."""
+        return self._completions.statistics()
 
     # -- listener ----------------------------------------------------------
 
@@ -787,25 +808,21 @@ class PostgresStore:
             }
             for ord_, e in enumerate(events, 1)
         ]
+        params = (
+            session_id,
+            index,
+            returned,
+            attempt,
+            _encode(batch),
+            self.clock.now_ms(),
+            _encode(_cause_json(EventCause(index, attempt))),
+            _encode(returned),
+        )
         with store_unavailable("complete"):
-            [rows] = await self._transaction(
-                [
-                    (
-                        sql.COMPLETE,
-                        (
-                            session_id,
-                            index,
-                            returned,
-                            attempt,
-                            _encode(batch),
-                            self.clock.now_ms(),
-                            _encode(_cause_json(EventCause(index, attempt))),
-                            _encode(returned),
-                        ),
-                    )
-                ],
-                lock=session_id,
-            )
+            if self._nursery is None:
+                [rows] = await self._transaction([(sql.COMPLETE, params)], lock=session_id)
+            else:
+                rows = await self._completions.submit(self._nursery, session_id, params)
         outcome, processed_by_attempt, returned_event_ids = rows[0][:3]
         stored = [_stored(row, 3) for row in rows if row[3] is not None]
         if outcome == "missing":

@@ -1,0 +1,431 @@
+"""a2trio against a bare Postgres job queue (pgqueuer), on one Postgres, in one run.
+
+    .venv/bin/pip install 'pgqueuer==1.6.0' asyncpg
+    .venv/bin/python bench/vs_queues.py [--dsn postgresql://root@127.0.0.1:5432/postgres]
+
+Creates a fresh database (dropped at the end) and measures, with the same
+no-op work:
+
+* **throughput**: ``--jobs`` jobs/events over ``--sessions`` sessions,
+  appended and handled, timed from the first append to the last handler.
+  pgqueuer enqueues in batches of ``--batch`` and then drains with its default
+  dequeue batch (10) and with ``--batch``; a2trio appends single events (one
+  writer per session) and in batches of ``--batch`` per session;
+* **latency**: ``--latency`` sequential events, append -> handler start
+  (pgqueuer hears its own NOTIFY; a2trio's inline append wakes its drain);
+* **live feed**: append -> delivery on a2trio's LISTEN feed, next to a bare
+  NOTIFY round trip (asyncpg listener, NOTIFY from another connection);
+* **raw floor**: a psycopg loop over a bare table: insert, claim
+  (``for update skip locked``) and delete, one autocommit statement each,
+  single rows and batches of ``--batch``.
+
+Client CPU is this process's CPU time per event. pgqueuer runs under asyncio
+(uvloop not used), a2trio under Trio, one after the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgspec
+import psycopg
+import trio
+from psycopg.conninfo import make_conninfo
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import a2trio
+from a2trio.stores.base import AppendEvent
+
+
+@dataclass
+class Row:
+    what: str
+    per_s: float | None = None
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    cpu_us: float | None = None
+
+
+class Tick(msgspec.Struct, frozen=True):
+    n: int
+
+
+bench = a2trio.contract("bench", events={"tick": Tick, "plain": Tick})
+
+
+def percentiles(gaps: list[float]) -> tuple[float, float]:
+    gaps = sorted(gaps)
+    return statistics.median(gaps), gaps[max(0, int(len(gaps) * 0.99) - 1)]
+
+
+# -- pgqueuer (asyncio) ------------------------------------------------------
+
+
+async def pgq_throughput(dsn: str, jobs: int, enqueue_batch: int, dequeue_batch: int) -> Row:
+    import asyncpg
+    from pgqueuer import AsyncpgDriver, Job, QueueManager
+    from pgqueuer.queries import Queries
+
+    enq = await asyncpg.connect(dsn)
+    work = await asyncpg.connect(dsn)
+    try:
+        queries = Queries(AsyncpgDriver(enq))
+        qm = QueueManager(Queries(AsyncpgDriver(work)))
+        handled = 0
+
+        @qm.entrypoint("tick")
+        async def tick(job: Job) -> None:
+            nonlocal handled
+            handled += 1
+
+        cpu, started = time.process_time(), time.perf_counter()
+        for first in range(0, jobs, enqueue_batch):
+            n = min(enqueue_batch, jobs - first)
+            await queries.enqueue(["tick"] * n, [b"x"] * n, [0] * n)
+        from pgqueuer.types import QueueExecutionMode
+
+        await qm.run(
+            batch_size=dequeue_batch,
+            mode=QueueExecutionMode.drain,
+            dequeue_timeout=timedelta(seconds=1),
+            log_aggregation_interval=timedelta(0),
+        )
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+        assert handled == jobs, (handled, jobs)
+        return Row(
+            f"pgqueuer, enqueue batch {enqueue_batch}, dequeue batch {dequeue_batch}",
+            per_s=jobs / elapsed,
+            cpu_us=cpu / jobs * 1e6,
+        )
+    finally:
+        await enq.close()
+        await work.close()
+
+
+async def pgq_latency(dsn: str, samples: int) -> Row:
+    import asyncpg
+    from pgqueuer import AsyncpgDriver, Job, QueueManager
+    from pgqueuer.queries import Queries
+
+    enq = await asyncpg.connect(dsn)
+    work = await asyncpg.connect(dsn)
+    qm = QueueManager(Queries(AsyncpgDriver(work)))
+    queries = Queries(AsyncpgDriver(enq))
+    ran = asyncio.Event()
+    started_at: list[float] = []
+
+    @qm.entrypoint("lat")
+    async def lat(job: Job) -> None:
+        started_at.append(time.perf_counter())
+        ran.set()
+
+    runner = asyncio.create_task(qm.run(log_aggregation_interval=timedelta(0)))
+    try:
+        await asyncio.sleep(0.5)
+        gaps = []
+        cpu = time.process_time()
+        for _ in range(samples):
+            ran.clear()
+            before = time.perf_counter()
+            await queries.enqueue("lat", b"x")
+            await asyncio.wait_for(ran.wait(), 10)
+            gaps.append((started_at[-1] - before) * 1000)
+        cpu = time.process_time() - cpu
+    finally:
+        qm.shutdown.set()
+        await runner
+        await enq.close()
+        await work.close()
+    p50, p99 = percentiles(gaps)
+    return Row("pgqueuer, enqueue -> handler start", None, p50, p99, cpu / samples * 1e6)
+
+
+async def notify_round_trip(dsn: str, samples: int) -> Row:
+    import asyncpg
+
+    listener = await asyncpg.connect(dsn)
+    sender = await asyncpg.connect(dsn)
+    heard: asyncio.Queue[float] = asyncio.Queue()
+    await listener.add_listener("rt", lambda *_: heard.put_nowait(time.perf_counter()))
+    gaps = []
+    try:
+        for _ in range(samples):
+            before = time.perf_counter()
+            await sender.execute("notify rt")
+            gaps.append((await asyncio.wait_for(heard.get(), 10) - before) * 1000)
+    finally:
+        await listener.close()
+        await sender.close()
+    p50, p99 = percentiles(gaps)
+    return Row("bare NOTIFY round trip (asyncpg)", None, p50, p99)
+
+
+async def run_pgqueuer(dsn: str, args: argparse.Namespace) -> list[Row]:
+    import asyncpg
+    from pgqueuer import AsyncpgDriver
+    from pgqueuer.queries import Queries
+
+    conn = await asyncpg.connect(dsn)
+    await Queries(AsyncpgDriver(conn)).install()
+    await conn.close()
+    return [
+        await pgq_throughput(dsn, args.jobs, args.batch, 10),
+        await pgq_throughput(dsn, args.jobs, args.batch, args.batch),
+        await pgq_latency(dsn, args.latency),
+        await notify_round_trip(dsn, args.latency),
+    ]
+
+
+# -- a2trio (Trio) -----------------------------------------------------------
+
+
+async def a2_throughput(dsn: str, jobs: int, sessions: int, append_batch: int) -> Row:
+    store = a2trio.stores.postgres(dsn)
+    done = trio.Event()
+    handled = 0
+
+    async def tick(ctx: a2trio.HandlerContext[Tick]) -> None:
+        nonlocal handled
+        handled += 1
+        if handled == jobs:
+            done.set()
+
+    per_session = jobs // sessions
+    prefix = secrets.token_hex(3)
+    try:
+        server = a2trio.Server(bench, store=store, handlers={"tick": tick})
+        async with server:
+            await server.session("warm").append(bench.event("plain", Tick(0)))
+            cpu, started = time.process_time(), time.perf_counter()
+
+            async def writer(sid: str) -> None:
+                session = server.session(sid)
+                for first in range(0, per_session, append_batch):
+                    n = min(append_batch, per_session - first)
+                    await session.append(*[bench.event("tick", Tick(first + i)) for i in range(n)])
+
+            async with trio.open_nursery() as nursery:
+                for s in range(sessions):
+                    nursery.start_soon(writer, f"{prefix}-{s}")
+            await done.wait()
+            elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+            await server.settle()
+    finally:
+        await store.aclose()
+    total = per_session * sessions
+    return Row(
+        f"a2trio, append batch {append_batch}, {sessions} sessions",
+        per_s=total / elapsed,
+        cpu_us=cpu / total * 1e6,
+    )
+
+
+async def a2_latency(dsn: str, samples: int) -> Row:
+    store = a2trio.stores.postgres(dsn)
+    started_at: list[float] = []
+    ran = trio.Event()
+
+    async def tick(ctx: a2trio.HandlerContext[Tick]) -> None:
+        started_at.append(time.perf_counter())
+        ran.set()
+
+    gaps = []
+    try:
+        server = a2trio.Server(bench, store=store, handlers={"tick": tick})
+        async with server:
+            session = server.session(f"lat-{secrets.token_hex(3)}")
+            await session.append(bench.event("tick", Tick(-1)))
+            await ran.wait()
+            cpu = time.process_time()
+            for n in range(samples):
+                ran = trio.Event()
+                before = time.perf_counter()
+                await session.append(bench.event("tick", Tick(n)))
+                await ran.wait()
+                gaps.append((started_at[-1] - before) * 1000)
+            cpu = time.process_time() - cpu
+            await server.settle()
+    finally:
+        await store.aclose()
+    p50, p99 = percentiles(gaps)
+    return Row("a2trio, append -> handler start (in-process)", None, p50, p99, cpu / samples * 1e6)
+
+
+async def a2_feed(dsn: str, samples: int) -> Row:
+    store = a2trio.stores.postgres(dsn)
+    sid = f"feed-{secrets.token_hex(3)}"
+    gaps = []
+    try:
+        async with store, store.stream(sid) as feed:
+            await store.append(sid, [AppendEvent("plain", {"n": -1}, settled=True)])
+            await feed.receive()
+            for n in range(samples):
+                before = time.perf_counter()
+                await store.append(sid, [AppendEvent("plain", {"n": n}, settled=True)])
+                await feed.receive()
+                gaps.append((time.perf_counter() - before) * 1000)
+    finally:
+        await store.aclose()
+    p50, p99 = percentiles(gaps)
+    return Row("a2trio, append -> live feed (LISTEN)", None, p50, p99)
+
+
+async def run_a2trio(dsn: str, args: argparse.Namespace) -> list[Row]:
+    return [
+        await a2_throughput(dsn, args.jobs, args.sessions, 1),
+        await a2_throughput(dsn, args.jobs, args.sessions, args.batch),
+        await a2_latency(dsn, args.latency),
+        await a2_feed(dsn, args.latency),
+    ]
+
+
+# -- raw floor (psycopg) -----------------------------------------------------
+
+
+def raw_floor(dsn: str, jobs: int, batch: int) -> Row:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "create unlogged table if not exists raw_jobs"
+            " (id bigserial primary key, status text not null, payload bytea)"
+        )
+        conn.execute("truncate raw_jobs")
+        claim = (
+            "update raw_jobs set status = 'picked' where id in (select id from raw_jobs"
+            " where status = 'queued' order by id limit %s for update skip locked) returning id"
+        )
+        cpu, started = time.process_time(), time.perf_counter()
+        for _ in range(0, jobs, batch):
+            conn.execute(
+                "insert into raw_jobs (status, payload)"
+                " select 'queued', 'x'::bytea from generate_series(1, %s)",
+                (batch,),
+            )
+            ids = [r[0] for r in conn.execute(claim, (batch,)).fetchall()]
+            conn.execute("delete from raw_jobs where id = any(%s)", (ids,))
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    return Row(
+        f"raw psycopg insert/claim/delete, batch {batch}",
+        jobs / elapsed,
+        None,
+        None,
+        cpu / jobs * 1e6,
+    )
+
+
+# -- table -------------------------------------------------------------------
+
+
+def fmt(value: float | None, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def table(rows: list[Row]) -> str:
+    lines = [
+        "| what | events/s | p50 ms | p99 ms | client CPU µs/event |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.what} | {fmt(r.per_s, ',.0f')} | {fmt(r.p50_ms, '.2f')} "
+            f"| {fmt(r.p99_ms, '.2f')} | {fmt(r.cpu_us, ',.0f')} |"
+        )
+    return "\n".join(lines)
+
+
+def versions() -> str:
+    import asyncpg
+    import pgqueuer
+
+    with psycopg.connect(DEFAULT_DSN) as conn:
+        server = conn.execute("show server_version").fetchone()
+    return (
+        f"python {sys.version.split()[0]}, trio {trio.__version__}, psycopg {psycopg.__version__}"
+        f" (libpq {psycopg.pq.version()}), pgqueuer {pgqueuer.__version__}, asyncpg"
+        f" {asyncpg.__version__}, PostgreSQL {server[0] if server else '?'}, {os.cpu_count()} cores"
+    )
+
+
+DEFAULT_DSN = "postgresql://root@127.0.0.1:5432/postgres"
+
+
+def with_database(dsn: str, body: Callable[[str], Any]) -> Any:
+    database = f"a2trio_vsq_{secrets.token_hex(4)}"
+    admin = make_conninfo(dsn, dbname="postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'create database "{database}"')
+    url = urlsplit(dsn)._replace(path=f"/{database}").geturl()
+    try:
+        return body(url)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'drop database "{database}" with (force)')
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dsn", default=DEFAULT_DSN)
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--sessions", type=int, default=100)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--latency", type=int, default=200)
+    parser.add_argument("--only", default="pgqueuer,a2trio,raw")
+    args = parser.parse_args(argv)
+    only = set(args.only.split(","))
+
+    def body(dsn: str) -> list[Row]:
+        rows: list[Row] = []
+        if "pgqueuer" in only:
+            rows += asyncio.run(run_pgqueuer(dsn, args))
+        if "a2trio" in only:
+            rows += trio.run(run_a2trio, dsn, args)
+        if "raw" in only:
+            rows += [raw_floor(dsn, args.jobs, 1), raw_floor(dsn, args.jobs, args.batch)]
+        print(table(rows), file=sys.stderr)
+        return rows
+
+    rows: list[Row] = with_database(args.dsn, body)
+    print(f"# bench/vs_queues.py {' '.join(sys.argv[1:])}")
+    print(f"# {versions()}")
+    print(table(rows))
+    by = {r.what: r for r in rows}
+    ratios = []
+    for a2, pq in (
+        (
+            f"a2trio, append batch 1, {args.sessions} sessions",
+            f"pgqueuer, enqueue batch {args.batch}, dequeue batch 10",
+        ),
+        (
+            f"a2trio, append batch {args.batch}, {args.sessions} sessions",
+            f"pgqueuer, enqueue batch {args.batch}, dequeue batch {args.batch}",
+        ),
+    ):
+        if a2 in by and pq in by:
+            ratios.append(f"throughput {a2} / {pq}: {by[a2].per_s / by[pq].per_s:.2f}x")  # type: ignore[operator]
+    lat_a2 = by.get("a2trio, append -> handler start (in-process)")
+    lat_pq = by.get("pgqueuer, enqueue -> handler start")
+    if lat_a2 and lat_pq:
+        ratios.append(f"latency p50 a2trio / pgqueuer: {lat_a2.p50_ms / lat_pq.p50_ms:.2f}x")  # type: ignore[operator]
+    feed, rt = (
+        by.get("a2trio, append -> live feed (LISTEN)"),
+        by.get("bare NOTIFY round trip (asyncpg)"),
+    )
+    if feed and rt:
+        ratios.append(f"live feed p50 / bare NOTIFY p50: {feed.p50_ms / rt.p50_ms:.2f}x")  # type: ignore[operator]
+    for line in ratios:
+        print(f"- {line}")
+
+
+if __name__ == "__main__":
+    main()
