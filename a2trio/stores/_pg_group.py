@@ -23,7 +23,7 @@ connection) is replayed member by member. That is safe because a completion is
 idempotent: a member whose group did commit replays its stored result.
 
 Cancellation: a caller cancelled before a committer took its request withdraws
-it (nothing happens); a caller cancelled later leaves its completion to commit
+it (nothing is written); a caller cancelled later leaves its completion to commit
 or not, which is exactly what a cancelled single-statement completion does.
 """
 
@@ -96,6 +96,8 @@ class GroupCommitter:
 
         Cancellation: see the module docstring.
         """
+        # An already-cancelled caller must not queue work it cannot wait for.
+        await trio.lowlevel.checkpoint_if_cancelled()
         request = Request(session_id, params)
         self._pending.append(request)
         if self._running < self._committers:

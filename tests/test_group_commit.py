@@ -1,0 +1,147 @@
+"""Group commit on Postgres: completions that arrive together share a transaction,
+and each one is still fenced on its own attempt and holder.
+
+Runs against a real server (``tests/backends/postgres.py``).
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from a2trio.errors import A2Error, ErrorCode
+from a2trio.stores.base import AppendEvent, Claimed, CompleteResult, EventCause
+from a2trio.stores.postgres import PostgresStore, postgres
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.backends.postgres import database_dsn, run_sql
+
+pytestmark = pytest.mark.filterwarnings("error")
+
+
+@asynccontextmanager
+async def _store() -> AsyncIterator[PostgresStore]:
+    dsn = await database_dsn()
+    schema = f"g_{secrets.token_hex(6)}"
+    store = postgres(dsn, schema=schema)
+    try:
+        async with store:
+            yield store
+    finally:
+        await store.aclose()
+        await run_sql(dsn, f'drop schema if exists "{schema}" cascade')
+
+
+async def _claim_one(
+    store: PostgresStore, session_id: str, holder: str, expires_at_ms: int | None = None
+) -> int:
+    claim = await store.claim_available(
+        session_id, holder=holder, ttl_ms=60_000, expires_at_ms=expires_at_ms
+    )
+    assert isinstance(claim, Claimed)
+    [event] = claim.events
+    return event.attempt_count
+
+
+async def _together(
+    store: PostgresStore, calls: list[tuple[str, int, list[AppendEvent]]]
+) -> list[CompleteResult | A2Error]:
+    """Start every completion in one scheduling batch, so they queue together."""
+    results: list[CompleteResult | A2Error | None] = [None] * len(calls)
+
+    async def one(position: int, session_id: str, attempt: int, events: list[AppendEvent]) -> None:
+        try:
+            results[position] = await store.complete_attempt(
+                session_id, index=1, attempt=attempt, events=events
+            )
+        except A2Error as exc:
+            results[position] = exc
+
+    async with trio.open_nursery() as nursery:
+        for position, (session_id, attempt, events) in enumerate(calls):
+            nursery.start_soon(one, position, session_id, attempt, events)
+    assert all(r is not None for r in results)
+    return [r for r in results if r is not None]
+
+
+async def test_a_superseded_attempt_inside_a_group_is_rejected_while_the_others_commit() -> None:
+    async with _store() as store:
+        for sid in ("a", "b", "c"):
+            await store.append(sid, [AppendEvent("job", {"sid": sid}, id=f"{sid}-1")])
+        assert await _claim_one(store, "a", "h1") == 1
+        assert await _claim_one(store, "b", "h1") == 1
+        # c's first claim is born expired, so a second holder takes attempt 2.
+        now = store.clock.now_ms()
+        assert await _claim_one(store, "c", "zombie", expires_at_ms=now - 1) == 1
+        assert await _claim_one(store, "c", "h2") == 2
+        before = store.completion_statistics()
+
+        reply = AppendEvent("reply", {"to": "a"}, id="a-reply")
+        results = await _together(
+            store, [("a", 1, [reply]), ("b", 1, []), ("c", 1, []), ("c", 2, [])]
+        )
+
+        after = store.completion_statistics()
+        assert after.groups - before.groups == 1
+        assert after.completions - before.completions == 4
+        assert all(isinstance(r, CompleteResult) for r in results)
+        assert [getattr(r, "outcome", None) for r in results] == [
+            "completed",
+            "completed",
+            "superseded",
+            "completed",
+        ]
+        completed_a = results[0]
+        assert isinstance(completed_a, CompleteResult)
+        [stored_reply] = completed_a.events
+        assert (stored_reply.id, stored_reply.index) == ("a-reply", 2)
+        assert stored_reply.cause == EventCause(1, 1)
+        [c1] = await store.read("c", through_index=1)
+        assert c1.processed_by_attempt == 2
+        for sid in ("a", "b"):
+            [row] = await store.read(sid, through_index=1)
+            assert row.processed_by_attempt == 1
+        # The zombie's late retry still loses, alone this time.
+        late = await store.complete_attempt("c", index=1, attempt=1, events=[])
+        assert late.outcome == "superseded"
+
+
+async def test_a_members_verdict_stays_its_own() -> None:
+    async with _store() as store:
+        for sid in ("a", "b"):
+            await store.append(sid, [AppendEvent("job", {}, id=f"{sid}-1")])
+            assert await _claim_one(store, sid, "h") == 1
+        # a returns an event whose id b already stored: a duplicate for a alone.
+        clash = AppendEvent("reply", {}, id="b-1")
+        results = await _together(store, [("a", 1, [clash]), ("b", 1, [])])
+        first, second = results
+        assert isinstance(first, A2Error)
+        assert first.code == ErrorCode.PARTIAL_DUPLICATE_BATCH
+        assert isinstance(second, CompleteResult)
+        assert second.outcome == "completed"
+        [a1] = await store.read("a")
+        assert a1.processed_at_ms is None
+        assert a1.attempt_count == 1
+
+
+async def test_a_completion_cancelled_before_it_is_queued_never_commits() -> None:
+    async with _store() as store:
+        await store.append("a", [AppendEvent("job", {}, id="a-1")])
+        assert await _claim_one(store, "a", "h") == 1
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await store.complete_attempt("a", index=1, attempt=1, events=[])
+        assert scope.cancelled_caught
+        await trio.testing.wait_all_tasks_blocked()
+        [row] = await store.read("a")
+        assert row.processed_at_ms is None
+        done = await store.complete_attempt("a", index=1, attempt=1, events=[])
+        assert done.outcome == "completed"
