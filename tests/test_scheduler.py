@@ -522,6 +522,22 @@ async def test_a_nearer_task_wakes_the_worker_early(autojump_clock: trio.abc.Clo
         assert (trio.current_time(), event.payload) == (60.0, Note("far"))
 
 
+@pytest.mark.parametrize("max_in_flight", [1, 2, 3])
+async def test_more_due_tasks_than_slots_are_all_delivered(
+    autojump_clock: trio.abc.Clock, max_in_flight: int
+) -> None:
+    scheduler = LocalScheduler(max_in_flight=max_in_flight)
+    async with make_server(fresh_store(), scheduler) as server:
+        for n in range(7):
+            event = ScheduledEvent(f"e{n}", "note", {"text": str(n)})
+            await scheduler.schedule(AppendTask(f"t{n}", "shop", SID, at(0), [event]))
+        await trio.sleep(1)
+        assert scheduler.statistics().delivered == 7
+        # Deliveries run concurrently, so they land in any order.
+        ids = sorted(e.id for e in await server.session(SID).history())
+        assert ids == [f"e{n}" for n in range(7)]
+
+
 async def test_a_failing_delivery_is_retried_with_backoff(autojump_clock: trio.abc.Clock) -> None:
     scheduler = LocalScheduler()
     bad = AppendTask("bad", "shop", SID, at(0), [ScheduledEvent("e1", "note", {"text": 1})])

@@ -13,11 +13,12 @@ The worker loops: arm a wake-up, claim every due task of its contract under a
 fresh lease token (up to ``max_in_flight`` deliveries at once), start a
 delivery task per row, then wait until the next task becomes claimable, a
 wake-up, or the cross-process poll interval, whichever comes first. Wake-ups
-come from ``schedule()`` in this process at once, from a finished delivery
-(a slot freed), and on Postgres from ``NOTIFY`` sent by other processes;
-sqlite has no notifications, so another process's task is seen within one
-``Timings.poll_idle_s``. The wake-up is armed before the claim, so a task
-added during the claim still wakes the worker.
+come from ``schedule()`` in this process at once, from a delivery that frees a
+slot the worker waits for or puts its task back, and on Postgres from
+``NOTIFY`` sent by other processes; sqlite has no notifications, so another
+process's task is seen within one ``Timings.poll_idle_s``. The wake-up is
+armed before the claim, so a task added during the claim still wakes the
+worker.
 
 A delivery calls ``server.deliver(task)`` while a sibling task renews the
 lease every third of ``lease_s``, so a long drain keeps its task. Then, in a
@@ -331,8 +332,9 @@ class QueueScheduler:
             binding.in_flight += 1
             nursery.start_soon(self._deliver, binding, row, token)
         if len(rows) == free:
-            # Full: a finished delivery wakes the worker for more.
-            return math.inf
+            # More may be due. At capacity, the delivery that frees a slot wakes
+            # the worker; if deliveries finished during the claim, go again now.
+            return math.inf if binding.in_flight >= self._max_in_flight else 0.0
         wait_s = self._poll_s(binding)
         next_due = await self._queue.next_due(binding.contract)
         if next_due is not None:
@@ -357,8 +359,11 @@ class QueueScheduler:
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT_S):
                 await self._settle(binding, row, token, delivered, error)
+            # Wake the worker when this frees a slot it is waiting for, or when
+            # the task went back to the queue with a new due time.
+            if binding.in_flight >= self._max_in_flight or not delivered:
+                self._wakeups.notify(binding.contract)
             binding.in_flight -= 1
-            self._wakeups.notify(binding.contract)
 
     async def _settle(
         self, binding: _Binding, row: TaskRow, token: str, delivered: bool, error: str | None
