@@ -385,6 +385,9 @@ class Server:
             "a2.append.count": len(events),
         }
         with self.telemetry.span("a2.append", attributes) as span:
+            if self._nursery is None:
+                # Checked before writing: an append's drain needs the nursery.
+                raise RuntimeError(f"{self!r} is not open: use `async with server:`")
             if mode == "dispatch" and self.scheduler is None:
                 raise TypeError("dispatch requires a scheduler: pass Server(scheduler=...)")
             validated = self._validate(session_id, events)

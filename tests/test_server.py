@@ -171,9 +171,11 @@ def test_presence_options_need_a_presence_contract() -> None:
 
 
 async def test_lifecycle_misuse_has_plain_messages() -> None:
-    server = a2trio.Server(orders, store=memory(), handlers={"ordered": _noop})
+    store = memory()
+    server = a2trio.Server(orders, store=store, handlers={"ordered": _noop})
     with pytest.raises(RuntimeError, match="not open"):
         await server.session("s").append(orders.event("ordered", Ordered("a")))
+    assert await store.read(server._key("s")) == []  # refused before writing
     async with server:
         with pytest.raises(RuntimeError, match="already open"):
             await server.__aenter__()
