@@ -10,7 +10,7 @@ explicitly, like ``trio.testing``.
 
 from __future__ import annotations
 
-from . import stores
+from . import schedulers, stores
 from .clock import SYSTEM_CLOCK, Clock, SystemClock, TrioClock
 from .contract import AppendInput, Contract, Event, Reducer, contract
 from .drain import DrainResult
@@ -18,6 +18,7 @@ from .errors import A2Error, ErrorCode
 from .handlers import HandlerContext, HandlerSpec, Returned, handler
 from .presence import PresenceMap, PresencePatch, PresenceSnapshot, PresenceValue
 from .scheduler import AppendTask, DrainTask, ScheduledEvent, Scheduler, SchedulerTask
+from .schedulers import DurableScheduler, LocalScheduler
 from .server import PushedEvent, PushedPresence, PushValidation, Server
 from .session import HandlerSession, Session
 from .stores.base import Store
@@ -37,11 +38,13 @@ __all__ = [
     "Contract",
     "DrainResult",
     "DrainTask",
+    "DurableScheduler",
     "ErrorCode",
     "Event",
     "HandlerContext",
     "HandlerSession",
     "HandlerSpec",
+    "LocalScheduler",
     "PresenceMap",
     "PresencePatch",
     "PresenceSnapshot",
@@ -64,5 +67,6 @@ __all__ = [
     "TrioClock",
     "contract",
     "handler",
+    "schedulers",
     "stores",
 ]

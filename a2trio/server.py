@@ -410,11 +410,16 @@ class Server:
                 grace_ms = int(self.timings.watchdog_grace_s * 1000)
                 watchdog_at = self._slot(self.clock.now_ms() + ttl_ms + grace_ms)
             self._wake_drain(session_id, watchdog_at)
-            if watchdog_at is not None:
+            # One arm per slot (the seed's startSchedulerArm), except that a
+            # scheduler-delivered append must see its own arm succeed.
+            if watchdog_at is not None and (
+                self._claim_slot(session_id, watchdog_at) or require_arm
+            ):
                 try:
                     with trio.fail_after(self.timings.scheduler_arm_timeout_s):
                         await self._arm_now(session_id, watchdog_at)
                 except (Exception, trio.TooSlowError) as exc:
+                    self._armed.pop((session_id, watchdog_at), None)
                     span.set_attribute("a2.append.armed", False)
                     span.record_error(exc)
                     if require_arm:
@@ -479,14 +484,20 @@ class Server:
         if self.scheduler is None or self._nursery is None:
             return
         slot = self._slot(due_at_ms)
+        if self._claim_slot(session_id, slot):
+            self._spawn(self._arm_background, (session_id, slot))
+
+    def _claim_slot(self, session_id: str, slot_ms: int) -> bool:
+        """Record (session, slot) as armed; False if it already is. Entries are
+        forgotten a second after their slot, and on a failed arm."""
         now = trio.current_time()
         for key in [k for k, forget_at in self._armed.items() if forget_at <= now]:
             del self._armed[key]
-        key = (session_id, slot)
+        key = (session_id, slot_ms)
         if key in self._armed:
-            return
-        self._armed[key] = now + max(0.0, (slot - self.clock.now_ms()) / 1000) + 1.0
-        self._spawn(self._arm_background, key)
+            return False
+        self._armed[key] = now + max(0.0, (slot_ms - self.clock.now_ms()) / 1000) + 1.0
+        return True
 
     async def _arm_background(self, key: tuple[str, int]) -> None:
         try:

@@ -321,11 +321,6 @@ async def test_inline_append_arms_the_slotted_watchdog(autojump_clock: trio.abc.
         assert await scheduler.inner.queued() == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server.py arms an external append's watchdog through _arm_now, which skips "
-    "the per-slot dedupe of _arm_watchdog (the seed routes both through startSchedulerArm)",
-)
 async def test_appends_in_one_slot_arm_once(autojump_clock: trio.abc.Clock) -> None:
     async def ship(ctx: a2trio.HandlerContext[Any]) -> None:
         await trio.sleep_forever()
