@@ -82,16 +82,16 @@ async def test_a_superseded_attempt_inside_a_group_is_rejected_while_the_others_
         now = store.clock.now_ms()
         assert await _claim_one(store, "c", "zombie", expires_at_ms=now - 1) == 1
         assert await _claim_one(store, "c", "h2") == 2
-        before = store.completion_statistics()
+        before = store.group_statistics()
 
         reply = AppendEvent("reply", {"to": "a"}, id="a-reply")
         results = await _together(
             store, [("a", 1, [reply]), ("b", 1, []), ("c", 1, []), ("c", 2, [])]
         )
 
-        after = store.completion_statistics()
+        after = store.group_statistics()
         assert after.groups - before.groups == 1
-        assert after.completions - before.completions == 4
+        assert after.members - before.members == 4
         assert all(isinstance(r, CompleteResult) for r in results)
         assert [getattr(r, "outcome", None) for r in results] == [
             "completed",

@@ -1,59 +1,73 @@
-"""Group commit: completions that arrive close together share one transaction.
+"""Group commit: claims and completions that arrive close together share one
+transaction and one round trip.
 
-Every completion is a commit, and on a durable server every commit waits for a
-WAL flush. Under load many drains complete at once, so the store queues them
-here and a few *committer* tasks (in the store's nursery) each take everything
-queued and send it as one pipeline::
+Every completion and every claim that takes an event is a commit, and on a
+durable server every commit waits for a WAL flush; every round trip is also a
+send and a wake-up on both sides. Under load many drains claim and complete at
+once, so the store queues those statements here and a few *committer* tasks
+(in the store's nursery) each take everything queued and send it as one
+pipeline::
 
-    begin; lock(s1); complete(s1, i, a); lock(s2); complete(s2, j, b); ...; commit
+    begin; lock(s1); complete(s1, i, a); claim(s1); claim(s2); lock(s3); ...; commit
 
-Each member keeps its own fence: its ``COMPLETE`` statement checks its own
-attempt and holder exactly as it would alone, and a superseded member only
-reports ``superseded`` (the statement writes nothing for it) while the others
-commit. Statements run in order inside the transaction, so two members on one
-session see each other exactly as two serial transactions would.
+Each member keeps its own fence: its statement checks its own attempt and
+holder exactly as it would alone, and a superseded completion only reports
+``superseded`` (its statement writes nothing) while the others commit.
+Statements run in order inside the transaction, so members on one session see
+each other exactly as serial transactions would; a session's completions go
+before its claims, so a claim in the same group already sees the lane a
+completion handed on.
 
-Session locks are taken in sorted session order, so two groups never wait on
-each other in a cycle; a hash collision between session ids could still order
-two locks differently, which Postgres reports as a deadlock, and the store
-retries the rolled-back group like any other.
+Lock order: sessions ascending; within a session the append lock (completions
+only) and then event rows. Appends take one session's lock and rows, so no two
+writers wait on each other in a cycle. A hash collision between two session
+ids could still order two advisory locks differently; Postgres reports that as
+a deadlock, and the store retries the rolled-back group like any other.
 
-A group that fails as a whole (a server error in one member, a broken
-connection) is replayed member by member. That is safe because a completion is
-idempotent: a member whose group did commit replays its stored result.
+A group that the server rejected (one member's statement failed) rolled back
+entirely and is replayed member by member, so each caller gets its own
+verdict. A group lost with its connection may or may not have committed: every
+member then fails with ``STORE_UNAVAILABLE``, which is what a lone statement
+would have done (completions replay idempotently; orphaned claims expire).
 
-Cancellation: a caller cancelled before a committer took its request withdraws
-it (nothing is written); a caller cancelled later leaves its completion to commit
-or not, which is exactly what a cancelled single-statement completion does.
+Cancellation: an already-cancelled caller never queues; a caller cancelled
+before a committer took its request withdraws it (nothing is written); a caller
+cancelled later leaves its statement to commit or not, exactly as a cancelled
+lone statement does.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Literal
 
 import msgspec
 import trio
 
-from ._pg_conn import Param, Row
+from ._pg_conn import Param, PgConnectionError, PgError, Row
 
 __all__ = ["GroupCommitter", "GroupStatistics", "Request"]
 
+Kind = Literal["complete", "claim"]
+_ORDER = {"complete": 0, "claim": 1}
+
 
 class GroupStatistics(msgspec.Struct, frozen=True):
-    """How completions were committed: ``groups`` transactions for ``completions``."""
+    """How statements were committed: ``groups`` transactions for ``members``."""
 
     groups: int
-    completions: int
+    members: int
     largest: int
 
 
 class Request:
-    """One queued completion: its session and ``COMPLETE`` parameters, and its answer."""
+    """One queued statement: its kind, session and parameters, and its answer."""
 
-    __slots__ = ("answered", "done", "error", "params", "rows", "session_id", "taken")
+    __slots__ = ("answered", "done", "error", "kind", "params", "rows", "session_id", "taken")
 
-    def __init__(self, session_id: str, params: Sequence[Param]) -> None:
+    def __init__(self, kind: Kind, session_id: str, params: Sequence[Param]) -> None:
+        self.kind: Kind = kind
         self.session_id = session_id
         self.params = params
         self.taken = False
@@ -67,7 +81,7 @@ RunGroup = Callable[[Sequence[Request]], Awaitable[list[list[Row]]]]
 
 
 class GroupCommitter:
-    """Queues completions and commits them in groups (see the module docstring).
+    """Queues statements and commits them in groups (see the module docstring).
 
     ``run_group`` sends one transaction for the requests it is given (already
     in lock order) and returns each one's rows.
@@ -80,25 +94,24 @@ class GroupCommitter:
         self._pending: deque[Request] = deque()
         self._running = 0
         self._groups = 0
-        self._completions = 0
+        self._members = 0
         self._largest = 0
 
     def statistics(self) -> GroupStatistics:
-        return GroupStatistics(self._groups, self._completions, self._largest)
+        return GroupStatistics(self._groups, self._members, self._largest)
 
     async def submit(
-        self, nursery: trio.Nursery, session_id: str, params: Sequence[Param]
+        self, nursery: trio.Nursery, kind: Kind, session_id: str, params: Sequence[Param]
     ) -> list[Row]:
-        """Queue one completion and wait for its rows.
+        """Queue one statement and wait for its rows.
 
-        Raises whatever its transaction raised (each member gets its own
-        error, from its own replay when the group failed).
+        Raises what its lone replay raised (after a rejected group), or
+        ``PgConnectionError`` when the group's connection was lost.
 
         Cancellation: see the module docstring.
         """
-        # An already-cancelled caller must not queue work it cannot wait for.
         await trio.lowlevel.checkpoint_if_cancelled()
-        request = Request(session_id, params)
+        request = Request(kind, session_id, params)
         self._pending.append(request)
         if self._running < self._committers:
             self._running += 1
@@ -126,26 +139,32 @@ class GroupCommitter:
             self._running -= 1
 
     async def _commit(self, group: list[Request]) -> None:
-        ordered = sorted(group, key=lambda r: r.session_id)
+        ordered = sorted(group, key=lambda r: (r.session_id, _ORDER[r.kind]))
         try:
             try:
                 answers = await self._run_group(ordered)
-            except Exception as exc:
+            except PgError as exc:
                 if len(ordered) == 1:
                     ordered[0].error = exc
                 else:
                     async with trio.open_nursery() as nursery:
                         for request in ordered:
                             nursery.start_soon(self._alone, request)
+            except Exception as exc:
+                for request in ordered:
+                    # Each caller raises its own instance, chained to the cause.
+                    error = PgConnectionError(f"group of {len(ordered)} lost: {exc}")
+                    error.__cause__ = exc
+                    request.error = error
             else:
                 for request, rows in zip(ordered, answers, strict=True):
                     request.rows = rows
                     request.answered = True
                 self._groups += 1
-                self._completions += len(ordered)
+                self._members += len(ordered)
                 self._largest = max(self._largest, len(ordered))
         except BaseException:
-            # The store is closing under us: nobody must wait forever.
+            # The store is closing under us: nobody may wait forever.
             for request in ordered:
                 if request.error is None and not request.answered:
                     request.error = trio.ClosedResourceError("the Postgres store closed")

@@ -398,7 +398,7 @@ class PostgresStore:
         self._closed = False
         self.presence: _PostgresPresence = _PostgresPresence(self)
         self.inspect: _PostgresInspection = _PostgresInspection(self)
-        self._completions = GroupCommitter(self._complete_group)
+        self._groups = GroupCommitter(self._run_group)
 
     def __repr__(self) -> str:
         return f"PostgresStore(schema={self._schema!r}, listen={self.listen})"
@@ -522,24 +522,25 @@ class PostgresStore:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _complete_group(self, group: Sequence[Request]) -> list[list[Row]]:
-        """One transaction for completions in session order: each session's lock,
-        then its members' ``COMPLETE`` statements (see ``_pg_group``)."""
+    async def _run_group(self, group: Sequence[Request]) -> list[list[Row]]:
+        """One transaction for a group in lock order: each session's lock before
+        its first completion, then its statements (see ``_pg_group``)."""
         batch: list[tuple[Statement, Sequence[Param]]] = []
         positions: list[int] = []
         locked: str | None = None
         for request in group:
-            if request.session_id != locked:
+            if request.kind == "complete" and request.session_id != locked:
                 batch.append((sql.LOCK, (request.session_id,)))
                 locked = request.session_id
             positions.append(len(batch))
-            batch.append((sql.COMPLETE, request.params))
+            statement = sql.COMPLETE if request.kind == "complete" else sql.CLAIM
+            batch.append((statement, request.params))
         rows = await self._transaction(batch, lock=None)
         return [rows[position] for position in positions]
 
-    def completion_statistics(self) -> GroupStatistics:
-        """How completions were group-committed (for tests and benchmarks)."""
-        return self._completions.statistics()
+    def group_statistics(self) -> GroupStatistics:
+        """How claims and completions were group-committed (tests, benchmarks)."""
+        return self._groups.statistics()
 
     # -- listener ----------------------------------------------------------
 
@@ -728,9 +729,11 @@ class PostgresStore:
         with store_unavailable("claim"):
             now = self.clock.now_ms()
             expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
-            rows = await self._query(
-                sql.CLAIM, (session_id, now, holder, expires_at, list(exclude))
-            )
+            params = (session_id, now, holder, expires_at, list(exclude))
+            if self._nursery is None:
+                rows = await self._query(sql.CLAIM, params)
+            else:
+                rows = await self._groups.submit(self._nursery, "claim", session_id, params)
         claimed = [_stored(row, 1) for row in rows if row[1] is not None]
         if claimed:
             return Claimed(claimed)
@@ -822,7 +825,7 @@ class PostgresStore:
             if self._nursery is None:
                 [rows] = await self._transaction([(sql.COMPLETE, params)], lock=session_id)
             else:
-                rows = await self._completions.submit(self._nursery, session_id, params)
+                rows = await self._groups.submit(self._nursery, "complete", session_id, params)
         outcome, processed_by_attempt, returned_event_ids = rows[0][:3]
         stored = [_stored(row, 3) for row in rows if row[3] is not None]
         if outcome == "missing":
