@@ -17,6 +17,7 @@ import trio
 import trio.testing
 
 from a2trio.errors import A2Error, ErrorCode
+from a2trio.stores._pg_conn import PgPool, Statement
 from a2trio.stores.base import AppendEvent, Claimed, CompleteResult, EventCause
 from a2trio.stores.postgres import PostgresStore, postgres
 
@@ -25,6 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.backends.postgres import database_dsn, run_sql
 
 pytestmark = pytest.mark.filterwarnings("error")
+
+BEGIN = Statement("begin")
+ROLLBACK = Statement("rollback")
+LOCK = Statement("select pg_advisory_xact_lock(hashtext($1::text))")
 
 
 @asynccontextmanager
@@ -145,3 +150,44 @@ async def test_a_completion_cancelled_before_it_is_queued_never_commits() -> Non
         assert row.processed_at_ms is None
         done = await store.complete_attempt("a", index=1, attempt=1, events=[])
         assert done.outcome == "completed"
+
+
+async def test_a_member_cancelled_in_flight_writes_nothing_and_the_others_run_again() -> None:
+    async with _store() as store:
+        await store.append("warm", [AppendEvent("job", {}, id="warm-1")])
+        dsn = store.dsn
+        blocker = PgPool(dsn)
+        try:
+            async with blocker.connection() as conn:
+                # Hold s's append lock: the group (s first in lock order) waits on it.
+                await conn.run([(BEGIN, ()), (LOCK, ("s",))])
+                landed: list[int] = []
+                seen_at_cancel: list[int] = []
+                cancelled: list[bool] = []
+
+                async def append_t() -> None:
+                    result = await store.append("t", [AppendEvent("job", {}, id="t-1")])
+                    landed.extend(e.index for e in result.events)
+
+                async def append_s() -> None:
+                    with trio.move_on_after(0.2) as scope:
+                        await store.append("s", [AppendEvent("job", {}, id="s-1")])
+                    cancelled.append(scope.cancelled_caught)
+                    seen_at_cancel.extend(landed)
+
+                # Both queue in one scheduling batch, before a committer runs.
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(append_t)
+                    nursery.start_soon(append_s)
+                assert cancelled == [True]
+                # t waited in s's group, so it landed only after the cancellation.
+                assert seen_at_cancel == []
+                assert landed == [1]
+                await conn.run([(ROLLBACK, ())])
+        finally:
+            blocker.close()
+        before = store.group_statistics()
+        assert await store.read("s") == []
+        result = await store.append("s", [AppendEvent("job", {}, id="s-2")])
+        assert [(e.id, e.index) for e in result.events] == [("s-2", 1)]
+        assert store.group_statistics().groups - before.groups == 1

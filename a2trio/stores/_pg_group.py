@@ -1,26 +1,27 @@
-"""Group commit: claims and completions that arrive close together share one
-transaction and one round trip.
+"""Group commit: appends, claims and completions that arrive close together share
+one transaction and one round trip.
 
-Every completion and every claim that takes an event is a commit, and on a
+Every append, completion and claim that takes an event is a commit, and on a
 durable server every commit waits for a WAL flush; every round trip is also a
 send and a wake-up on both sides. Under load many drains claim and complete at
 once, so the store queues those statements here and a few *committer* tasks
 (in the store's nursery) each take everything queued and send it as one
 pipeline::
 
-    begin; lock(s1); complete(s1, i, a); claim(s1); claim(s2); lock(s3); ...; commit
+    begin; lock(s1); complete(s1, i, a); append(s1); claim(s1); claim(s2); lock(s3); ...; commit
 
 Each member keeps its own fence: its statement checks its own attempt and
 holder exactly as it would alone, and a superseded completion only reports
 ``superseded`` (its statement writes nothing) while the others commit.
 Statements run in order inside the transaction, so members on one session see
-each other exactly as serial transactions would; a session's completions go
-before its claims, so a claim in the same group already sees the lane a
-completion handed on.
+each other exactly as serial transactions would; a session's completions and
+appends go before its claims, so a claim in the same group already sees the
+lane a completion handed on and the events an append added.
 
-Lock order: sessions ascending; within a session the append lock (completions
-only) and then event rows. Appends take one session's lock and rows, so no two
-writers wait on each other in a cycle. A hash collision between two session
+Lock order: sessions ascending; within a session its append lock (taken for
+completions and appends) and then its event rows. Every writer outside a group
+touches one session, lock before rows, so no two writers wait on each other in
+a cycle. A hash collision between two session
 ids could still order two advisory locks differently; Postgres reports that as
 a deadlock, and the store retries the rolled-back group like any other.
 
@@ -31,9 +32,15 @@ member then fails with ``STORE_UNAVAILABLE``, which is what a lone statement
 would have done (completions replay idempotently; orphaned claims expire).
 
 Cancellation: an already-cancelled caller never queues; a caller cancelled
-before a committer took its request withdraws it (nothing is written); a caller
-cancelled later leaves its statement to commit or not, exactly as a cancelled
-lone statement does.
+before a committer took its request withdraws it (nothing is written). A caller
+cancelled while its group is in flight cancels the group's pipeline (the
+server cancels the statement and the connection is closed, exactly as for a
+lone statement) and waits, shielded and bounded, until that is done, so its
+statement committed entirely or not at all before it sees ``Cancelled``. The
+group's other members go back to the head of the queue and run again: a
+completion or an append (ids are fixed before queueing) replays idempotently
+if the cancelled group had in fact committed, and a repeated claim then finds
+its own live claim and reports ``Busy`` until it expires.
 """
 
 from __future__ import annotations
@@ -47,10 +54,13 @@ import trio
 
 from ._pg_conn import Param, PgConnectionError, PgError, Row
 
-__all__ = ["GroupCommitter", "GroupStatistics", "Request"]
+__all__ = ["LOCKING", "GroupCommitter", "GroupStatistics", "Kind", "Request"]
 
-Kind = Literal["complete", "claim"]
-_ORDER = {"complete": 0, "claim": 1}
+Kind = Literal["complete", "append", "claim"]
+# Within a session: the writers that take its lock, then the claims, so a claim
+# sees what the group's completions and appends made eligible.
+_ORDER = {"complete": 0, "append": 1, "claim": 2}
+LOCKING: frozenset[Kind] = frozenset({"complete", "append"})
 
 
 class GroupStatistics(msgspec.Struct, frozen=True):
@@ -64,14 +74,27 @@ class GroupStatistics(msgspec.Struct, frozen=True):
 class Request:
     """One queued statement: its kind, session and parameters, and its answer."""
 
-    __slots__ = ("answered", "done", "error", "kind", "params", "rows", "session_id", "taken")
+    __slots__ = (
+        "answered",
+        "done",
+        "error",
+        "kind",
+        "params",
+        "rows",
+        "scope",
+        "session_id",
+        "taken",
+        "withdrawn",
+    )
 
     def __init__(self, kind: Kind, session_id: str, params: Sequence[Param]) -> None:
         self.kind: Kind = kind
         self.session_id = session_id
         self.params = params
         self.taken = False
+        self.withdrawn = False
         self.answered = False
+        self.scope: trio.CancelScope | None = None
         self.done = trio.Event()
         self.rows: list[Row] = []
         self.error: Exception | None = None
@@ -121,6 +144,13 @@ class GroupCommitter:
         except BaseException:
             if not request.taken:
                 self._pending.remove(request)
+            else:
+                request.withdrawn = True
+                if request.scope is not None:
+                    request.scope.cancel(reason="a member's caller was cancelled")
+                # Bounded: a cancelled pipeline gives up on the server within 1 s.
+                with trio.CancelScope(shield=True):
+                    await request.done.wait()
             raise
         if request.error is not None:
             raise request.error
@@ -140,29 +170,19 @@ class GroupCommitter:
 
     async def _commit(self, group: list[Request]) -> None:
         ordered = sorted(group, key=lambda r: (r.session_id, _ORDER[r.kind]))
+        finished = ordered
         try:
-            try:
-                answers = await self._run_group(ordered)
-            except PgError as exc:
-                if len(ordered) == 1:
-                    ordered[0].error = exc
-                else:
-                    async with trio.open_nursery() as nursery:
-                        for request in ordered:
-                            nursery.start_soon(self._alone, request)
-            except Exception as exc:
+            with trio.CancelScope() as scope:
                 for request in ordered:
-                    # Each caller raises its own instance, chained to the cause.
-                    error = PgConnectionError(f"group of {len(ordered)} lost: {exc}")
-                    error.__cause__ = exc
-                    request.error = error
-            else:
-                for request, rows in zip(ordered, answers, strict=True):
-                    request.rows = rows
-                    request.answered = True
-                self._groups += 1
-                self._members += len(ordered)
-                self._largest = max(self._largest, len(ordered))
+                    request.scope = scope
+                await self._attempt(ordered)
+            if scope.cancelled_caught:
+                again = [r for r in ordered if not r.withdrawn and not r.done.is_set()]
+                for request in reversed(again):
+                    request.taken = False
+                    request.scope = None
+                    self._pending.appendleft(request)
+                finished = [r for r in ordered if r not in again]
         except BaseException:
             # The store is closing under us: nobody may wait forever.
             for request in ordered:
@@ -170,12 +190,40 @@ class GroupCommitter:
                     request.error = trio.ClosedResourceError("the Postgres store closed")
             raise
         finally:
-            for request in ordered:
+            for request in finished:
                 request.done.set()
 
-    async def _alone(self, request: Request) -> None:
+    async def _attempt(self, ordered: list[Request]) -> None:
         try:
-            [request.rows] = await self._run_group([request])
-            request.answered = True
+            answers = await self._run_group(ordered)
+        except PgError as exc:
+            if len(ordered) == 1:
+                ordered[0].error = exc
+                return
+            async with trio.open_nursery() as nursery:
+                for request in ordered:
+                    nursery.start_soon(self._alone, request)
         except Exception as exc:
-            request.error = exc
+            for request in ordered:
+                # Each caller raises its own instance, chained to the cause.
+                error = PgConnectionError(f"group of {len(ordered)} lost: {exc}")
+                error.__cause__ = exc
+                request.error = error
+        else:
+            for request, rows in zip(ordered, answers, strict=True):
+                request.rows = rows
+                request.answered = True
+            self._groups += 1
+            self._members += len(ordered)
+            self._largest = max(self._largest, len(ordered))
+
+    async def _alone(self, request: Request) -> None:
+        if request.withdrawn:
+            return
+        with trio.CancelScope() as request.scope:
+            try:
+                [request.rows] = await self._run_group([request])
+                request.answered = True
+            except Exception as exc:
+                request.error = exc
+        request.done.set()

@@ -74,7 +74,7 @@ from ..timings import DEFAULT_TIMINGS, Timings
 from . import _pg_sql as sql
 from ._feed import Feed, FeedStatistics, Wakeups, open_pump_feed
 from ._pg_conn import Param, PgError, PgPool, Row, Statement
-from ._pg_group import GroupCommitter, GroupStatistics, Request
+from ._pg_group import LOCKING, GroupCommitter, GroupStatistics, Kind, Request
 from .base import (
     AppendEvent,
     AppendResult,
@@ -105,6 +105,11 @@ _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 
 _MAX_INDEX = 2**63 - 1
+_GROUPED: dict[Kind, Statement] = {
+    "complete": sql.COMPLETE,
+    "append": sql.APPEND,
+    "claim": sql.CLAIM,
+}
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 # unique_violation (a concurrent append of the same id in another session) and
 # deadlock_detected: the transaction rolled back, so running it again is safe.
@@ -524,17 +529,16 @@ class PostgresStore:
 
     async def _run_group(self, group: Sequence[Request]) -> list[list[Row]]:
         """One transaction for a group in lock order: each session's lock before
-        its first completion, then its statements (see ``_pg_group``)."""
+        its first completion or append, then its statements (see ``_pg_group``)."""
         batch: list[tuple[Statement, Sequence[Param]]] = []
         positions: list[int] = []
         locked: str | None = None
         for request in group:
-            if request.kind == "complete" and request.session_id != locked:
+            if request.kind in LOCKING and request.session_id != locked:
                 batch.append((sql.LOCK, (request.session_id,)))
                 locked = request.session_id
             positions.append(len(batch))
-            statement = sql.COMPLETE if request.kind == "complete" else sql.CLAIM
-            batch.append((statement, request.params))
+            batch.append((_GROUPED[request.kind], request.params))
         rows = await self._transaction(batch, lock=None)
         return [rows[position] for position in positions]
 
@@ -649,10 +653,11 @@ class PostgresStore:
             ]
             causes = sorted({e.cause.index for e in events if e.cause is not None})
             now = self.clock.now_ms()
-            [rows] = await self._transaction(
-                [(sql.APPEND, (session_id, _encode(batch), supplied, causes, now))],
-                lock=session_id,
-            )
+            params = (session_id, _encode(batch), supplied, causes, now)
+            if self._nursery is None:
+                [rows] = await self._transaction([(sql.APPEND, params)], lock=session_id)
+            else:
+                rows = await self._groups.submit(self._nursery, "append", session_id, params)
         n_existing, foreign_id, missing_parent, superseded, had_pending, base = rows[0][:6]
         if n_existing:
             if foreign_id is not None:
