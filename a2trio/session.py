@@ -13,7 +13,7 @@ from .stores.base import EventCause, StoredEvent
 
 if TYPE_CHECKING:
     from .presence import PresenceMap
-    from .server import Server
+    from .server import PushedEvent, PushedPresence, Server
     from .stores._feed import Feed
 
 __all__ = ["HandlerSession", "Session"]
@@ -38,7 +38,7 @@ class Session:
     def __repr__(self) -> str:
         return f"Session({self._server.contract.name!r}, {self.id!r})"
 
-    async def append(self, *events: AppendInput) -> list[Event[Any]]:
+    async def append(self, *events: AppendInput | PushedEvent) -> list[Event[Any]]:
         """Append events and wake the session's drain.
 
         Events that came over the wire (:class:`~a2trio.PushedEvent`) go
@@ -55,7 +55,7 @@ class Session:
         """
         return await self._server._append_external(self.id, events, mode="inline")
 
-    async def dispatch(self, *events: AppendInput) -> list[Event[Any]]:
+    async def dispatch(self, *events: AppendInput | PushedEvent) -> list[Event[Any]]:
         """Append, then hand the drain to the scheduler instead of running it here.
 
         Raises:
@@ -111,13 +111,17 @@ class Session:
 
     async def set_presence(
         self,
-        participant: str,
+        participant: str | PushedPresence,
         values: Mapping[str, Any],
         *,
         seen: int | None = None,
         at: int | None = None,
     ) -> None:
         """Set presence fields for ``participant`` (``None`` clears a field).
+
+        A :class:`~a2trio.PushedPresence` (from the wire) carries its own
+        values and stamps and goes through ``validate_push`` first; ``values``
+        is then ignored (pass ``{}``).
 
         Never an append. ``at`` is the sender's last-writer-wins stamp in epoch
         ms (receipt time when absent); ``seen`` the log index the participant
@@ -175,7 +179,7 @@ class HandlerSession(Session):
 
     async def set_presence(
         self,
-        participant: str,
+        participant: str | PushedPresence,
         values: Mapping[str, Any],
         *,
         seen: int | None = None,

@@ -6,7 +6,7 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import parse_qsl, unquote
 
 from ..errors import A2Error, ErrorCode
@@ -14,9 +14,7 @@ from . import wire
 from .auth import Request
 
 if TYPE_CHECKING:
-    from ..contract import AppendInput, Event
-    from ..server import PushedEvent
-    from ..session import Session
+    pass
 
 __all__ = [
     "MAX_SAFE_INTEGER",
@@ -25,7 +23,6 @@ __all__ = [
     "Refusal",
     "Scope",
     "Send",
-    "append_pushed",
     "bad_input",
     "failure",
     "index_param",
@@ -71,15 +68,6 @@ def report(exc: Exception) -> None:
     """Log a failure that is not a verdict on the input (a bug, an outage)."""
     if not isinstance(exc, A2Error | Refusal):
         logger.error("unexpected failure in a request", exc_info=exc)
-
-
-async def append_pushed(session: Session, pushed: tuple[PushedEvent, ...]) -> list[Event[Any]]:
-    """``session.append`` of wire events, which go through ``validate_push``.
-
-    ``Session.append`` accepts ``PushedEvent`` (``Server._validate`` does) but is
-    annotated with ``AppendInput`` only, hence the cast.
-    """
-    return await session.append(*cast("tuple[AppendInput, ...]", pushed))
 
 
 def failure(exc: Exception) -> tuple[int, bytes]:

@@ -34,7 +34,6 @@ from typing import Final
 import trio
 
 from ..errors import A2Error, ErrorCode
-from ..presence import set_presence
 from ..server import (
     MAX_DATE_MS,
     RESERVED_PARTICIPANTS,
@@ -48,7 +47,6 @@ from ._http import (
     Refusal,
     Scope,
     Send,
-    append_pushed,
     bad_input,
     failure,
     index_param,
@@ -238,9 +236,9 @@ class App:
             # Check the presence half before appending, so a bad patch writes nothing.
             _check_presence(server, presence)
         with bad_input():
-            appended = await append_pushed(server.session(session_id), pushed) if pushed else []
+            appended = await server.session(session_id).append(*pushed) if pushed else []
             if presence is not None:
-                await set_presence(server, session_id, presence, {}, None, None, 0)
+                await server.session(session_id).set_presence(presence, {})
         await respond(send, 200, wire.encode_events(appended))
 
     # -- reads -----------------------------------------------------------------------

@@ -29,10 +29,9 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from ..errors import A2Error, ErrorCode
-from ..presence import set_presence
 from ..server import PushedEvent, PushedPresence, Server
 from . import wire
-from ._http import Message, Receive, Send, append_pushed, bad_input, failure, logger, report
+from ._http import Message, Receive, Send, bad_input, failure, logger, report
 from .auth import (
     Authorize,
     PushOperation,
@@ -272,7 +271,7 @@ class _Socket:
                 PushOperation(self.server.contract.name, session_id, pushed),
             )
             with bad_input():
-                events = await append_pushed(self.server.session(session_id), pushed)
+                events = await self.server.session(session_id).append(*pushed)
         except Exception as exc:
             report(exc)
             await self.put(wire.encode_error_ack(frame.req, exc, tag))
@@ -295,7 +294,7 @@ class _Socket:
                 PushOperation(self.server.contract.name, session_id, presence=pushed),
             )
             with bad_input():
-                await set_presence(self.server, session_id, pushed, {}, None, None, 0)
+                await self.server.session(session_id).set_presence(pushed, {})
         except Exception as exc:
             report(exc)
             logger.debug("presence frame dropped: %r", exc)
