@@ -423,6 +423,6 @@ async def test_two_processes_deliver_each_task_exactly_once(shared_target: str) 
                 await worker.wait()
     delivered = [msgspec.json.decode(out.split(b"\n")[1], type=list[str]) for out in outputs]
     assert sorted(delivered[0] + delivered[1]) == sorted(f"tick-{n}" for n in range(total))
+    # Exactly once between them. How they split the work is up to timing: on
+    # sqlite's single write lock one worker can take every task.
     assert not set(delivered[0]) & set(delivered[1])
-    assert delivered[0], "the first worker delivered nothing"
-    assert delivered[1], "the second worker delivered nothing"
