@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import pytest
 
 
 @pytest.fixture(autouse=True)
-def clean_environ(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests never see the developer's A2_* variables (A2_TEST_* configure the
     suite itself: which Postgres, and whether it is required)."""
     for key in list(os.environ):
         if key.startswith("A2_") and not key.startswith("A2_TEST_"):
             monkeypatch.delenv(key)
-    yield
