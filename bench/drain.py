@@ -11,7 +11,12 @@ Measures, with a no-op handler on the real clock:
   writer task per session), timed until every handler has run;
 * appends/s alone (no handlers);
 * append -> handler-start latency p50/p99 over ``--latency`` sequential events
-  in one session (the next append waits for the previous handler).
+  in one session (the next append waits for the previous handler);
+* append -> live-feed delivery p50/p99 (for Postgres with LISTEN/NOTIFY, and
+  with polling: a second store instance with ``listen=False`` follows what the
+  first appends, as another process would);
+* for Postgres, the raw floor in the same run: single-row insert transactions/s
+  over plain psycopg, and a bare NOTIFY -> LISTEN round trip.
 
 Postgres runs in a fresh database created and dropped by the script.
 """
@@ -26,7 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import msgspec
 import trio
@@ -45,14 +50,15 @@ bench = a2trio.contract("bench", events={"tick": Tick, "plain": Tick})
 
 
 @asynccontextmanager
-async def open_backend(name: str, dsn: str) -> AsyncIterator[Store]:
+async def open_backend(name: str, dsn: str) -> AsyncIterator[tuple[Store, str | None]]:
+    """The store, and for Postgres the DSN of its fresh database."""
     if name == "memory":
-        yield a2trio.stores.memory()
+        yield a2trio.stores.memory(), None
     elif name == "sqlite":
         with tempfile.TemporaryDirectory() as folder:
             store = a2trio.stores.sqlite(os.path.join(folder, "bench.db"))
             try:
-                yield store
+                yield store, None
             finally:
                 await store.aclose()
     elif name == "postgres":
@@ -69,9 +75,10 @@ async def open_backend(name: str, dsn: str) -> AsyncIterator[Store]:
         await trio.to_thread.run_sync(run, f'create database "{database}"')
         params = conninfo_to_dict(dsn)
         params["dbname"] = database
-        store = a2trio.stores.postgres(make_conninfo(**params))
+        target = make_conninfo(**params)
+        store = a2trio.stores.postgres(target)
         try:
-            yield store
+            yield store, target
         finally:
             await store.aclose()
             await trio.to_thread.run_sync(run, f'drop database "{database}" with (force)')
@@ -134,9 +141,55 @@ async def latency(store: Store, samples: int) -> tuple[float, float]:
     return statistics.median(gaps), gaps[int(len(gaps) * 0.99) - 1]
 
 
+async def feed_latency(writer: Store, reader: Store, samples: int) -> tuple[float, float]:
+    """Append through ``writer`` -> delivery on a live feed read from ``reader``
+    (the same store, or another instance: another process's view)."""
+    appender = a2trio.Server(bench, store=writer)
+    follower = appender if reader is writer else a2trio.Server(bench, store=reader)
+    gaps = []
+    sid = f"feed-{secrets.token_hex(3)}"
+    async with AsyncExitStack() as stack:
+        await stack.enter_async_context(appender)
+        if follower is not appender:
+            await stack.enter_async_context(follower)
+        feed = await stack.enter_async_context(follower.session(sid).stream())
+        for n in range(samples):
+            before = time.perf_counter()
+            await appender.session(sid).append(bench.event("plain", Tick(n)))
+            await feed.receive()
+            gaps.append((time.perf_counter() - before) * 1000)
+    gaps.sort()
+    return statistics.median(gaps), gaps[int(len(gaps) * 0.99) - 1]
+
+
+def postgres_floor(dsn: str, transactions: int, notifies: int) -> tuple[float, float]:
+    """The raw floor over plain psycopg: single-row insert transactions per
+    second, and the NOTIFY -> LISTEN round trip p50 in ms."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("create table if not exists floor_rows (id bigint, body text)")
+        started = time.perf_counter()
+        for n in range(transactions):
+            conn.execute("insert into floor_rows values (%s, %s)", (n, "x"))
+        rate = transactions / (time.perf_counter() - started)
+    gaps = []
+    with (
+        psycopg.connect(dsn, autocommit=True) as listener,
+        psycopg.connect(dsn, autocommit=True) as sender,
+    ):
+        listener.execute("listen floor")
+        for _ in range(notifies):
+            before = time.perf_counter()
+            sender.execute("notify floor")
+            next(iter(listener.notifies(timeout=5)))
+            gaps.append((time.perf_counter() - before) * 1000)
+    return rate, statistics.median(gaps)
+
+
 async def measure(name: str, args: argparse.Namespace) -> dict[str, str]:
     row: dict[str, str] = {}
-    async with open_backend(name, args.dsn) as store:
+    async with open_backend(name, args.dsn) as (store, target):
         row["appends/s (no handler, 1 session)"] = (
             f"{await throughput(store, args.events, 1, handled=False):,.0f}"
         )
@@ -149,6 +202,26 @@ async def measure(name: str, args: argparse.Namespace) -> dict[str, str]:
         p50, p99 = await latency(store, args.latency)
         row["append -> handler start p50 (ms)"] = f"{p50:.3f}"
         row["append -> handler start p99 (ms)"] = f"{p99:.3f}"
+        p50, p99 = await feed_latency(store, store, args.latency)
+        row["append -> live feed p50 (ms)"] = f"{p50:.3f}"
+        row["append -> live feed p99 (ms)"] = f"{p99:.3f}"
+        polled = "n/a", "n/a"
+        floor = "n/a", "n/a"
+        if target is not None:
+            polling = a2trio.stores.postgres(target, listen=False)
+            try:
+                p50, p99 = await feed_latency(store, polling, args.latency)
+            finally:
+                await polling.aclose()
+            polled = f"{p50:.3f}", f"{p99:.3f}"
+            rate, notify = await trio.to_thread.run_sync(
+                postgres_floor, target, args.events, args.latency
+            )
+            floor = f"{rate:,.0f}", f"{notify:.3f}"
+        row["append -> live feed, polling p50 (ms)"] = polled[0]
+        row["append -> live feed, polling p99 (ms)"] = polled[1]
+        row["floor: bare insert transactions/s"] = floor[0]
+        row["floor: bare NOTIFY round trip p50 (ms)"] = floor[1]
     return row
 
 
