@@ -274,6 +274,8 @@ class Server:
 
         For tests: after ``settle()`` every inline append's reaction has run to
         an outcome (handlers that wait on time still need the clock to move).
+
+        Cancellation: only waits; cancelling it leaves the background alone.
         """
         while self._background:
             await self._idle.wait()
@@ -512,6 +514,9 @@ class Server:
         Raises:
           ValueError: the task is for another contract.
           A2Error: the append failed (the scheduler retries the task).
+
+        Cancellation: safe to retry: appends replay by their deterministic
+        ids and a drain is idempotent.
         """
         if task.contract != self.contract.name:
             raise ValueError(

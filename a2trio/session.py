@@ -52,6 +52,11 @@ class Session:
             ``PARTIAL_DUPLICATE_BATCH``, ``STORE_UNAVAILABLE``; ``FORBIDDEN``
             when ``validate_push`` refuses. Nothing is written on any error.
           TypeError: no events, or an argument that is not an append input.
+          RuntimeError: the server is not open (checked before writing).
+
+        Cancellation: a checkpoint. Cancelled midway, every event was written
+        or none was; retrying with the same ids replays instead of duplicating.
+        The drain it wakes lives in the server's nursery, not in this task.
         """
         return await self._server._append_external(self.id, events, mode="inline")
 
@@ -60,6 +65,9 @@ class Session:
 
         Raises:
           TypeError: the server has no scheduler.
+
+        Cancellation: as :meth:`append`; cancelled after the commit and before
+        the scheduler armed the drain, the next append or watchdog drains it.
         """
         return await self._server._append_external(self.id, events, mode="dispatch")
 
@@ -73,6 +81,9 @@ class Session:
         Raises:
           TypeError: no scheduler, an empty name, no events, bad timing.
           A2Error: a bad payload, or ``PARTIAL_DUPLICATE_BATCH`` for an id twice.
+
+        Cancellation: a checkpoint; safe to retry (the schedule id makes a
+        repeat a no-op).
         """
         await self._server._schedule(self.id, name, timing, events, trigger=None)
 
@@ -81,6 +92,8 @@ class Session:
 
         Raises:
           ValueError: a bound that is not a non-negative int, or ``gte > lte``.
+
+        Cancellation: a read; nothing to undo.
         """
         return await self._server._history(self.id, gte, lte)
 
@@ -90,6 +103,9 @@ class Session:
         Starts from the cached snapshot (refolding from the log if it fails
         ``reducer.state_type``) and writes a fresher snapshot back in the
         background.
+
+        Cancellation: a read; the snapshot write-back, if started, lives in the
+        server's nursery and is a disposable cache.
         """
         return await self._server._state(self.id, reducer)
 
@@ -105,6 +121,10 @@ class Session:
 
         The feed's task lives inside this block; leaving it stops the feed and
         releases the store's listener.
+
+        Cancellation: ``feed.receive()`` is a checkpoint; cancelling it loses
+        nothing (the next receive returns the same next item). An exception
+        raised in the block propagates as itself.
         """
         async with self._server._stream(self.id, start_after, presence) as feed:
             yield feed
@@ -126,11 +146,22 @@ class Session:
         Never an append. ``at`` is the sender's last-writer-wins stamp in epoch
         ms (receipt time when absent); ``seen`` the log index the participant
         has seen.
+
+        Raises:
+          A2Error: ``UNKNOWN_PRESENCE_FIELD`` or ``INVALID_PAYLOAD`` (nothing is
+            stored); ``FORBIDDEN`` from ``validate_push`` for wire input.
+          TypeError / ValueError: a bad participant, ``at`` or ``seen``.
+
+        Cancellation: a checkpoint; a patch applies whole or not at all per
+        store, and repeating it is harmless (last writer wins).
         """
         await self._server._set_presence(self.id, participant, values, seen, at, fallback_seen=0)
 
     async def presence(self) -> PresenceMap:
-        """The current presence map, expired values pruned."""
+        """The current presence map, expired values pruned.
+
+        Cancellation: a read; nothing to undo.
+        """
         return await self._server._read_presence(self.id)
 
 
