@@ -8,9 +8,12 @@ sqlite (degraded tier: re-read and diffed on the feed's cadence).
 from __future__ import annotations
 
 import importlib
+import os
 import secrets
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +25,7 @@ from a2trio.stores.conformance import ManualClock
 from .apps import Cursor, Note, rooms
 
 BACKENDS = ["memory", "sqlite", "postgres"]
+ROOT = str(Path(__file__).resolve().parent.parent)
 FAST = a2trio.Timings(poll_idle_s=0.05, poll_active_s=0.01, notify_safety_s=0.05)
 
 
@@ -222,3 +226,30 @@ async def test_expired_fields_surface_as_none_patches_on_every_tier(backend: str
                 patch = await feed.receive()
     assert isinstance(patch, a2trio.PresencePatch)
     assert (patch.participant, patch.values, patch.seen) == ("ann", {"typing": None}, 2)
+
+
+async def test_a_patch_set_in_another_process_reaches_a_postgres_subscriber() -> None:
+    from .backends.postgres import database_dsn
+
+    dsn = await database_dsn()
+    schema = f"s_{secrets.token_hex(6)}"
+    store = a2trio.stores.postgres(dsn, schema=schema)
+    async with a2trio.Server(rooms, store=store) as server:
+        async with server.session("shared").stream(presence=True) as feed:
+            with trio.fail_after(30):
+                assert isinstance(await feed.receive(), a2trio.PresenceSnapshot)
+                await trio.run_process(
+                    [
+                        sys.executable,
+                        "-m",
+                        "tests.pg_workers.presence_writer",
+                        dsn,
+                        schema,
+                        "shared",
+                    ],
+                    cwd=ROOT,
+                    env={**os.environ, "PYTHONPATH": ROOT},
+                )
+                patch = await feed.receive()
+    assert isinstance(patch, a2trio.PresencePatch)
+    assert (patch.participant, patch.values) == ("ann", {"typing": True})
