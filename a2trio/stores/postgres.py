@@ -9,6 +9,12 @@ with Trio-native socket waits, and sends each transaction as one pipeline:
 a single round trip. Statements are prepared once per connection. Connections
 come from a small Trio pool; one is held only while its pipeline is in flight.
 
+**Group commit.** Inside ``async with store:`` appends, claims and
+completions go through ``_pg_group``: the ones that arrive while a
+transaction is in flight share the next one (one round trip, one WAL flush),
+each statement still fenced on its own attempt and holder. Outside it (no
+nursery for the committers) each runs in its own transaction as before.
+
 **Exactly once across processes.** The semantics are the seed's
 ``store-postgres.ts`` (``_pg_sql`` ports each statement and says where it
 folded several into one):
