@@ -137,6 +137,8 @@ class _Drain:
         self.processed = 0
         self.saw_failure = False
         self.claim_again = False
+        # The last finished completion said nothing else is left to claim.
+        self.drained = False
         self._dirty = False
         self._changed = trio.Event()
         self._stop_renewing = False
@@ -227,6 +229,10 @@ class _Drain:
                 await self._wait_changed()
                 changed = self.signal is not None and self.signal.version != version
                 should_claim = self.claim_again or not self.active or changed
+                if should_claim and not self.active and not changed and not self.claim_again:
+                    if self.drained:
+                        # The store said so at the last commit: skip the final claim.
+                        return self._finished()
                 self.claim_again = False
                 continue
             if not should_claim:
@@ -240,9 +246,12 @@ class _Drain:
                 grace_ms = int(self.timings.watchdog_grace_s * 1000)
                 self._request_watchdog(claim.retry_at_ms + grace_ms)
                 return DrainResult(False, "busy", self.processed, claim.retry_at_ms)
-            if self.saw_failure:
-                return DrainResult(False, "stalled", self.processed)
-            return DrainResult(True, "settled", self.processed)
+            return self._finished()
+
+    def _finished(self) -> DrainResult:
+        if self.saw_failure:
+            return DrainResult(False, "stalled", self.processed)
+        return DrainResult(True, "settled", self.processed)
 
     def _start(self, event: StoredEvent, expires_at: float) -> None:
         previous = self.active.get(event.index)
@@ -251,13 +260,15 @@ class _Drain:
             previous.fence("superseded by this drain's re-claim")
         entry = _Entry(event.index, event.attempt_count, expires_at)
         self.active[event.index] = entry
+        self.drained = False
         assert self._nursery is not None
         self._nursery.start_soon(self._run_event, event, entry)
 
     async def _run_event(self, event: StoredEvent, entry: _Entry) -> None:
-        status, opens_lane, appended = await self._attempt(event, entry)
+        status, opens_lane, appended, drained = await self._attempt(event, entry)
         if self.active.get(event.index) is entry:
             del self.active[event.index]
+        self.drained = drained and not entry.fenced
         if not entry.fenced:
             if status == "processed":
                 self.processed += 1
@@ -267,7 +278,9 @@ class _Drain:
             self.claim_again = self.claim_again or opens_lane or appended
         self.poke()
 
-    async def _attempt(self, event: StoredEvent, entry: _Entry) -> tuple[EventStatus, bool, bool]:
+    async def _attempt(
+        self, event: StoredEvent, entry: _Entry
+    ) -> tuple[EventStatus, bool, bool, bool]:
         server = self.server
         registration = server._handlers.get(event.type)
         # The default telemetry records nothing: skip building its attributes
@@ -306,17 +319,17 @@ class _Drain:
                     raise subscription.error
                 if entry.fenced:
                     span.set_attribute("a2.event.outcome", "superseded")
-                    return "superseded", False, False
+                    return "superseded", False, False, False
                 if entry.lease.cancelled_caught or (
                     abort_scope.cancelled_caught and entry.lease.cancel_called
                 ):
                     span.set_attribute("a2.event.outcome", "surrendered")
-                    return "surrendered", False, False
+                    return "surrendered", False, False, False
                 was_aborted = aborted.is_set()
                 returned = [] if abort_scope.cancelled_caught else server._returned(event, result)
             except Exception as exc:
                 span.record_error(exc)
-                return await self._fail(event, exc, span)
+                return (*await self._fail(event, exc, span), False)
             finally:
                 if subscription is not None:
                     subscription.close()
@@ -327,14 +340,19 @@ class _Drain:
             except Exception as exc:
                 span.record_error(exc)
                 span.set_attribute("a2.event.outcome", "surrendered")
-                return "surrendered", False, False
+                return "surrendered", False, False, False
             if completion.outcome == "superseded":
                 span.set_attribute("a2.event.outcome", "superseded")
-                return "superseded", False, False
+                return "superseded", False, False, False
             span.set_attribute("a2.event.outcome", "processed")
             if was_aborted:
                 span.set_attribute("a2.event.aborted", True)
-            return "processed", event.lane is not None, bool(completion.events)
+            return (
+                "processed",
+                event.lane is not None,
+                bool(completion.events),
+                completion.drained,
+            )
 
     async def _fail(
         self, event: StoredEvent, error: BaseException, span: Any

@@ -335,7 +335,13 @@ verdict as (
     end as outcome,
     (select processed_by_attempt from parent) as processed_by_attempt,
     (select returned_event_ids from parent) as returned_event_ids,
-    (select coalesce(max(idx), 0) from a2_events where session_id = $1::text) as base
+    (select coalesce(max(idx), 0) from a2_events where session_id = $1::text) as base,
+    -- The drain's hint: nothing else unprocessed and alive (a2trio addition).
+    not exists (select 1 from a2_events o
+                 where o.session_id = $1::text and o.processed_at is null
+                   and o.failed_at is null and o.idx <> $2::bigint)
+      and not exists (select 1 from jsonb_to_recordset($5::jsonb) as n(settled boolean)
+                       where not coalesce(n.settled, false)) as drained
 ),
 batch as (
   select * from jsonb_to_recordset($5::jsonb)
@@ -383,7 +389,7 @@ rows_ as (
   union all
   select 1 as tag, {EVENT_COLUMNS} from inserted
 )
-select v.outcome, v.processed_by_attempt, v.returned_event_ids, {_cols("r")}
+select v.outcome, v.processed_by_attempt, v.returned_event_ids, v.drained, {_cols("r")}
   from verdict v left join rows_ r on true
  order by r.tag, r.idx
 """

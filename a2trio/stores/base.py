@@ -170,10 +170,17 @@ class RenewResult(msgspec.Struct, frozen=True):
 
 
 class CompleteResult(msgspec.Struct, frozen=True):
-    """``completed`` with the returned events as stored, or ``superseded``."""
+    """``completed`` with the returned events as stored, or ``superseded``.
+
+    ``drained`` is a hint that saves a drain its final "nothing left" claim:
+    True only if, as of this completion's commit, the session holds no
+    unprocessed event that is not dead-lettered (the returned events
+    included). A store may always say False; it must never say True falsely.
+    """
 
     outcome: Literal["completed", "superseded"]
     events: list[StoredEvent] = msgspec.field(default_factory=list)
+    drained: bool = False
 
 
 class FailResult(msgspec.Struct, frozen=True):

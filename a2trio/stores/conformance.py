@@ -865,6 +865,31 @@ async def check_complete_attempt_fences_zombies(open_store: StoreFactory) -> Non
         await _unchanged(store, sid, before)
 
 
+async def check_complete_attempt_drained_hint(open_store: StoreFactory) -> None:
+    """``drained`` is never True while a live event is unprocessed (a store may
+    always say False); dead letters and settled returns do not count."""
+    async with open_store(ManualClock()) as store:
+        sid = _sid("drained")
+        await _append_n(store, sid, 3)
+        assert _indexes(_claimed(await _claim(store, sid))) == [1, 2, 3]
+        dead = await store.fail_attempt(sid, index=3, attempt=1, error="e", max_failures=1)
+        assert dead.outcome == "dead_lettered"
+        first = await store.complete_attempt(sid, index=1, attempt=1, events=[])
+        assert not first.drained, "event 2 is still unprocessed"
+        second = await store.complete_attempt(sid, index=2, attempt=1, events=[_ev(id=_uid("r"))])
+        assert not second.drained, "the returned event is unprocessed"
+        [returned] = _claimed(await _claim(store, sid))
+        settled_reply = _ev("reply", id=_uid("s"), settled=True)
+        last = await store.complete_attempt(
+            sid, index=returned.index, attempt=1, events=[settled_reply]
+        )
+        if last.drained:
+            rows = await store.read(sid)
+            live = [r.index for r in rows if r.processed_at_ms is None and r.failed_at_ms is None]
+            assert live == [], f"drained while {live} are unprocessed"
+        assert await _claim(store, sid) == Settled()
+
+
 async def check_fail_attempt(open_store: StoreFactory) -> None:
     """Failures release the claim, count, repeat idempotently and dead-letter at the limit."""
     clock = ManualClock()
@@ -1238,6 +1263,7 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_complete_attempt_rejects_a_different_batch,
     check_complete_attempt_replay_keeps_types,
     check_complete_attempt_fences_zombies,
+    check_complete_attempt_drained_hint,
     check_fail_attempt,
     check_snapshots,
     check_read_states,

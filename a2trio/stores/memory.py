@@ -537,7 +537,8 @@ class MemoryStore:
                 successor.lane_ready = True
         if inserted:
             self._wakeups.notify(session_id)
-        return CompleteResult("completed", inserted)
+        drained = all(row.failed_at_ms is not None for row in open_rows.values())
+        return CompleteResult("completed", inserted, drained)
 
     async def fail_attempt(
         self,

@@ -837,8 +837,8 @@ class PostgresStore:
                 [rows] = await self._transaction([(sql.COMPLETE, params)], lock=session_id)
             else:
                 rows = await self._groups.submit(self._nursery, "complete", session_id, params)
-        outcome, processed_by_attempt, returned_event_ids = rows[0][:3]
-        stored = [_stored(row, 3) for row in rows if row[3] is not None]
+        outcome, processed_by_attempt, returned_event_ids, drained = rows[0][:4]
+        stored = [_stored(row, 4) for row in rows if row[4] is not None]
         if outcome == "missing":
             raise _no_event(session_id, index)
         if outcome == "superseded":
@@ -854,7 +854,7 @@ class PostgresStore:
             )
         if stored:
             self._wakeups.notify(session_id)
-        return CompleteResult("completed", stored)
+        return CompleteResult("completed", stored, drained)
 
     async def fail_attempt(
         self,
