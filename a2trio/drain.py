@@ -300,33 +300,38 @@ class _Drain:
                 attributes["a2.event.lane"] = event.lane
         with server.telemetry.span("a2.event", attributes) as span:
             aborted = trio.Event()
-            abort_scope = trio.CancelScope()
+            # Only handlers with ``abort_on`` get an abort scope: a cancel scope
+            # per event showed in the drain's profile.
+            abort_scope: trio.CancelScope | None = None
             subscription: AbortSubscription | None = None
             result: Any = None
             try:
                 if registration is not None and registration.abort_on is not None:
+                    abort_scope = trio.CancelScope()
                     subscription = self._abort_hub().subscribe(
                         event, registration.abort_on, event.attempt_count, abort_scope, aborted
                     )
                 with entry.lease:
                     if subscription is not None:
                         await subscription.catch_up()
-                    with abort_scope:
-                        if registration is not None:
-                            ctx = server._handler_context(event, aborted)
+                    if registration is not None:
+                        ctx = server._handler_context(event, aborted)
+                        if abort_scope is None:
                             result = await registration.fn(ctx)
+                        else:
+                            with abort_scope:
+                                result = await registration.fn(ctx)
                 if subscription is not None and subscription.error is not None:
                     raise subscription.error
+                aborted_caught = abort_scope is not None and abort_scope.cancelled_caught
                 if entry.fenced:
                     span.set_attribute("a2.event.outcome", "superseded")
                     return "superseded", False, False, False
-                if entry.lease.cancelled_caught or (
-                    abort_scope.cancelled_caught and entry.lease.cancel_called
-                ):
+                if entry.lease.cancelled_caught or (aborted_caught and entry.lease.cancel_called):
                     span.set_attribute("a2.event.outcome", "surrendered")
                     return "surrendered", False, False, False
                 was_aborted = aborted.is_set()
-                returned = [] if abort_scope.cancelled_caught else server._returned(event, result)
+                returned = [] if aborted_caught else server._returned(event, result)
             except Exception as exc:
                 span.record_error(exc)
                 return (*await self._fail(event, exc, span), False)
