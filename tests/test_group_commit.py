@@ -191,3 +191,39 @@ async def test_a_member_cancelled_in_flight_writes_nothing_and_the_others_run_ag
         result = await store.append("s", [AppendEvent("job", {}, id="s-2")])
         assert [(e.id, e.index) for e in result.events] == [("s-2", 1)]
         assert store.group_statistics().groups - before.groups == 1
+
+
+async def test_one_statement_finishes_a_sessions_events_each_on_its_own_fence() -> None:
+    async with _store() as store:
+        await store.append("d", [AppendEvent("job", {}, id="d-1")])
+        assert await _claim_one(store, "d", "h1") == 1
+        await store.append("d", [AppendEvent("job", {}, id="d-2")])
+        now = store.clock.now_ms()
+        assert await _claim_one(store, "d", "zombie", expires_at_ms=now - 1) == 1
+        assert await _claim_one(store, "d", "h2") == 2
+        results = await _together_on(store, "d", [(1, 1), (2, 1)])
+        assert [(r.outcome, r.drained) for r in results] == [
+            ("completed", False),
+            ("superseded", False),
+        ]
+        [late] = await _together_on(store, "d", [(2, 2)])
+        assert (late.outcome, late.drained) == ("completed", True)
+        assert [r.processed_by_attempt for r in await store.read("d")] == [1, 2]
+
+
+async def _together_on(
+    store: PostgresStore, session_id: str, claims: list[tuple[int, int]]
+) -> list[CompleteResult]:
+    results: dict[int, CompleteResult] = {}
+
+    async def one(position: int, index: int, attempt: int) -> None:
+        results[position] = await store.complete_attempt(
+            session_id, index=index, attempt=attempt, events=[]
+        )
+
+    before = store.group_statistics()
+    async with trio.open_nursery() as nursery:
+        for position, (index, attempt) in enumerate(claims):
+            nursery.start_soon(one, position, index, attempt)
+    assert store.group_statistics().groups - before.groups == 1
+    return [results[position] for position in range(len(claims))]

@@ -56,11 +56,13 @@ from ._pg_conn import Param, PgConnectionError, PgError, Row
 
 __all__ = ["LOCKING", "GroupCommitter", "GroupStatistics", "Kind", "Request"]
 
-Kind = Literal["complete", "append", "claim"]
+# ``finish`` is a completion that returns no events (one set-based statement
+# can finish many of a session's events).
+Kind = Literal["complete", "finish", "append", "claim"]
 # Within a session: the writers that take its lock, then the claims, so a claim
 # sees what the group's completions and appends made eligible.
-_ORDER = {"complete": 0, "append": 1, "claim": 2}
-LOCKING: frozenset[Kind] = frozenset({"complete", "append"})
+_ORDER = {"complete": 0, "finish": 0, "append": 1, "claim": 2}
+LOCKING: frozenset[Kind] = frozenset({"complete", "finish", "append"})
 
 
 class GroupStatistics(msgspec.Struct, frozen=True):

@@ -396,6 +396,70 @@ select v.outcome, v.processed_by_attempt, v.returned_event_ids, v.drained, {_col
 )
 
 
+# `COMPLETE` for completions that return no events, set-based: one statement
+# completes many events of one session (group commit hands it every such
+# completion it holds for the session, indexes distinct). Each row keeps its
+# own fence and verdict exactly as `COMPLETE` computes them; `drained` sees
+# every completion of the statement as done.
+#   $1 session, $2 idx[], $3 attempt[], $4 now
+FINISH = Statement(
+    """
+with req as (
+  select * from unnest($2::bigint[], $3::int[]) as r(idx, attempt)
+),
+parent as materialized (
+  select e.idx, e.lane, e.attempt_count, e.claim_holder, e.failed_at, e.processed_at,
+         e.processed_by_attempt, e.returned_event_ids
+    from a2_events e
+   where e.session_id = $1::text and e.idx = any($2::bigint[])
+   order by e.idx
+   for update
+),
+verdict as materialized (
+  select r.idx, r.attempt, p.lane, p.processed_by_attempt, p.returned_event_ids,
+    case
+      when p.idx is null then 'missing'
+      when p.processed_at is not null then 'replay'
+      when p.attempt_count <> r.attempt or p.claim_holder is null
+           or p.failed_at is not null then 'superseded'
+      else 'completed'
+    end as outcome
+    from req r left join parent p on p.idx = r.idx
+),
+done as (
+  select idx from verdict where outcome = 'completed'
+),
+processed as (
+  update a2_events e set
+    processed_at = $4::bigint,
+    processed_by_attempt = v.attempt,
+    returned_event_ids = '[]'::jsonb,
+    lane_ready = false,
+    claim_holder = null,
+    claim_expires_at = null
+  from verdict v
+  where v.outcome = 'completed' and e.session_id = $1::text and e.idx = v.idx
+),
+handed_on as (
+  update a2_events e set lane_ready = true
+   where e.session_id = $1::text
+     and e.idx in (select (select min(l.idx) from a2_events l
+                            where l.session_id = $1::text and l.lane = v.lane
+                              and l.processed_at is null
+                              and l.idx not in (select idx from done))
+                     from verdict v
+                    where v.outcome = 'completed' and v.lane is not null)
+)
+select v.idx, v.outcome, v.processed_by_attempt, v.returned_event_ids,
+       not exists (select 1 from a2_events o
+                    where o.session_id = $1::text and o.processed_at is null
+                      and o.failed_at is null and o.idx not in (select idx from done))
+  from verdict v
+ order by v.idx
+"""
+)
+
+
 # store-postgres.ts `failAttempt`, verbatim.
 #   $1 session, $2 idx, $3 attempt, $4 error, $5 max failures, $6 now
 FAIL = Statement(

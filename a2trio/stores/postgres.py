@@ -535,18 +535,49 @@ class PostgresStore:
 
     async def _run_group(self, group: Sequence[Request]) -> list[list[Row]]:
         """One transaction for a group in lock order: each session's lock before
-        its first completion or append, then its statements (see ``_pg_group``)."""
+        its first writer, then its statements (see ``_pg_group``). A session's
+        consecutive ``finish`` members on distinct events share one ``FINISH``
+        statement; each member gets its own row back."""
         batch: list[tuple[Statement, Sequence[Param]]] = []
-        positions: list[int] = []
+        answers: list[tuple[int, int | None]] = []  # (statement, row index filter)
         locked: str | None = None
-        for request in group:
+        at = 0
+        while at < len(group):
+            request = group[at]
             if request.kind in LOCKING and request.session_id != locked:
                 batch.append((sql.LOCK, (request.session_id,)))
                 locked = request.session_id
-            positions.append(len(batch))
-            batch.append((_GROUPED[request.kind], request.params))
+            if request.kind != "finish":
+                answers.append((len(batch), None))
+                batch.append((_GROUPED[request.kind], request.params))
+                at += 1
+                continue
+            members = [request]
+            indexes = {request.params[1]}
+            at += 1
+            while (
+                at < len(group)
+                and group[at].kind == "finish"
+                and group[at].session_id == request.session_id
+                and group[at].params[1] not in indexes
+            ):
+                members.append(group[at])
+                indexes.add(group[at].params[1])
+                at += 1
+            for member in members:
+                answers.append((len(batch), cast(int, member.params[1])))
+            params = (
+                request.session_id,
+                [m.params[1] for m in members],
+                [m.params[2] for m in members],
+                request.params[3],
+            )
+            batch.append((sql.FINISH, cast(Sequence[Param], params)))
         rows = await self._transaction(batch, lock=None)
-        return [rows[position] for position in positions]
+        return [
+            rows[position] if index is None else [r for r in rows[position] if r[0] == index]
+            for position, index in answers
+        ]
 
     def group_statistics(self) -> GroupStatistics:
         """How claims and completions were group-committed (tests, benchmarks)."""
@@ -802,6 +833,8 @@ class PostgresStore:
         Cancellation: committed entirely or not at all; a repeat by the same
         attempt with the same ids replays.
         """
+        if not events:
+            return await self._finish(session_id, index, attempt)
         ids = [e.id for e in events]
         if any(i is None for i in ids):
             raise ValueError("returned events need ids (the server derives them)")
@@ -855,6 +888,28 @@ class PostgresStore:
         if stored:
             self._wakeups.notify(session_id)
         return CompleteResult("completed", stored, drained)
+
+    async def _finish(self, session_id: str, index: int, attempt: int) -> CompleteResult:
+        """``complete_attempt`` without returned events, through ``FINISH``."""
+        now = self.clock.now_ms()
+        with store_unavailable("complete"):
+            if self._nursery is None:
+                [rows] = await self._transaction(
+                    [(sql.FINISH, (session_id, [index], [attempt], now))], lock=session_id
+                )
+            else:
+                params = (session_id, index, attempt, now)
+                rows = await self._groups.submit(self._nursery, "finish", session_id, params)
+        [(_, outcome, processed_by_attempt, returned_event_ids, drained)] = rows
+        if outcome == "missing":
+            raise _no_event(session_id, index)
+        if outcome == "superseded":
+            return CompleteResult("superseded")
+        if outcome == "replay":
+            return _replay_completion(
+                session_id, index, attempt, [], processed_by_attempt, returned_event_ids, []
+            )
+        return CompleteResult("completed", [], drained)
 
     async def fail_attempt(
         self,
