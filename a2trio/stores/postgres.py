@@ -652,8 +652,14 @@ class PostgresStore:
             if self._listening.is_set():
                 wait = timings.poll_active_s
                 return timings.notify_safety_s
-            wait = timings.poll_active_s if active else min(wait * 2, timings.poll_idle_s)
-            return wait
+            if active:
+                wait = timings.poll_active_s
+                return wait
+            # The first empty read after rows still waits the active cadence;
+            # only then does the wait double toward the idle ceiling.
+            waited = wait
+            wait = min(wait * 2, timings.poll_idle_s)
+            return waited
 
         return poll
 
