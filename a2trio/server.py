@@ -142,6 +142,9 @@ class Server:
       timings: every duration; see :class:`~a2trio.Timings`.
       clock: epoch ms for due times and presence stamps; defaults to the
         store's clock.
+      asyncio_loop: open a trio-asyncio loop for the server's lifetime, so
+        handlers can call asyncio-only libraries through
+        ``trio_asyncio.aio_as_trio`` (needs the ``asyncio`` extra).
 
     Raises:
       TypeError / ValueError: a bad handler, ``abort_on`` or lane, a presence
@@ -162,6 +165,7 @@ class Server:
         presence_ttl_ms: int | None = None,
         timings: Timings = DEFAULT_TIMINGS,
         clock: Clock | None = None,
+        asyncio_loop: bool = False,
     ) -> None:
         if not isinstance(contract, Contract):
             raise TypeError(f"Server expects a contract from a2trio.contract(), got {contract!r}")
@@ -203,6 +207,14 @@ class Server:
         self.clock: Clock = clock or (
             store_clock if isinstance(store_clock, Clock) else SYSTEM_CLOCK
         )
+        if asyncio_loop:
+            try:
+                import trio_asyncio  # noqa: F401 - checked here, opened in __aenter__
+            except ImportError as exc:
+                raise TypeError(
+                    "asyncio_loop=True needs trio-asyncio: pip install 'a2trio[asyncio]'"
+                ) from exc
+        self.asyncio_loop = asyncio_loop
         self._prefix = contract.name + _NS
         self._nursery: trio.Nursery | None = None
         self._stack: AsyncExitStack | None = None
@@ -225,6 +237,11 @@ class Server:
             raise RuntimeError(f"cannot reopen {self!r}: create a new Server")
         stack = AsyncExitStack()
         try:
+            if self.asyncio_loop:
+                import trio_asyncio
+
+                # Entered first, left last: handlers and drains run inside it.
+                await stack.enter_async_context(trio_asyncio.open_loop())
             await stack.enter_async_context(self.store)
             if self.scheduler is not None:
                 await stack.enter_async_context(self.scheduler.bind(self))

@@ -236,3 +236,24 @@ async def test_an_error_in_the_server_block_propagates_unwrapped() -> None:
             async with server.session("s").stream() as feed:
                 assert feed is not None
                 raise KeyError("mine")
+
+
+async def test_asyncio_loop_lets_handlers_call_asyncio_libraries() -> None:
+    import asyncio
+
+    import trio_asyncio
+
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> a2trio.AppendInput:
+        item = await trio_asyncio.aio_as_trio(_asyncio_lookup)(ctx.event.payload.item)
+        return orders.event("shipped", Shipped(item))
+
+    async def _asyncio_lookup(item: str) -> str:
+        await asyncio.sleep(0)
+        return item.upper()
+
+    server = a2trio.Server(orders, store=memory(), handlers={"ordered": ship}, asyncio_loop=True)
+    async with server:
+        session = server.session("s1")
+        await session.append(orders.event("ordered", Ordered("book")))
+        await server.settle()
+        assert [e.payload for e in await session.history()][-1] == Shipped("BOOK")
