@@ -26,6 +26,7 @@ from .clock import SYSTEM_CLOCK, Clock, ms_to_datetime
 from .contract import AppendInput, Contract, Event, Reducer
 from .drain import DrainResult, DrainSignal, drain_session
 from .errors import A2Error, ErrorCode, store_unavailable
+from .fanout import SessionFanout, open_shared_feed
 from .handlers import HandlerContext, HandlerSpec, handler
 from .ids import returned_event_id, schedule_id, scheduled_event_id
 from .scheduler import AppendTask, DrainTask, ScheduledEvent, Scheduler, SchedulerTask
@@ -224,6 +225,7 @@ class Server:
         self._idle = trio.Event()
         self._idle.set()
         self._armed: dict[tuple[str, int], float] = {}
+        self._fanouts: dict[str, SessionFanout] = {}
 
     def __repr__(self) -> str:
         return f"Server({self.contract.name!r}, store={type(self.store).__name__})"
@@ -688,6 +690,17 @@ class Server:
 
             async with open_presence_feed(self, session_id, start_after) as feed:
                 yield feed
+            return
+        if self._nursery is not None:
+            async with open_shared_feed(
+                self._fanouts,
+                self._nursery,
+                self.store,
+                self._key(session_id),
+                self._to_public,
+                start_after,
+            ) as shared:
+                yield shared
             return
         async with self.store.stream(self._key(session_id), start_after=start_after) as rows:
             yield _EventFeed(rows, self._to_public)
