@@ -205,6 +205,12 @@ class _TwoPlaneFeed(Feed["Event[Any] | PresencePatch | PresenceSnapshot"]):
         else:
             self._painted[key] = _Stamp(seen, at_ms, _fingerprint(value))
 
+    def _painted_already(self, key: tuple[str, str], value: Any, seen: int, at_ms: int) -> bool:
+        painted = self._painted.get(key)
+        if value is None:
+            return painted is None
+        return painted == _Stamp(seen, at_ms, _fingerprint(value))
+
     def _diff(self, rows: list[PresenceRow]) -> bool:
         """Queue what changed since the last paint; return whether anything did."""
         changed = False
@@ -290,6 +296,8 @@ class _TwoPlaneFeed(Feed["Event[Any] | PresencePatch | PresenceSnapshot"]):
             if self._queue:
                 key = next(iter(self._queue))
                 value, seen, at_ms = self._queue.pop(key)
+                if self._painted_already(key, value, seen, at_ms):
+                    continue  # a repaint of what the reader has: nothing to say
                 self._paint(key, value, seen, at_ms)
                 values = {key[1]: self._server.contract.decode_presence(key[1], value)}
                 return PresencePatch(key[0], values, seen, at_ms)

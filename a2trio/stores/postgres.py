@@ -621,6 +621,7 @@ class PostgresStore:
             await conn.script(f'listen "{events}"; listen "{presence}"'.encode())
             self._listening.set()
             self._wakeups.notify_all()
+            await self._resync_presence()
             while True:
                 await trio.lowlevel.wait_readable(conn.socket)
                 for channel, payload in conn.notifies():
@@ -630,6 +631,24 @@ class PostgresStore:
                         self._deliver_remote(payload)
         finally:
             conn.close()
+
+    async def _resync_presence(self) -> None:
+        """Repaint every subscribed session from its rows, now that LISTEN is on.
+
+        A patch another process committed before this connection listened (a
+        subscriber that just arrived, or a reconnect) sent a NOTIFY nobody
+        heard. Subscribers paint idempotently (LWW per field), so delivering
+        the current rows once closes that gap without waiting for a feed's
+        safety read.
+        """
+        for session_id in list(self.presence._subscribers):
+            for row in await self.presence.read(session_id):
+                self.presence.deliver(
+                    session_id,
+                    StoredPresencePatch(
+                        row.participant, {row.field: row.value}, row.seen, row.at_ms
+                    ),
+                )
 
     def _deliver_remote(self, payload: str) -> None:
         try:
