@@ -263,19 +263,21 @@ class _TwoPlaneFeed(Feed["Event[Any] | PresencePatch | PresenceSnapshot"]):
 
         Degraded tier: this is the delivery path, on an adaptive cadence:
         ``poll_active_s`` after a change or an event, doubling to
-        ``poll_idle_s`` while nothing changes. Push tier: a safety read every
-        ``notify_safety_s``, so expired fields (which no store broadcasts)
-        surface as ``None`` patches.
+        ``poll_idle_s`` while nothing changes. Push tier: a safety read that
+        starts at ``poll_active_s`` and doubles to ``notify_safety_s``. The
+        early reads find a patch that another process committed before this
+        store's listener was on (no one heard its notification); the later
+        ones surface expired fields (which no store broadcasts) as ``None``.
         """
         timings = self._server.timings
+        push = self._api.push
         interval = timings.poll_active_s
         while True:
             self._events_flowing = trio.Event()
-            if self._api.push:
-                await trio.sleep(timings.notify_safety_s)
-            else:
-                with trio.move_on_after(interval):
-                    await self._events_flowing.wait()
+            with trio.move_on_after(interval):
+                if push:
+                    await trio.sleep_forever()
+                await self._events_flowing.wait()
             event_seen = self._events_flowing.is_set()
             try:
                 rows = await self._api.read(self._key)
@@ -285,8 +287,12 @@ class _TwoPlaneFeed(Feed["Event[Any] | PresencePatch | PresenceSnapshot"]):
                 self._wake.set()
                 return
             changed = self._diff(rows)
-            active = changed or event_seen
-            interval = timings.poll_active_s if active else min(interval * 2, timings.poll_idle_s)
+            if push:
+                interval = min(interval * 2, timings.notify_safety_s)
+            elif changed or event_seen:
+                interval = timings.poll_active_s
+            else:
+                interval = min(interval * 2, timings.poll_idle_s)
 
     async def receive(self) -> Event[Any] | PresencePatch | PresenceSnapshot:
         while True:

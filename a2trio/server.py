@@ -143,6 +143,12 @@ class Server:
       timings: every duration; see :class:`~a2trio.Timings`.
       clock: epoch ms for due times and presence stamps; defaults to the
         store's clock.
+      run_handlers: False for a process that only appends (an API tier): its
+        appends still record what the handlers imply (pending, lanes), but it
+        wakes no drain and follows no other process's appends; worker
+        processes on a store with cross-process wake-up (Postgres) run the
+        handlers at once. Explicit ``drain()`` and scheduler-delivered drains
+        still run them here.
       asyncio_loop: open a trio-asyncio loop for the server's lifetime, so
         handlers can call asyncio-only libraries through
         ``trio_asyncio.aio_as_trio`` (needs the ``asyncio`` extra).
@@ -167,6 +173,7 @@ class Server:
         timings: Timings = DEFAULT_TIMINGS,
         clock: Clock | None = None,
         asyncio_loop: bool = False,
+        run_handlers: bool = True,
     ) -> None:
         if not isinstance(contract, Contract):
             raise TypeError(f"Server expects a contract from a2trio.contract(), got {contract!r}")
@@ -216,6 +223,7 @@ class Server:
                     "asyncio_loop=True needs trio-asyncio: pip install 'a2trio[asyncio]'"
                 ) from exc
         self.asyncio_loop = asyncio_loop
+        self.run_handlers = run_handlers
         self._prefix = contract.name + _NS
         self._nursery: trio.Nursery | None = None
         self._stack: AsyncExitStack | None = None
@@ -248,6 +256,11 @@ class Server:
             if self.scheduler is not None:
                 await stack.enter_async_context(self.scheduler.bind(self))
             self._nursery = await stack.enter_async_context(trio.open_nursery())
+            watch_pending = getattr(self.store, "watch_pending", None)
+            if self._handlers and self.run_handlers and callable(watch_pending):
+                # Cross-process wake-up: work appended by another process
+                # starts here at once (stores that can tell, e.g. Postgres).
+                stack.callback(watch_pending(self._remote_append))
         except BaseException:
             await stack.aclose()
             raise
@@ -271,6 +284,10 @@ class Server:
         # in an ExceptionGroup.
         await stack.__aexit__(None, None, None)
         return None
+
+    def _remote_append(self, key: str) -> None:
+        if key.startswith(self._prefix) and self._nursery is not None:
+            self._wake_drain(key[len(self._prefix) :])
 
     def _spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         if self._nursery is None:
@@ -430,7 +447,8 @@ class Server:
                 ttl_ms = int(self.timings.claim_ttl_s * 1000)
                 grace_ms = int(self.timings.watchdog_grace_s * 1000)
                 watchdog_at = self._slot(self.clock.now_ms() + ttl_ms + grace_ms)
-            self._wake_drain(session_id, watchdog_at)
+            if self.run_handlers:
+                self._wake_drain(session_id, watchdog_at)
             # One arm per slot (the seed's startSchedulerArm), except that a
             # scheduler-delivered append must see its own arm succeed.
             if watchdog_at is not None and (

@@ -122,6 +122,11 @@ _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _RETRYABLE = frozenset({"23505", "40P01"})
 _ATTEMPTS = 3
 _LISTENER_BACKOFF_S = (0.05, 2.0)
+#: A notification for a session this store wrote to less than this long ago is
+#: taken for the echo of its own write and not announced to pending-work
+#: watchers (the local server already woke its drain). A real remote append in
+#: that window waits for the next wake-up, as it would without watching.
+_ECHO_WINDOW_S = 0.5
 _KEEPALIVE = {
     "keepalives": "1",
     "keepalives_idle": "10",
@@ -401,6 +406,8 @@ class PostgresStore:
         self._init_lock = trio.Lock()
         self._origin = random_id()
         self._wakeups = Wakeups()
+        self._pending_watchers: set[Callable[[str], None]] = set()
+        self._recent_writes: dict[str, float] = {}
         self._nursery: trio.Nursery | None = None
         self._nursery_cm: AbstractAsyncContextManager[trio.Nursery] | None = None
         self._entered = 0
@@ -621,34 +628,56 @@ class PostgresStore:
             await conn.script(f'listen "{events}"; listen "{presence}"'.encode())
             self._listening.set()
             self._wakeups.notify_all()
-            await self._resync_presence()
             while True:
                 await trio.lowlevel.wait_readable(conn.socket)
                 for channel, payload in conn.notifies():
                     if channel == events:
                         self._wakeups.notify(payload)
+                        self._announce(payload)
                     elif channel == presence:
                         self._deliver_remote(payload)
         finally:
             conn.close()
 
-    async def _resync_presence(self) -> None:
-        """Repaint every subscribed session from its rows, now that LISTEN is on.
+    def watch_pending(self, on_session: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``on_session(session_id)`` when another process appends to a session.
 
-        A patch another process committed before this connection listened (a
-        subscriber that just arrived, or a reconnect) sent a NOTIFY nobody
-        heard. Subscribers paint idempotently (LWW per field), so delivering
-        the current rows once closes that gap without waiting for a feed's
-        safety read.
+        The optional cross-process wake-up: a server with handlers passes its
+        drain wake-up here, so work appended elsewhere starts at once instead of
+        waiting for a watchdog. Notifications come through the store's one
+        listener (``listen=True``, inside ``async with store``); echoes of this
+        store's own writes are filtered out. Returns the function that stops it.
         """
-        for session_id in list(self.presence._subscribers):
-            for row in await self.presence.read(session_id):
-                self.presence.deliver(
-                    session_id,
-                    StoredPresencePatch(
-                        row.participant, {row.field: row.value}, row.seen, row.at_ms
-                    ),
-                )
+        self._pending_watchers.add(on_session)
+        self._start_listener()
+
+        def unwatch() -> None:
+            self._pending_watchers.discard(on_session)
+
+        return unwatch
+
+    def _wrote(self, session_id: str) -> None:
+        """A local write committed: wake local feeds."""
+        self._wakeups.notify(session_id)
+
+    def _writing(self, session_id: str) -> None:
+        """A local insert is about to commit: remember it, to skip its echo
+        (the notification can arrive before the writer resumes)."""
+        if self._pending_watchers:
+            now = trio.current_time()
+            if len(self._recent_writes) > 10_000:
+                cutoff = now - _ECHO_WINDOW_S
+                self._recent_writes = {k: t for k, t in self._recent_writes.items() if t > cutoff}
+            self._recent_writes[session_id] = now
+
+    def _announce(self, session_id: str) -> None:
+        if not self._pending_watchers:
+            return
+        wrote_at = self._recent_writes.get(session_id)
+        if wrote_at is not None and trio.current_time() - wrote_at < _ECHO_WINDOW_S:
+            return
+        for on_session in list(self._pending_watchers):
+            on_session(session_id)
 
     def _deliver_remote(self, payload: str) -> None:
         try:
@@ -690,6 +719,8 @@ class PostgresStore:
         Cancellation: committed entirely or not at all; retry with the same ids
         replays.
         """
+        if events:
+            self._writing(session_id)
         with store_unavailable("append"):
             if not events:
                 [(pending,)] = await self._query(sql.HAS_PENDING, (session_id,))
@@ -743,7 +774,7 @@ class PostgresStore:
                 f"attempt {cause.attempt} no longer owns event {superseded} "
                 f"in session {session_id!r}",
             )
-        self._wakeups.notify(session_id)
+        self._wrote(session_id)
         inserted = [
             StoredEvent(
                 id=event_id,
@@ -858,6 +889,8 @@ class PostgresStore:
         Cancellation: committed entirely or not at all; a repeat by the same
         attempt with the same ids replays.
         """
+        if events:
+            self._writing(session_id)
         if not events:
             return await self._finish(session_id, index, attempt)
         ids = [e.id for e in events]
@@ -911,7 +944,7 @@ class PostgresStore:
                 session_id, index, attempt, events, processed_by_attempt, returned_event_ids, stored
             )
         if stored:
-            self._wakeups.notify(session_id)
+            self._wrote(session_id)
         return CompleteResult("completed", stored, drained)
 
     async def _finish(self, session_id: str, index: int, attempt: int) -> CompleteResult:

@@ -1,0 +1,72 @@
+"""Work appended through one Postgres store starts at once in a server on another.
+
+Two store instances on one schema stand for two processes: the appending one
+declares the handlers but does not run them (``run_handlers=False``: an API
+process), the other runs them (a worker). The worker hears the append through
+its store's one LISTEN connection and drains, with no append of its own and no
+scheduler.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import trio
+
+import a2trio
+
+from .apps import Ordered, Shipped, orders
+from .backends.postgres import database_dsn
+
+
+async def test_a_worker_server_drains_what_another_process_appended() -> None:
+    dsn = await database_dsn()
+    schema = f"s_{secrets.token_hex(6)}"
+    ran: list[tuple[str, int]] = []
+    handled = trio.Event()
+
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> a2trio.AppendInput:
+        ran.append((ctx.event.session_id, ctx.attempt))
+        handled.set()
+        return orders.event("shipped", Shipped(ctx.event.payload.item))
+
+    api_store = a2trio.stores.postgres(dsn, schema=schema)
+    worker_store = a2trio.stores.postgres(dsn, schema=schema)
+    api = a2trio.Server(orders, store=api_store, handlers={"ordered": ship}, run_handlers=False)
+    worker = a2trio.Server(orders, store=worker_store, handlers={"ordered": ship})
+    async with api, worker:
+        await worker_store.wait_listening()
+        await api.session("o1").append(orders.event("ordered", Ordered("book")))
+        with trio.fail_after(10):
+            await handled.wait()
+            await worker.settle()
+        history = await api.session("o1").history()
+    assert ran == [("o1", 1)]
+    assert [e.type for e in history] == ["ordered", "shipped"]
+
+
+async def test_a_servers_own_appends_are_not_drained_twice() -> None:
+    dsn = await database_dsn()
+    schema = f"s_{secrets.token_hex(6)}"
+    claims = 0
+    store = a2trio.stores.postgres(dsn, schema=schema)
+    original = store.claim_available
+
+    async def counting(*args: object, **kwargs: object) -> a2trio.stores.base.ClaimResult:
+        nonlocal claims
+        claims += 1
+        return await original(*args, **kwargs)  # type: ignore[arg-type]
+
+    store.claim_available = counting  # type: ignore[method-assign]
+
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> None:
+        return None
+
+    async with a2trio.Server(orders, store=store, handlers={"ordered": ship}) as server:
+        await store.wait_listening()
+        await server.session("o1").append(orders.event("ordered", Ordered("a")))
+        await server.settle()
+        await trio.sleep(0.3)  # the echo of our own append arrives and is ignored
+        await server.settle()
+    # One claim to take the event; the completion said nothing was left.
+    assert claims == 1
