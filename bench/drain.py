@@ -15,6 +15,9 @@ Measures, with a no-op handler on the real clock:
 * append -> live-feed delivery p50/p99 (for Postgres with LISTEN/NOTIFY, and
   with polling: a second store instance with ``listen=False`` follows what the
   first appends, as another process would);
+* for Postgres, append -> handler start in another "process" (an API server
+  with ``run_handlers=False`` appends; a worker on a second store instance is
+  woken by its listener);
 * for Postgres, the raw floor in the same run: single-row insert transactions/s
   over plain psycopg, and a bare NOTIFY -> LISTEN round trip.
 
@@ -141,6 +144,37 @@ async def latency(store: Store, samples: int) -> tuple[float, float]:
     return statistics.median(gaps), gaps[int(len(gaps) * 0.99) - 1]
 
 
+async def remote_latency(
+    api_store: Store, worker_store: Store, samples: int
+) -> tuple[float, float]:
+    """Append in one "process" (``run_handlers=False``) -> handler start in another
+    (a second store instance, woken by its listener)."""
+    started_at: list[float] = []
+    ran = trio.Event()
+
+    async def tick(ctx: a2trio.HandlerContext[Tick]) -> None:
+        started_at.append(time.perf_counter())
+        ran.set()
+
+    api = a2trio.Server(bench, store=api_store, handlers={"tick": tick}, run_handlers=False)
+    worker = a2trio.Server(bench, store=worker_store, handlers={"tick": tick})
+    gaps = []
+    async with api, worker:
+        wait_listening = getattr(worker_store, "wait_listening", None)
+        if wait_listening is not None:
+            await wait_listening()
+        session = api.session(f"remote-{secrets.token_hex(3)}")
+        for n in range(samples):
+            ran = trio.Event()
+            before = time.perf_counter()
+            await session.append(bench.event("tick", Tick(n)))
+            await ran.wait()
+            gaps.append((started_at[-1] - before) * 1000)
+        await worker.settle()
+    gaps.sort()
+    return statistics.median(gaps), gaps[int(len(gaps) * 0.99) - 1]
+
+
 async def feed_latency(writer: Store, reader: Store, samples: int) -> tuple[float, float]:
     """Append through ``writer`` -> delivery on a live feed read from ``reader``
     (the same store, or another instance: another process's view)."""
@@ -207,7 +241,14 @@ async def measure(name: str, args: argparse.Namespace) -> dict[str, str]:
         row["append -> live feed p99 (ms)"] = f"{p99:.3f}"
         polled = "n/a", "n/a"
         floor = "n/a", "n/a"
+        remote = "n/a", "n/a"
         if target is not None:
+            worker_store = a2trio.stores.postgres(target)
+            try:
+                p50, p99 = await remote_latency(store, worker_store, args.latency)
+            finally:
+                await worker_store.aclose()
+            remote = f"{p50:.3f}", f"{p99:.3f}"
             polling = a2trio.stores.postgres(target, listen=False)
             try:
                 p50, p99 = await feed_latency(store, polling, args.latency)
@@ -218,6 +259,8 @@ async def measure(name: str, args: argparse.Namespace) -> dict[str, str]:
                 postgres_floor, target, args.events, args.latency
             )
             floor = f"{rate:,.0f}", f"{notify:.3f}"
+        row["append -> handler start, other process p50 (ms)"] = remote[0]
+        row["append -> handler start, other process p99 (ms)"] = remote[1]
         row["append -> live feed, polling p50 (ms)"] = polled[0]
         row["append -> live feed, polling p99 (ms)"] = polled[1]
         row["floor: bare insert transactions/s"] = floor[0]
