@@ -66,16 +66,20 @@ class SessionFanout:
 
     async def pump(self, start_after: int, *, task_status: trio.TaskStatus[None]) -> None:
         self.last_index = start_after
+        started = False
         try:
             with self._scope:
                 async with self.store.stream(self.key, start_after=start_after) as rows:
                     task_status.started()
+                    started = True
                     async for row in rows:
                         self.recent.append(self.to_public(row))
                         self.last_index = row.index
                         self._changed.set()
                         self._changed = trio.Event()
         except Exception as exc:
+            if not started:
+                raise  # to the reader that is starting the pump, as itself
             self.error = exc
         finally:
             self.done = True

@@ -171,9 +171,10 @@ class _Stamp(msgspec.Struct, frozen=True):
 
 
 class _TwoPlaneFeed(Feed["Event[Any] | PresencePatch | PresenceSnapshot"]):
-    def __init__(self, server: Server, key: str, api: PresenceStore) -> None:
+    def __init__(self, server: Server, session_id: str, api: PresenceStore) -> None:
         self._server = server
-        self._key = key
+        self._session_id = session_id
+        self._key = server._key(session_id)
         self._api = api
         self._snapshot: PresenceSnapshot | None = None
         self._painted: dict[tuple[str, str], _Stamp] = {}
@@ -246,9 +247,10 @@ class _TwoPlaneFeed(Feed["Event[Any] | PresencePatch | PresenceSnapshot"]):
 
     async def _pump_events(self, start_after: int) -> None:
         try:
-            async with self._server.store.stream(self._key, start_after=start_after) as rows:
-                async for row in rows:
-                    self._event = self._server._to_public(row)
+            # The session's shared event feed (see fanout.py), typed already.
+            async with self._server._stream(self._session_id, start_after, False) as events:
+                async for event in events:
+                    self._event = event
                     self._taken = trio.Event()
                     self._events_flowing.set()
                     self._wake.set()
@@ -326,7 +328,7 @@ async def open_presence_feed(
     """The two-plane feed; see the module docstring."""
     api = _api(server)
     key = server._key(session_id)
-    feed = _TwoPlaneFeed(server, key, api)
+    feed = _TwoPlaneFeed(server, session_id, api)
     unsubscribe = api.subscribe(key, feed.enqueue) if api.push else None
     try:
         async with own_tasks() as nursery:
