@@ -161,6 +161,22 @@ def _cols(alias: str) -> str:
     return ", ".join(f"{alias}.{c.strip()}" for c in EVENT_COLUMNS.split(","))
 
 
+def _among(column: str, indexes: str) -> str:
+    """``column = any(indexes)``, bounded by the array's least and greatest index.
+
+    A generic plan made before the table has statistics guesses one row per
+    session and may keep ``= any(...)`` as a filter over the whole session
+    (the btree path that keeps index order): O(session length) per call. Plain
+    range bounds always become index conditions, so the lookup stays a few
+    index probes however long the session grows.
+    """
+    bound = f"(select {{}}(i) from unnest({indexes}) as i)"
+    return (
+        f"{column} = any({indexes})"
+        f" and {column} >= {bound.format('min')} and {column} <= {bound.format('max')}"
+    )
+
+
 BEGIN = Statement("begin")
 COMMIT = Statement("commit")
 # The seed's per-session append lock: `hashtext` keeps it interoperable.
@@ -182,11 +198,12 @@ with batch as (
     as b(ord bigint, id text, type text, payload jsonb, cause jsonb, lane text, settled boolean)
 ),
 existing as (
-  select * from a2_events where event_id = any($3::text[])
+  -- The guard is a one-time filter: no ids supplied, no scan at all.
+  select * from a2_events where cardinality($3::text[]) > 0 and event_id = any($3::text[])
 ),
 parents as materialized (
   select idx, attempt_count, failed_at from a2_events
-   where session_id = $1::text and idx = any($4::bigint[])
+   where session_id = $1::text and {_among("idx", "$4::bigint[]")}
    for update
 ),
 verdict as (
@@ -240,7 +257,7 @@ READ = Statement(
 CLAIM = Statement(
     f"""
 with eligible as materialized (
-  select event.idx from a2_events event
+  select event.ctid as tid, event.idx from a2_events event
    where event.session_id = $1::text
      and event.processed_at is null
      and event.failed_at is null
@@ -257,7 +274,9 @@ claimed as (
     claim_holder = $3::text,
     claim_expires_at = $4::bigint
   from eligible
-  where claimed.session_id = $1::text and claimed.idx = eligible.idx
+  -- The rows are locked above, so their tuple ids are current: a TID join,
+  -- whatever plan the statistics suggest.
+  where claimed.ctid = eligible.tid
   returning claimed.*
 ),
 busy as (
@@ -274,9 +293,9 @@ select busy.retry_at, {_cols("claimed")}
 """
 )
 
-# store-postgres.ts `renewClaims`, verbatim.
+# store-postgres.ts `renewClaims`, with index-bounded lookups (`_among`).
 RENEW = Statement(
-    """
+    f"""
 with listed as (
   select idx, attempt from unnest($3::bigint[], $6::int[]) as listed(idx, attempt)
 ),
@@ -285,6 +304,7 @@ renewed as (
     from listed
    where event.session_id = $2::text
      and event.idx = listed.idx
+     and {_among("event.idx", "$3::bigint[]")}
      and event.attempt_count = listed.attempt
      and event.processed_at is null
      and event.failed_at is null
@@ -295,7 +315,7 @@ renewed as (
 select event.idx, event.attempt_count,
        exists(select 1 from renewed where renewed.idx = event.idx) as renewed
   from a2_events event
- where event.session_id = $2::text and event.idx = any($3::bigint[])
+ where event.session_id = $2::text and {_among("event.idx", "$3::bigint[]")}
 """
 )
 
@@ -403,20 +423,20 @@ select v.outcome, v.processed_by_attempt, v.returned_event_ids, v.drained, {_col
 # every completion of the statement as done.
 #   $1 session, $2 idx[], $3 attempt[], $4 now
 FINISH = Statement(
-    """
+    f"""
 with req as (
   select * from unnest($2::bigint[], $3::int[]) as r(idx, attempt)
 ),
 parent as materialized (
-  select e.idx, e.lane, e.attempt_count, e.claim_holder, e.failed_at, e.processed_at,
-         e.processed_by_attempt, e.returned_event_ids
+  select e.ctid as tid, e.idx, e.lane, e.attempt_count, e.claim_holder, e.failed_at,
+         e.processed_at, e.processed_by_attempt, e.returned_event_ids
     from a2_events e
-   where e.session_id = $1::text and e.idx = any($2::bigint[])
+   where e.session_id = $1::text and {_among("e.idx", "$2::bigint[]")}
    order by e.idx
    for update
 ),
 verdict as materialized (
-  select r.idx, r.attempt, p.lane, p.processed_by_attempt, p.returned_event_ids,
+  select r.idx, r.attempt, p.tid, p.lane, p.processed_by_attempt, p.returned_event_ids,
     case
       when p.idx is null then 'missing'
       when p.processed_at is not null then 'replay'
@@ -438,17 +458,21 @@ processed as (
     claim_holder = null,
     claim_expires_at = null
   from verdict v
-  where v.outcome = 'completed' and e.session_id = $1::text and e.idx = v.idx
+  -- Locked by `parent`, so the tuple ids are current (see `CLAIM`).
+  where v.outcome = 'completed' and e.ctid = v.tid
+),
+next_in_lane as materialized (
+  select distinct (select min(l.idx) from a2_events l
+                    where l.session_id = $1::text and l.lane = v.lane
+                      and l.processed_at is null
+                      and l.idx not in (select idx from done)) as idx
+    from verdict v
+   where v.outcome = 'completed' and v.lane is not null
 ),
 handed_on as (
   update a2_events e set lane_ready = true
    where e.session_id = $1::text
-     and e.idx in (select (select min(l.idx) from a2_events l
-                            where l.session_id = $1::text and l.lane = v.lane
-                              and l.processed_at is null
-                              and l.idx not in (select idx from done))
-                     from verdict v
-                    where v.outcome = 'completed' and v.lane is not null)
+     and {_among("e.idx", "array(select idx from next_in_lane)")}
 )
 select v.idx, v.outcome, v.processed_by_attempt, v.returned_event_ids,
        not exists (select 1 from a2_events o
