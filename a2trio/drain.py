@@ -82,25 +82,61 @@ class DrainResult(msgspec.Struct, frozen=True):
 
 
 class DrainSignal:
-    """Wakes a running background drain instead of starting a second one."""
+    """Wakes a running background drain instead of starting a second one, and
+    hands it events claimed elsewhere (an append's own claim).
 
-    def __init__(self) -> None:
+    ``holder`` is the drain's claim holder, known before the drain starts so an
+    append can claim for it; ``appending`` counts such appends in flight (the
+    drain waits for their answer rather than end or claim against them).
+    """
+
+    def __init__(self, holder: str | None = None) -> None:
         self.version = 0
         self.closed = False
+        self.holder = holder or str(uuid.uuid4())
+        self.adopted: list[_Adopted] = []
+        self.appending = 0
         self._listener: _Drain | None = None
+
+    def appended(self) -> None:
+        """An append that claimed for this drain has its answer (or failed)."""
+        self.appending -= 1
+        if self._listener is not None:
+            self._listener.poke()
 
     def notify(self) -> None:
         self.version += 1
         if self._listener is not None:
             self._listener.poke()
 
+    def adopt(
+        self, holder: str, events: list[StoredEvent], expires_at: float, watchdog_at_ms: int
+    ) -> None:
+        """Run ``events``, already claimed by ``holder``, as if this drain had
+        claimed them (no further claim is needed for them)."""
+        self.adopted.append(_Adopted(holder, events, expires_at, watchdog_at_ms))
+        if self._listener is not None:
+            self._listener.poke()
+
+    def excluded(self) -> list[int]:
+        """Indexes the running drain will not claim again (they failed)."""
+        return sorted(self._listener.excluded) if self._listener is not None else []
+
+
+class _Adopted(msgspec.Struct, frozen=True):
+    holder: str
+    events: list[StoredEvent]
+    expires_at: float
+    watchdog_at_ms: int
+
 
 class _Entry:
-    __slots__ = ("attempt", "expires_at", "fenced", "index", "lease")
+    __slots__ = ("attempt", "expires_at", "fenced", "holder", "index", "lease")
 
-    def __init__(self, index: int, attempt: int, expires_at: float) -> None:
+    def __init__(self, index: int, attempt: int, holder: str, expires_at: float) -> None:
         self.index = index
         self.attempt = attempt
+        self.holder = holder
         self.expires_at = expires_at
         self.lease = trio.CancelScope(deadline=expires_at)
         self.fenced = False
@@ -131,7 +167,7 @@ class _Drain:
         self.key = server._key(session_id)
         self.signal = signal
         self.watchdog_due_at_ms = watchdog_due_at_ms
-        self.holder = str(uuid.uuid4())
+        self.holder = signal.holder if signal is not None else str(uuid.uuid4())
         self.active: dict[int, _Entry] = {}
         self.excluded: set[int] = set()
         self.processed = 0
@@ -200,13 +236,32 @@ class _Drain:
         assert result is not None
         return result
 
+    def _take_adopted(self) -> bool:
+        """Start the events an append claimed for this drain; True if any."""
+        if self.signal is None or not self.signal.adopted:
+            return False
+        adopted, self.signal.adopted = self.signal.adopted, []
+        for claim in adopted:
+            self._request_watchdog(claim.watchdog_at_ms)
+            for event in claim.events:
+                self._start(event, claim.holder, claim.expires_at)
+        return True
+
+    def _version(self) -> int:
+        return self.signal.version if self.signal is not None else 0
+
+    def _awaiting_append(self) -> bool:
+        return self.signal is not None and self.signal.appending > 0
+
     async def _loop(self) -> DrainResult:
-        should_claim = True
-        claim = None
+        # A drain started for an append's own claim has nothing more to claim
+        # unless it was also woken (the signal's version moved) meanwhile.
+        need_claim = not self._take_adopted() or self._version() != 0
+        version = 0
         while True:
-            version = self.signal.version if self.signal is not None else 0
-            claim = None
-            if should_claim:
+            if need_claim:
+                need_claim = False
+                version = self._version()
                 window = self._window()
                 try:
                     claim = await self.store.claim_available(
@@ -223,42 +278,45 @@ class _Drain:
                 if isinstance(claim, Claimed):
                     self._request_watchdog(window.watchdog_at_ms)
                     for event in claim.events:
-                        self._start(event, window.expires_at)
-                    should_claim = False
-            if self.active:
-                await self._wait_changed()
-                changed = self.signal is not None and self.signal.version != version
-                should_claim = self.claim_again or not self.active or changed
-                if should_claim and not self.active and not changed and not self.claim_again:
-                    if self.drained:
-                        # The store said so at the last commit: skip the final claim.
-                        return self._finished()
+                        self._start(event, self.holder, window.expires_at)
+                # Claims handed over meanwhile (they may be why this one came
+                # back Busy: they are ours to run).
+                self._take_adopted()
+                if self._version() != version:
+                    need_claim = True
+                    continue
+                if not self.active and not self._awaiting_append():
+                    if isinstance(claim, Busy):
+                        grace_ms = int(self.timings.watchdog_grace_s * 1000)
+                        self._request_watchdog(claim.retry_at_ms + grace_ms)
+                        return DrainResult(False, "busy", self.processed, claim.retry_at_ms)
+                    return self._finished()
+            elif not self.active and not self._awaiting_append():
+                # Everything ran and nothing woke us: confirm with a claim,
+                # unless the last completion said nothing is left.
+                if self.drained:
+                    return self._finished()
+                need_claim = True
+                continue
+            await self._wait_changed()
+            # Before deciding anything: the loop must not end with a
+            # handed-over claim still waiting to start.
+            self._take_adopted()
+            if self.claim_again or self._version() != version:
                 self.claim_again = False
-                continue
-            if not should_claim:
-                should_claim = True
-                continue
-            if claim is None:
-                continue
-            if self.signal is not None and self.signal.version != version:
-                continue
-            if isinstance(claim, Busy):
-                grace_ms = int(self.timings.watchdog_grace_s * 1000)
-                self._request_watchdog(claim.retry_at_ms + grace_ms)
-                return DrainResult(False, "busy", self.processed, claim.retry_at_ms)
-            return self._finished()
+                need_claim = True
 
     def _finished(self) -> DrainResult:
         if self.saw_failure:
             return DrainResult(False, "stalled", self.processed)
         return DrainResult(True, "settled", self.processed)
 
-    def _start(self, event: StoredEvent, expires_at: float) -> None:
+    def _start(self, event: StoredEvent, holder: str, expires_at: float) -> None:
         previous = self.active.get(event.index)
         if previous is not None:
             # Our own re-claim advanced the attempt: durable proof the old one lost.
             previous.fence("superseded by this drain's re-claim")
-        entry = _Entry(event.index, event.attempt_count, expires_at)
+        entry = _Entry(event.index, event.attempt_count, holder, expires_at)
         self.active[event.index] = entry
         self.drained = False
         assert self._nursery is not None
@@ -389,8 +447,16 @@ class _Drain:
             await self._renew()
 
     async def _renew(self) -> None:
+        # Usually one holder; an append's claim handed over late may bring another.
+        holders = {e.holder for e in self.active.values() if not e.lease.cancel_called}
+        for holder in sorted(holders):
+            await self._renew_holder(holder)
+
+    async def _renew_holder(self, holder: str) -> None:
         while not self._stop_renewing:
-            entries = [e for e in self.active.values() if not e.lease.cancel_called]
+            entries = [
+                e for e in self.active.values() if not e.lease.cancel_called and e.holder == holder
+            ]
             if not entries:
                 return
             window = self._window()
@@ -398,7 +464,7 @@ class _Drain:
             try:
                 result = await self.store.renew_claims(
                     self.key,
-                    holder=self.holder,
+                    holder=holder,
                     claims=[ClaimRef(e.index, e.attempt) for e in entries],
                     ttl_ms=window.ttl_ms,
                 )

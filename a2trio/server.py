@@ -13,6 +13,7 @@ import inspect
 import math
 import os
 import re
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import datetime
@@ -32,7 +33,16 @@ from .ids import returned_event_id, schedule_id, scheduled_event_id
 from .scheduler import AppendTask, DrainTask, ScheduledEvent, Scheduler, SchedulerTask
 from .session import HandlerSession, Session
 from .stores._feed import Feed
-from .stores.base import AppendEvent, EventCause, StateRead, Store, StoredEvent
+from .stores.base import (
+    AppendEvent,
+    AppendResult,
+    Claimed,
+    ClaimRequest,
+    EventCause,
+    StateRead,
+    Store,
+    StoredEvent,
+)
 from .telemetry import NOOP_TELEMETRY, Telemetry
 from .timings import DEFAULT_TIMINGS, Timings
 
@@ -434,21 +444,18 @@ class Server:
                     msgspec.structs.replace(event, cause=cause)
                     for event, cause in zip(validated, causes, strict=True)
                 ]
-            with store_unavailable("append"):
-                result = await self.store.append(self._key(session_id), validated)
+            watchdog_at: int | None = None
+            if self.scheduler is not None and source == "external" and mode == "inline":
+                ttl_ms = int(self.timings.claim_ttl_s * 1000)
+                grace_ms = int(self.timings.watchdog_grace_s * 1000)
+                watchdog_at = self._slot(self.clock.now_ms() + ttl_ms + grace_ms)
+            result = await self._store_append(session_id, validated, mode, watchdog_at)
             appended = [self._to_public(row) for row in result.events]
             if not result.has_pending:
                 return appended
             if mode == "dispatch":
                 await self._arm_now(session_id, self._slot_floor(self.clock.now_ms()))
                 return appended
-            watchdog_at: int | None = None
-            if self.scheduler is not None and source == "external":
-                ttl_ms = int(self.timings.claim_ttl_s * 1000)
-                grace_ms = int(self.timings.watchdog_grace_s * 1000)
-                watchdog_at = self._slot(self.clock.now_ms() + ttl_ms + grace_ms)
-            if self.run_handlers:
-                self._wake_drain(session_id, watchdog_at)
             # One arm per slot (the seed's startSchedulerArm), except that a
             # scheduler-delivered append must see its own arm succeed.
             if watchdog_at is not None and (
@@ -467,7 +474,81 @@ class Server:
 
     # -- drains --------------------------------------------------------------
 
+    async def _store_append(
+        self,
+        session_id: str,
+        events: Sequence[AppendEvent],
+        mode: Literal["inline", "dispatch"],
+        watchdog_at_ms: int | None,
+    ) -> AppendResult:
+        """Append, and set the pending work of an inline append running.
+
+        An inline append on a server that runs handlers claims in its own
+        transaction for this process's drain (one round trip sooner to the
+        handler than waking the drain to claim) and hands the claimed events
+        over; otherwise, or if it claimed nothing, it wakes the drain. The
+        local lease estimate is taken before the call, as the drain does, so it
+        never outlives the store's stamp. While the append is in flight the
+        running drain knows an answer is coming, so it does not end (or claim
+        against its own holder's fresh claims) in the meantime.
+        """
+        key = self._key(session_id)
+        if mode != "inline" or not self.run_handlers or all(e.settled for e in events):
+            with store_unavailable("append"):
+                result = await self.store.append(key, events)
+            if result.has_pending and mode == "inline" and self.run_handlers:
+                self._wake_drain(session_id, watchdog_at_ms)
+            return result
+        ttl_s = self.timings.claim_ttl_s
+        expires_at = trio.current_time() + ttl_s
+        drain_watchdog_ms = self.clock.now_ms() + int(
+            (ttl_s + self.timings.watchdog_grace_s) * 1000
+        )
+        signal = self._drains.get(session_id)
+        if signal is None or signal.closed:
+            signal = None
+            claim = ClaimRequest(str(uuid.uuid4()), int(ttl_s * 1000))
+        else:
+            claim = ClaimRequest(signal.holder, int(ttl_s * 1000), signal.excluded())
+            signal.appending += 1
+        try:
+            with store_unavailable("append"):
+                result = await self.store.append(key, events, claim=claim)
+            if isinstance(result.claimed, Claimed):
+                self._adopt(
+                    session_id,
+                    claim.holder,
+                    result.claimed.events,
+                    expires_at,
+                    drain_watchdog_ms,
+                    watchdog_at_ms,
+                )
+            elif result.has_pending:
+                self._wake_drain(session_id, watchdog_at_ms)
+        finally:
+            if signal is not None:
+                signal.appended()
+        return result
+
+    def _adopt(
+        self,
+        session_id: str,
+        holder: str,
+        events: list[StoredEvent],
+        expires_at: float,
+        drain_watchdog_ms: int,
+        watchdog_at_ms: int | None,
+    ) -> None:
+        """Hand events an append claimed to the session's drain, starting one."""
+        signal = self._drains.get(session_id)
+        if signal is None or signal.closed:
+            signal = DrainSignal(holder)
+            self._drains[session_id] = signal
+            self._spawn(self._background_drain, session_id, signal, watchdog_at_ms)
+        signal.adopt(holder, events, expires_at, drain_watchdog_ms)
+
     def _wake_drain(self, session_id: str, watchdog_at_ms: int | None = None) -> None:
+        """Wake the session's drain to claim, starting one if none runs."""
         signal = self._drains.get(session_id)
         if signal is not None and not signal.closed:
             signal.notify()

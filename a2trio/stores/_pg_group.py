@@ -19,7 +19,8 @@ appends go before its claims, so a claim in the same group already sees the
 lane a completion handed on and the events an append added.
 
 Lock order: sessions ascending; within a session its append lock (taken for
-completions and appends) and then its event rows. Every writer outside a group
+appends, completions that return events, and completions of lane events) and
+then its event rows. Every writer outside a group
 touches one session, lock before rows, so no two writers wait on each other in
 a cycle. A hash collision between two session
 ids could still order two advisory locks differently; Postgres reports that as
@@ -57,12 +58,14 @@ from ._pg_conn import Param, PgConnectionError, PgError, Row
 __all__ = ["LOCKING", "GroupCommitter", "GroupStatistics", "Kind", "Request"]
 
 # ``finish`` is a completion that returns no events (one set-based statement
-# can finish many of a session's events).
-Kind = Literal["complete", "finish", "append", "claim"]
+# can finish many of a session's events); ``append_claim`` an append followed
+# by its own claim (two statements, two answers).
+Kind = Literal["complete", "finish", "append", "append_claim", "claim"]
 # Within a session: the writers that take its lock, then the claims, so a claim
 # sees what the group's completions and appends made eligible.
-_ORDER = {"complete": 0, "finish": 0, "append": 1, "claim": 2}
-LOCKING: frozenset[Kind] = frozenset({"complete", "finish", "append"})
+_ORDER = {"complete": 0, "finish": 0, "append": 1, "append_claim": 1, "claim": 2}
+# ``finish`` takes the lock only for events with a lane (``LOCK_IF_LANED``).
+LOCKING: frozenset[Kind] = frozenset({"complete", "append", "append_claim"})
 
 
 class GroupStatistics(msgspec.Struct, frozen=True):
@@ -98,11 +101,12 @@ class Request:
         self.answered = False
         self.scope: trio.CancelScope | None = None
         self.done = trio.Event()
-        self.rows: list[Row] = []
+        self.rows: list[list[Row]] = []
         self.error: Exception | None = None
 
 
-RunGroup = Callable[[Sequence[Request]], Awaitable[list[list[Row]]]]
+# Each request's answer: the rows of each of its statements.
+RunGroup = Callable[[Sequence[Request]], Awaitable[list[list[list[Row]]]]]
 
 
 class GroupCommitter:
@@ -127,8 +131,8 @@ class GroupCommitter:
 
     async def submit(
         self, nursery: trio.Nursery, kind: Kind, session_id: str, params: Sequence[Param]
-    ) -> list[Row]:
-        """Queue one statement and wait for its rows.
+    ) -> list[list[Row]]:
+        """Queue one request and wait for its statements' rows.
 
         Raises what its lone replay raised (after a rejected group), or
         ``PgConnectionError`` when the group's connection was lost.

@@ -1,7 +1,12 @@
 """The Postgres schema and every statement, ported from the seed's ``store-postgres.ts``.
 
-Tables and indexes are the seed's, column for column, so a database written by
-the TypeScript framework reads here. Statements keep the seed's semantics but
+Tables are the seed's, column for column, so a database written by the
+TypeScript framework reads here. Indexes are the seed's but two that no
+statement here uses (``a2_events_unprocessed``, ``a2_events_dispatch_ready``):
+claims and completions rewrite the row, and every index costs an entry per
+row version (dropping them measured +50 % single-event throughput in
+``bench/vs_queues.py``). A database the seed created keeps them and works the
+same. Statements keep the seed's semantics but
 not always its shape: where the seed made several round trips inside a
 transaction, these fold the work into one statement (CTEs) so a store
 transaction is one pipelined round trip. Each statement names the seed
@@ -50,13 +55,8 @@ create table if not exists a2_events (
 );
 
 create unique index if not exists a2_events_event_id on a2_events (event_id);
-create index if not exists a2_events_unprocessed
-  on a2_events (session_id, idx) where processed_at is null;
 create index if not exists a2_events_lane_pending
   on a2_events (session_id, lane, idx) where processed_at is null;
-create index if not exists a2_events_dispatch_ready
-  on a2_events (session_id, idx)
-  where lane_ready and processed_at is null and failed_at is null;
 create index if not exists a2_events_claim_expiry
   on a2_events (session_id, claim_expires_at)
   where lane_ready and processed_at is null and failed_at is null;
@@ -252,8 +252,12 @@ READ = Statement(
 
 # store-postgres.ts `claimAvailable`: the materialized eligible set locked
 # `for update`, claimed in one update; the earliest live foreign claim rides
-# along for the busy answer, so the claim is one autocommit statement.
-#   $1 session, $2 now, $3 holder, $4 expires at, $5 excluded indexes
+# along for the busy answer, so the claim is one autocommit statement. After
+# an append in the same transaction (`Store.append(claim=...)`), $6 names the
+# batch's ids: the claim runs only if all of them are in the session, i.e.
+# the append wrote or replayed them (a refused append claims nothing).
+#   $1 session, $2 now, $3 holder, $4 expires at, $5 excluded indexes,
+#   $6 ids that must exist (empty: no condition)
 CLAIM = Statement(
     f"""
 with eligible as materialized (
@@ -264,6 +268,10 @@ with eligible as materialized (
      and event.lane_ready
      and (event.claim_expires_at is null or event.claim_expires_at <= $2::bigint)
      and not (event.idx = any($5::bigint[]))
+     -- A lookup by id per listed event (a join on the session would scan it).
+     and not exists (select 1 from unnest($6::text[]) as w(id)
+                      where (select g.session_id from a2_events g where g.event_id = w.id)
+                            is distinct from $1::text)
    for update of event
 ),
 claimed as (
@@ -480,6 +488,25 @@ select v.idx, v.outcome, v.processed_by_attempt, v.returned_event_ids,
                       and o.failed_at is null and o.idx not in (select idx from done))
   from verdict v
  order by v.idx
+"""
+)
+
+
+# The append lock for `FINISH`, taken only if one of the events has a lane. A
+# completion that returns nothing writes just its own rows (each locked `for
+# update`, which fences it against claims, failures and other completions);
+# it needs the append lock only to hand a lane on, since an append decides a
+# new lane event's readiness from the lane's unprocessed events. So completing
+# a lane-less event never waits for the session's appends, nor they for it.
+# A lane never changes after insert, so reading it before the lock is safe.
+#   $1 session, $2 idx[]
+LOCK_IF_LANED = Statement(
+    f"""
+select pg_advisory_xact_lock(hashtext($1::text))
+  from (select 1 from a2_events
+         where session_id = $1::text and {_among("idx", "$2::bigint[]")}
+           and lane is not null
+         limit 1) as laned
 """
 )
 

@@ -49,6 +49,7 @@ __all__ = [
     "AppendResult",
     "Busy",
     "ClaimRef",
+    "ClaimRequest",
     "ClaimResult",
     "Claimed",
     "CompleteResult",
@@ -129,13 +130,6 @@ class StoredEvent(msgspec.Struct, frozen=True):
     claim_expires_at_ms: int | None = None
 
 
-class AppendResult(msgspec.Struct, frozen=True):
-    """The appended (or replayed) rows, and whether the session has pending work."""
-
-    events: list[StoredEvent]
-    has_pending: bool
-
-
 class Claimed(msgspec.Struct, frozen=True, tag="claimed"):
     """Events claimed by this holder, in index order, ``attempt_count`` advanced."""
 
@@ -153,6 +147,31 @@ class Settled(msgspec.Struct, frozen=True, tag="settled"):
 
 
 ClaimResult = Claimed | Busy | Settled
+
+
+class ClaimRequest(msgspec.Struct, frozen=True):
+    """Ask :meth:`Store.append` to claim too, in the append's own transaction.
+
+    The claim is exactly :meth:`Store.claim_available` with these arguments,
+    run after the events are written (or replayed), so a server can start the
+    handler of an event it just appended without a second round trip. An
+    append that raises claims nothing.
+    """
+
+    holder: str
+    ttl_ms: int
+    exclude: Sequence[int] = ()
+
+
+class AppendResult(msgspec.Struct, frozen=True):
+    """The appended (or replayed) rows, and whether the session has pending work.
+
+    ``claimed`` answers the append's :class:`ClaimRequest`, if it made one.
+    """
+
+    events: list[StoredEvent]
+    has_pending: bool
+    claimed: ClaimResult | None = None
 
 
 class ClaimRef(msgspec.Struct, frozen=True):
@@ -356,9 +375,16 @@ class Store(Protocol):
         """Release connections and files the store opened. Idempotent."""
         ...
 
-    async def append(self, session_id: str, events: Sequence[AppendEvent]) -> AppendResult:
+    async def append(
+        self,
+        session_id: str,
+        events: Sequence[AppendEvent],
+        *,
+        claim: ClaimRequest | None = None,
+    ) -> AppendResult:
         """Append atomically (see the obligations). An empty batch only reports
-        ``has_pending``."""
+        ``has_pending`` (and claims nothing). With ``claim``, also claim the
+        eligible set in the same transaction (see :class:`ClaimRequest`)."""
         ...
 
     async def read(

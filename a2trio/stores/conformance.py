@@ -45,6 +45,7 @@ from .base import (
     Busy,
     Claimed,
     ClaimRef,
+    ClaimRequest,
     ClaimResult,
     EventCause,
     Feed,
@@ -437,6 +438,54 @@ async def check_read_bounds(open_store: StoreFactory) -> None:
         assert await store.read(sid, after_index=3, through_index=3) == []
         assert await store.read(sid, after_index=4, through_index=2) == []
         assert await store.read(_sid("missing")) == []
+
+
+async def check_append_with_claim(open_store: StoreFactory) -> None:
+    """``append(claim=...)`` claims the eligible set in the append's transaction;
+    a refused append claims nothing; without the request nothing is claimed."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        sid = _sid("append-claim")
+        plain = await store.append(sid, [_ev(lane="a"), _ev(lane="a")])
+        assert plain.claimed is None
+        assert all(r.attempt_count == 0 for r in await store.read(sid))
+        clock.advance(7)
+        request = ClaimRequest("h1", 1_000)
+        result = await store.append(sid, [_ev(), _ev(settled=True)], claim=request)
+        # Everything eligible, not only the new events: lane "a"'s head and event 3.
+        claimed = _claimed(result.claimed) if result.claimed is not None else []
+        assert _indexes(claimed) == [1, 3]
+        for row in claimed:
+            assert (row.attempt_count, row.claim_holder) == (1, "h1")
+            assert row.claim_expires_at_ms == _T0 + 7 + 1_000
+        assert [r for r in await store.read(sid) if r.index in (1, 3)] == claimed
+        # Busy while h1's claims live, and `exclude` is honoured.
+        busy = await store.append(
+            sid, [_ev(id=_uid("x"))], claim=ClaimRequest("h2", 1_000, exclude=[5])
+        )
+        assert busy.claimed == Busy(_T0 + 7 + 1_000)
+        # A replay claims like any append; a refused append claims nothing.
+        clock.advance(1_000)
+        fixed = _uid("fixed")
+        await store.append(sid, [_ev(id=fixed, settled=True)])
+        again = await store.append(sid, [_ev(id=fixed, settled=True)], claim=ClaimRequest("h3", 50))
+        assert again.claimed is not None
+        assert [(r.index, r.attempt_count) for r in _claimed(again.claimed)] == [
+            (1, 2),
+            (3, 2),
+            (5, 1),
+        ]
+        clock.advance(50)
+        # h3's claims have lapsed, so a claim that ran would show in the rows.
+        before = await store.read(sid)
+        with raises(ErrorCode.PARTIAL_DUPLICATE_BATCH):
+            await store.append(sid, [_ev(id=fixed), _ev()], claim=ClaimRequest("h4", 50))
+        await _unchanged(store, sid, before)
+        with raises(ErrorCode.SUPERSEDED_ATTEMPT):
+            await store.append(sid, [_ev(cause=EventCause(1, 1))], claim=ClaimRequest("h5", 50))
+        await _unchanged(store, sid, before)
+        # An empty batch only reports.
+        assert (await store.append(sid, [], claim=ClaimRequest("h6", 50))).claimed is None
 
 
 async def check_append_concurrent_writers(open_store: StoreFactory) -> None:
@@ -1248,6 +1297,7 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_append_stores_settled_events_processed,
     check_append_cause_fence,
     check_append_payload_round_trip,
+    check_append_with_claim,
     check_append_concurrent_writers,
     check_cancelled_calls_commit_all_or_nothing,
     check_aclose_is_idempotent,

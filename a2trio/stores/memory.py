@@ -30,6 +30,7 @@ from .base import (
     Busy,
     Claimed,
     ClaimRef,
+    ClaimRequest,
     ClaimResult,
     CompleteResult,
     EventCause,
@@ -325,8 +326,21 @@ class MemoryStore:
             open_rows[row.index] = row
         return row
 
-    async def append(self, session_id: str, events: Sequence[AppendEvent]) -> AppendResult:
+    async def append(
+        self,
+        session_id: str,
+        events: Sequence[AppendEvent],
+        *,
+        claim: ClaimRequest | None = None,
+    ) -> AppendResult:
         await trio.lowlevel.checkpoint()
+        result = self._append(session_id, events)
+        if claim is None or not events:
+            return result
+        claimed = self._claim(session_id, claim.holder, claim.ttl_ms, None, claim.exclude)
+        return msgspec.structs.replace(result, claimed=claimed)
+
+    def _append(self, session_id: str, events: Sequence[AppendEvent]) -> AppendResult:
         if not events:
             return AppendResult([], self._pending(session_id))
         supplied = [e.id for e in events if e.id is not None]
@@ -397,6 +411,16 @@ class MemoryStore:
         exclude: Sequence[int] = (),
     ) -> ClaimResult:
         await trio.lowlevel.checkpoint()
+        return self._claim(session_id, holder, ttl_ms, expires_at_ms, exclude)
+
+    def _claim(
+        self,
+        session_id: str,
+        holder: str,
+        ttl_ms: int,
+        expires_at_ms: int | None,
+        exclude: Sequence[int],
+    ) -> ClaimResult:
         now = self.clock.now_ms()
         expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
         excluded = set(exclude)

@@ -30,6 +30,9 @@ folded several into one):
 * completion takes the session lock *then* the parent row (the seed takes them
   the other way round; one order for every writer means no deadlock), replays
   a repeat by the same attempt, and hands the lane on in the same transaction.
+  A completion that returns no events on an event without a lane skips the
+  session lock: it writes only its own row, so it never queues behind the
+  session's appends (``_pg_sql.LOCK_IF_LANED``).
 
 **Cancellation.** A task cancelled while a pipeline is in flight never returns
 its connection to the pool: the pool closes it and the server rolls back what
@@ -87,6 +90,7 @@ from .base import (
     Busy,
     Claimed,
     ClaimRef,
+    ClaimRequest,
     ClaimResult,
     CompleteResult,
     EventCause,
@@ -229,6 +233,15 @@ def _replay_completion(
             "returned event retry does not match the committed batch",
         )
     return CompleteResult("completed", replay(events, stored))
+
+
+def _claim_result(rows: list[Row]) -> ClaimResult:
+    """A ``CLAIM`` statement's answer: the claimed rows, else busy or settled."""
+    claimed = [_stored(row, 1) for row in rows if row[1] is not None]
+    if claimed:
+        return Claimed(claimed)
+    retry_at = rows[0][0]
+    return Settled() if retry_at is None else Busy(retry_at)
 
 
 def _index_of(event: StoredEvent) -> int:
@@ -540,13 +553,15 @@ class PostgresStore:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _run_group(self, group: Sequence[Request]) -> list[list[Row]]:
+    async def _run_group(self, group: Sequence[Request]) -> list[list[list[Row]]]:
         """One transaction for a group in lock order: each session's lock before
         its first writer, then its statements (see ``_pg_group``). A session's
         consecutive ``finish`` members on distinct events share one ``FINISH``
-        statement; each member gets its own row back."""
+        statement, after the session's lock only if one of them has a lane
+        (``LOCK_IF_LANED``); each member gets its own row back."""
         batch: list[tuple[Statement, Sequence[Param]]] = []
-        answers: list[tuple[int, int | None]] = []  # (statement, row index filter)
+        # Per request: (first statement, statement count, row index filter).
+        answers: list[tuple[int, int, int | None]] = []
         locked: str | None = None
         at = 0
         while at < len(group):
@@ -554,8 +569,14 @@ class PostgresStore:
             if request.kind in LOCKING and request.session_id != locked:
                 batch.append((sql.LOCK, (request.session_id,)))
                 locked = request.session_id
+            if request.kind == "append_claim":
+                answers.append((len(batch), 2, None))
+                batch.append((sql.APPEND, request.params[:5]))
+                batch.append((sql.CLAIM, request.params[5:]))
+                at += 1
+                continue
             if request.kind != "finish":
-                answers.append((len(batch), None))
+                answers.append((len(batch), 1, None))
                 batch.append((_GROUPED[request.kind], request.params))
                 at += 1
                 continue
@@ -571,8 +592,11 @@ class PostgresStore:
                 members.append(group[at])
                 indexes.add(group[at].params[1])
                 at += 1
+            if request.session_id != locked:
+                laned = sorted(cast(int, m.params[1]) for m in members)
+                batch.append((sql.LOCK_IF_LANED, (request.session_id, laned)))
             for member in members:
-                answers.append((len(batch), cast(int, member.params[1])))
+                answers.append((len(batch), 1, cast(int, member.params[1])))
             params = (
                 request.session_id,
                 [m.params[1] for m in members],
@@ -582,8 +606,10 @@ class PostgresStore:
             batch.append((sql.FINISH, cast(Sequence[Param], params)))
         rows = await self._transaction(batch, lock=None)
         return [
-            rows[position] if index is None else [r for r in rows[position] if r[0] == index]
-            for position, index in answers
+            rows[position : position + count]
+            if index is None
+            else [[r for r in rows[position] if r[0] == index]]
+            for position, count, index in answers
         ]
 
     def group_statistics(self) -> GroupStatistics:
@@ -713,8 +739,15 @@ class PostgresStore:
 
     # -- the Store protocol ---------------------------------------------------
 
-    async def append(self, session_id: str, events: Sequence[AppendEvent]) -> AppendResult:
-        """Append atomically, in one round trip (see the module docstring).
+    async def append(
+        self,
+        session_id: str,
+        events: Sequence[AppendEvent],
+        *,
+        claim: ClaimRequest | None = None,
+    ) -> AppendResult:
+        """Append atomically, in one round trip (see the module docstring); with
+        ``claim``, the claim is the next statement of the same transaction.
 
         Cancellation: committed entirely or not at all; retry with the same ids
         replays.
@@ -746,11 +779,26 @@ class PostgresStore:
             ]
             causes = sorted({e.cause.index for e in events if e.cause is not None})
             now = self.clock.now_ms()
-            params = (session_id, _encode(batch), supplied, causes, now)
-            if self._nursery is None:
+            params: tuple[Param, ...] = (session_id, _encode(batch), supplied, causes, now)
+            claim_rows: list[Row] | None = None
+            if claim is not None:
+                claim_params = (
+                    *(session_id, now, claim.holder, now + claim.ttl_ms),
+                    *(list(claim.exclude), ids),
+                )
+                if self._nursery is None:
+                    rows, claim_rows = await self._transaction(
+                        [(sql.APPEND, params), (sql.CLAIM, claim_params)], lock=session_id
+                    )
+                else:
+                    rows, claim_rows = await self._groups.submit(
+                        self._nursery, "append_claim", session_id, (*params, *claim_params)
+                    )
+            elif self._nursery is None:
                 [rows] = await self._transaction([(sql.APPEND, params)], lock=session_id)
             else:
-                rows = await self._groups.submit(self._nursery, "append", session_id, params)
+                [rows] = await self._groups.submit(self._nursery, "append", session_id, params)
+        claimed = None if claim_rows is None else _claim_result(claim_rows)
         n_existing, foreign_id, missing_parent, superseded, had_pending, base = rows[0][:6]
         if n_existing:
             if foreign_id is not None:
@@ -759,7 +807,9 @@ class PostgresStore:
                     f"event id {foreign_id!r} already exists in another session",
                 )
             if n_existing == len(events):
-                return AppendResult(replay(events, [_stored(r, 6) for r in rows]), had_pending)
+                return AppendResult(
+                    replay(events, [_stored(r, 6) for r in rows]), had_pending, claimed
+                )
             raise A2Error(
                 ErrorCode.PARTIAL_DUPLICATE_BATCH,
                 f"batch mixes {n_existing} already-appended and "
@@ -789,7 +839,7 @@ class PostgresStore:
             )
             for ord_, (e, event_id) in enumerate(zip(events, ids, strict=True), 1)
         ]
-        return AppendResult(inserted, had_pending or any(not e.settled for e in events))
+        return AppendResult(inserted, had_pending or any(not e.settled for e in events), claimed)
 
     async def read(
         self,
@@ -827,16 +877,12 @@ class PostgresStore:
         with store_unavailable("claim"):
             now = self.clock.now_ms()
             expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
-            params = (session_id, now, holder, expires_at, list(exclude))
+            params: tuple[Param, ...] = (session_id, now, holder, expires_at, list(exclude), [])
             if self._nursery is None:
                 rows = await self._query(sql.CLAIM, params)
             else:
-                rows = await self._groups.submit(self._nursery, "claim", session_id, params)
-        claimed = [_stored(row, 1) for row in rows if row[1] is not None]
-        if claimed:
-            return Claimed(claimed)
-        retry_at = rows[0][0]
-        return Settled() if retry_at is None else Busy(retry_at)
+                [rows] = await self._groups.submit(self._nursery, "claim", session_id, params)
+        return _claim_result(rows)
 
     async def renew_claims(
         self,
@@ -927,7 +973,7 @@ class PostgresStore:
             if self._nursery is None:
                 [rows] = await self._transaction([(sql.COMPLETE, params)], lock=session_id)
             else:
-                rows = await self._groups.submit(self._nursery, "complete", session_id, params)
+                [rows] = await self._groups.submit(self._nursery, "complete", session_id, params)
         outcome, processed_by_attempt, returned_event_ids, drained = rows[0][:4]
         stored = [_stored(row, 4) for row in rows if row[4] is not None]
         if outcome == "missing":
@@ -952,12 +998,16 @@ class PostgresStore:
         now = self.clock.now_ms()
         with store_unavailable("complete"):
             if self._nursery is None:
-                [rows] = await self._transaction(
-                    [(sql.FINISH, (session_id, [index], [attempt], now))], lock=session_id
+                [_, rows] = await self._transaction(
+                    [
+                        (sql.LOCK_IF_LANED, (session_id, [index])),
+                        (sql.FINISH, (session_id, [index], [attempt], now)),
+                    ],
+                    lock=None,
                 )
             else:
                 params = (session_id, index, attempt, now)
-                rows = await self._groups.submit(self._nursery, "finish", session_id, params)
+                [rows] = await self._groups.submit(self._nursery, "finish", session_id, params)
         [(_, outcome, processed_by_attempt, returned_event_ids, drained)] = rows
         if outcome == "missing":
             raise _no_event(session_id, index)

@@ -46,6 +46,7 @@ from .base import (
     Busy,
     Claimed,
     ClaimRef,
+    ClaimRequest,
     ClaimResult,
     CompleteResult,
     EventCause,
@@ -118,6 +119,46 @@ def _stored(row: tuple[Any, ...]) -> StoredEvent:
 
 def _no_event(session_id: str, index: int) -> ValueError:
     return ValueError(f"no event at index {index} in session {session_id!r}")
+
+
+def _claim(
+    conn: sqlite3.Connection,
+    session_id: str,
+    now: int,
+    holder: str,
+    expires_at: int,
+    exclude: Sequence[int],
+) -> ClaimResult:
+    """The seed's ``claimAvailable`` inside an open write transaction."""
+    rows = conn.execute(
+        f"""
+        update a2_events set
+          attempt_count = attempt_count + 1,
+          first_claimed_at = coalesce(first_claimed_at, ?2),
+          last_claimed_at = ?2,
+          claim_holder = ?3,
+          claim_expires_at = ?4
+        where session_id = ?1
+          and processed_at is null
+          and failed_at is null
+          and lane_ready
+          and (claim_expires_at is null or claim_expires_at <= ?2)
+          and idx not in (select value from json_each(?5))
+        returning {_COLS}
+        """,
+        (session_id, now, holder, expires_at, _text(list(exclude))),
+    ).fetchall()
+    if rows:
+        return Claimed(sorted((_stored(r) for r in rows), key=_index_of))
+    (retry_at,) = conn.execute(
+        """
+        select min(claim_expires_at) from a2_events
+        where session_id = ? and processed_at is null and failed_at is null
+          and lane_ready and claim_expires_at > ?
+        """,
+        (session_id, now),
+    ).fetchone()
+    return Settled() if retry_at is None else Busy(retry_at)
 
 
 def _has_pending(conn: sqlite3.Connection, session_id: str) -> bool:
@@ -239,8 +280,15 @@ class SqliteStore:
 
     # -- events ----------------------------------------------------------
 
-    async def append(self, session_id: str, events: Sequence[AppendEvent]) -> AppendResult:
-        """See :meth:`Store.append`: the seed's ``append``, one ``BEGIN IMMEDIATE``.
+    async def append(
+        self,
+        session_id: str,
+        events: Sequence[AppendEvent],
+        *,
+        claim: ClaimRequest | None = None,
+    ) -> AppendResult:
+        """See :meth:`Store.append`: the seed's ``append``, one ``BEGIN IMMEDIATE``
+        (the ``claim`` too, when asked).
 
         Cancellation: committed entirely or not at all; retrying with the
         same ids replays.
@@ -260,6 +308,13 @@ class SqliteStore:
         now = self.clock.now_ms()
 
         def work(conn: sqlite3.Connection) -> tuple[AppendResult, bool]:
+            appended, wrote = write(conn)
+            if claim is None:
+                return appended, wrote
+            claimed = _claim(conn, session_id, now, claim.holder, now + claim.ttl_ms, claim.exclude)
+            return msgspec.structs.replace(appended, claimed=claimed), wrote
+
+        def write(conn: sqlite3.Connection) -> tuple[AppendResult, bool]:
             existing = _rows_by_ids(conn, supplied) if supplied else []
             if existing:
                 foreign = next((r for r in existing if r.session_id != session_id), None)
@@ -353,38 +408,10 @@ class SqliteStore:
         """
 
         now = self.clock.now_ms()
+        expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
 
         def work(conn: sqlite3.Connection) -> ClaimResult:
-            expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
-            rows = conn.execute(
-                f"""
-                update a2_events set
-                  attempt_count = attempt_count + 1,
-                  first_claimed_at = coalesce(first_claimed_at, ?2),
-                  last_claimed_at = ?2,
-                  claim_holder = ?3,
-                  claim_expires_at = ?4
-                where session_id = ?1
-                  and processed_at is null
-                  and failed_at is null
-                  and lane_ready
-                  and (claim_expires_at is null or claim_expires_at <= ?2)
-                  and idx not in (select value from json_each(?5))
-                returning {_COLS}
-                """,
-                (session_id, now, holder, expires_at, _text(list(exclude))),
-            ).fetchall()
-            if rows:
-                return Claimed(sorted((_stored(r) for r in rows), key=_index_of))
-            (retry_at,) = conn.execute(
-                """
-                select min(claim_expires_at) from a2_events
-                where session_id = ? and processed_at is null and failed_at is null
-                  and lane_ready and claim_expires_at > ?
-                """,
-                (session_id, now),
-            ).fetchone()
-            return Settled() if retry_at is None else Busy(retry_at)
+            return _claim(conn, session_id, now, holder, expires_at, exclude)
 
         return await self._write("claim", work)
 

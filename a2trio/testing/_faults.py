@@ -26,6 +26,7 @@ from ..stores.base import (
     AppendEvent,
     AppendResult,
     ClaimRef,
+    ClaimRequest,
     ClaimResult,
     CompleteResult,
     FailResult,
@@ -372,8 +373,16 @@ class FaultyStore:
     async def aclose(self) -> None:
         await self.inner.aclose()
 
-    async def append(self, session_id: str, events: Sequence[AppendEvent]) -> AppendResult:
-        return await self._call("append", lambda: self.inner.append(session_id, events))
+    async def append(
+        self,
+        session_id: str,
+        events: Sequence[AppendEvent],
+        *,
+        claim: ClaimRequest | None = None,
+    ) -> AppendResult:
+        return await self._call(
+            "append", lambda: self.inner.append(session_id, events, claim=claim)
+        )
 
     async def read(
         self,
