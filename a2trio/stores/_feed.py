@@ -8,14 +8,21 @@ whichever comes first. A notification only decides *when* to read, never
 
 The wake-up is armed *before* each read, so an append that lands between the
 read and the wait still wakes the pump: nothing slips through.
+
+A writer in the same process may hand its committed rows over with the
+wake-up (``notify(key, rows)``): a pump whose cursor they continue delivers
+them without a read, and skips its next read too if no other wake-up came
+meanwhile. The rows are as the writer stored them (processing state in a feed
+row is a snapshot either way). Wake-ups without rows, from other processes
+through LISTEN, or rows that do not continue the cursor mean a read, as before.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import msgspec
 import trio
@@ -25,6 +32,7 @@ __all__ = [
     "ChannelFeed",
     "Feed",
     "FeedStatistics",
+    "Wake",
     "Wakeups",
     "open_pump_feed",
     "own_tasks",
@@ -44,31 +52,67 @@ class FeedStatistics(msgspec.Struct, frozen=True):
     keys: int
 
 
+class Wake:
+    """One armed wake-up: a :class:`trio.Event` that may carry a writer's rows.
+
+    ``seq`` numbers the wake-ups of its key, so a pump can tell whether any
+    other came after the one that woke it.
+    """
+
+    __slots__ = ("_event", "rows", "seq")
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+        self.rows: Sequence[Any] | None = None
+        self.seq = 0
+
+    def set(self) -> None:
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+
 class Wakeups:
     """Per-key wake-ups: ``arm(key)`` before a read, ``notify(key)`` after a write."""
 
     def __init__(self) -> None:
-        self._events: dict[str, trio.Event] = {}
+        self._events: dict[str, Wake] = {}
         self._waiters: dict[str, int] = {}
+        self._seq: dict[str, int] = {}
 
-    def arm(self, key: str) -> trio.Event:
-        """The event the next ``notify(key)`` sets."""
-        event = self._events.get(key)
-        if event is None:
-            event = self._events[key] = trio.Event()
-        return event
+    def arm(self, key: str) -> Wake:
+        """The wake-up the next ``notify(key)`` sets."""
+        wake = self._events.get(key)
+        if wake is None:
+            wake = self._events[key] = Wake()
+        return wake
 
-    def notify(self, key: str) -> None:
-        """Wake every pump armed on ``key``."""
-        event = self._events.pop(key, None)
-        if event is not None:
-            event.set()
+    def notify(self, key: str, rows: Sequence[Any] | None = None) -> None:
+        """Wake every pump armed on ``key``, handing over ``rows`` (committed,
+        in index order, nothing of the key's left out between them) if given."""
+        if key in self._waiters:
+            self._seq[key] = self._seq.get(key, 0) + 1
+        wake = self._events.pop(key, None)
+        if wake is not None:
+            wake.rows = rows
+            wake.seq = self._seq.get(key, 0)
+            wake.set()
+
+    def seq(self, key: str) -> int:
+        """How many wake-ups ``key`` has had while watched."""
+        return self._seq.get(key, 0)
 
     def notify_all(self) -> None:
         """Wake every armed pump (after a reconnect, or on close)."""
+        for key in self._waiters:
+            self._seq[key] = self._seq.get(key, 0) + 1
         events, self._events = self._events, {}
-        for event in events.values():
-            event.set()
+        for wake in events.values():
+            wake.set()
 
     def watch(self, key: str) -> None:
         self._waiters[key] = self._waiters.get(key, 0) + 1
@@ -80,6 +124,7 @@ class Wakeups:
         else:
             self._waiters.pop(key, None)
             self._events.pop(key, None)
+            self._seq.pop(key, None)
 
     def watched(self, key: str) -> bool:
         """Whether any feed follows ``key``."""
@@ -169,17 +214,33 @@ async def open_pump_feed(
 
     async def pump() -> None:
         cursor = start_after
+        # Rows a local writer handed over, and the key's wake-up count when
+        # handed rows last caught this pump up (-1: a read is due).
+        handed: list[T] = []
+        caught_up_at = -1
         async with send:
             try:
                 while True:
                     woken = wakeups.arm(key)
-                    rows = await read_after(cursor)
+                    if handed:
+                        rows, handed = handed, []
+                    elif caught_up_at == wakeups.seq(key):
+                        rows = []
+                    else:
+                        rows = await read_after(cursor)
                     for row in rows:
                         await send.send(row)
                         cursor = index_of(row)
-                    with trio.move_on_after(wait_for(bool(rows))):
+                    with trio.move_on_after(wait_for(bool(rows))) as waited:
                         if not rows:
                             await woken.wait()
+                    if woken.is_set():
+                        if woken.rows and index_of(woken.rows[0]) == cursor + 1:
+                            handed, caught_up_at = list(woken.rows), woken.seq
+                        else:
+                            caught_up_at = -1
+                    elif waited.cancelled_caught:
+                        caught_up_at = -1  # the poll's safety read
             except Exception as exc:
                 feed.fail(exc)
 

@@ -385,7 +385,7 @@ class MemoryStore:
             self._insert(session_id, rows, e, e.id or random_id(), e.cause, now).stored()
             for e in events
         ]
-        self._wakeups.notify(session_id)
+        self._wakeups.notify(session_id, inserted)
         return AppendResult(inserted, had_pending or any(not e.settled for e in events))
 
     async def read(
@@ -560,7 +560,7 @@ class MemoryStore:
             if successor is not None:
                 successor.lane_ready = True
         if inserted:
-            self._wakeups.notify(session_id)
+            self._wakeups.notify(session_id, inserted)
         drained = all(row.failed_at_ms is not None for row in open_rows.values())
         return CompleteResult("completed", inserted, drained)
 

@@ -682,9 +682,9 @@ class PostgresStore:
 
         return unwatch
 
-    def _wrote(self, session_id: str) -> None:
-        """A local write committed: wake local feeds."""
-        self._wakeups.notify(session_id)
+    def _wrote(self, session_id: str, rows: list[StoredEvent]) -> None:
+        """A local write committed: hand its rows to local feeds."""
+        self._wakeups.notify(session_id, rows)
 
     def _writing(self, session_id: str) -> None:
         """A local insert is about to commit: remember it, to skip its echo
@@ -824,7 +824,6 @@ class PostgresStore:
                 f"attempt {cause.attempt} no longer owns event {superseded} "
                 f"in session {session_id!r}",
             )
-        self._wrote(session_id)
         inserted = [
             StoredEvent(
                 id=event_id,
@@ -839,6 +838,7 @@ class PostgresStore:
             )
             for ord_, (e, event_id) in enumerate(zip(events, ids, strict=True), 1)
         ]
+        self._wrote(session_id, inserted)
         return AppendResult(inserted, had_pending or any(not e.settled for e in events), claimed)
 
     async def read(
@@ -990,7 +990,7 @@ class PostgresStore:
                 session_id, index, attempt, events, processed_by_attempt, returned_event_ids, stored
             )
         if stored:
-            self._wrote(session_id)
+            self._wrote(session_id, stored)
         return CompleteResult("completed", stored, drained)
 
     async def _finish(self, session_id: str, index: int, attempt: int) -> CompleteResult:

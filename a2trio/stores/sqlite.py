@@ -368,7 +368,7 @@ class SqliteStore:
 
         appended, wrote = await self._write("append", work)
         if wrote:
-            self._wakeups.notify(session_id)
+            self._wakeups.notify(session_id, appended.events)
         return appended
 
     async def read(
@@ -559,7 +559,7 @@ class SqliteStore:
 
         completed, wrote = await self._write("complete", work)
         if wrote:
-            self._wakeups.notify(session_id)
+            self._wakeups.notify(session_id, completed.events)
         return completed
 
     async def fail_attempt(

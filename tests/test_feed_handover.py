@@ -1,0 +1,71 @@
+"""Local writes hand their rows to live feeds: no read when the rows continue a
+feed's cursor, a read as before when they do not (memory store, counted reads)."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+import a2trio
+from a2trio.stores.base import AppendEvent, StoredEvent
+from a2trio.stores.memory import MemoryStore
+
+
+class CountingReads(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__(clock=a2trio.TrioClock())
+        self.reads = 0
+
+    async def read(
+        self,
+        session_id: str,
+        *,
+        after_index: int | None = None,
+        through_index: int | None = None,
+    ) -> list[StoredEvent]:
+        self.reads += 1
+        return await super().read(session_id, after_index=after_index, through_index=through_index)
+
+
+def note(n: int) -> AppendEvent:
+    return AppendEvent("note", {"n": n}, settled=True)
+
+
+async def test_appended_rows_reach_a_feed_without_a_read() -> None:
+    store = CountingReads()
+    async with store, store.stream("s") as feed:
+        await trio.testing.wait_all_tasks_blocked()
+        assert store.reads == 1  # the catch-up read, empty
+        for n in range(3):
+            appended = await store.append("s", [note(n), note(n + 10)])
+            got = [await feed.receive(), await feed.receive()]
+            assert got == appended.events
+        await trio.testing.wait_all_tasks_blocked()
+        assert store.reads == 1
+
+
+async def test_a_wake_up_without_rows_still_reads() -> None:
+    # What a notification from another process looks like: after rows were
+    # handed over, the next wake-up without rows must not be skipped.
+    store = CountingReads()
+    async with store, store.stream("s") as feed:
+        await store.append("s", [note(0)])
+        assert (await feed.receive()).index == 1
+        await trio.testing.wait_all_tasks_blocked()
+        reads = store.reads
+        store._wakeups.notify("s")
+        await trio.testing.wait_all_tasks_blocked()
+        assert store.reads == reads + 1
+
+
+async def test_feeds_see_every_row_once_however_writes_and_pumps_interleave() -> None:
+    store = CountingReads()
+    async with store:
+        await store.append("s", [note(0)])
+        async with store.stream("s", start_after=1) as behind, store.stream("s") as fresh:
+            assert (await fresh.receive()).index == 1
+            async with trio.open_nursery() as nursery:
+                for n in range(1, 20):
+                    nursery.start_soon(store.append, "s", [note(n)])
+            assert [(await behind.receive()).index for _ in range(19)] == list(range(2, 21))
+            assert [(await fresh.receive()).index for _ in range(19)] == list(range(2, 21))
