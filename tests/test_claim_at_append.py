@@ -166,7 +166,8 @@ async def test_an_append_does_not_claim_what_its_drain_excluded(
         await trio.sleep(1)
         await session.append(orders.event("note", Note("hi")))
         await trio.sleep(1)
-        assert attempts == [("slow", 1, 0.0), ("bad", 1, 0.0), ("note", 1, 1.0)]
+        assert sorted(attempts[:2]) == [("bad", 1, 0.0), ("slow", 1, 0.0)]
+        assert attempts[2:] == [("note", 1, 1.0)]
         await server.settle()
         # The drain ended stalled; the next one retries "bad".
         assert (await server.drain("s1")).settled
