@@ -56,10 +56,36 @@ async def _claim_one(
     return event.attempt_count
 
 
+@asynccontextmanager
+async def _occupied(store: PostgresStore) -> AsyncIterator[None]:
+    """Keep one transaction in flight (an append waiting on a lock held here),
+    so requests made in the block queue for a committer instead of running
+    alone in their callers' tasks (what a store with nothing in flight does)."""
+    holder = PgPool(store.dsn)
+    try:
+        async with holder.connection() as conn, trio.open_nursery() as nursery:
+            await conn.run([(BEGIN, ()), (LOCK, ("occupier",))])
+            nursery.start_soon(store.append, "occupier", [AppendEvent("job", {})])
+            await trio.testing.wait_all_tasks_blocked()
+            try:
+                yield
+            finally:
+                await conn.run([(ROLLBACK, ())])
+    finally:
+        holder.close()
+
+
 async def _together(
     store: PostgresStore, calls: list[tuple[str, int, list[AppendEvent]]]
 ) -> list[CompleteResult | A2Error]:
     """Start every completion in one scheduling batch, so they queue together."""
+    async with _occupied(store):
+        return await _in_one_batch(store, calls)
+
+
+async def _in_one_batch(
+    store: PostgresStore, calls: list[tuple[str, int, list[AppendEvent]]]
+) -> list[CompleteResult | A2Error]:
     results: list[CompleteResult | A2Error | None] = [None] * len(calls)
 
     async def one(position: int, session_id: str, attempt: int, events: list[AppendEvent]) -> None:
@@ -87,14 +113,13 @@ async def test_a_superseded_attempt_inside_a_group_is_rejected_while_the_others_
         now = store.clock.now_ms()
         assert await _claim_one(store, "c", "zombie", expires_at_ms=now - 1) == 1
         assert await _claim_one(store, "c", "h2") == 2
-        before = store.group_statistics()
-
         reply = AppendEvent("reply", {"to": "a"}, id="a-reply")
-        results = await _together(
-            store, [("a", 1, [reply]), ("b", 1, []), ("c", 1, []), ("c", 2, [])]
-        )
-
-        after = store.group_statistics()
+        async with _occupied(store):
+            before = store.group_statistics()
+            results = await _in_one_batch(
+                store, [("a", 1, [reply]), ("b", 1, []), ("c", 1, []), ("c", 2, [])]
+            )
+            after = store.group_statistics()
         assert after.groups - before.groups == 1
         assert after.members - before.members == 4
         assert all(isinstance(r, CompleteResult) for r in results)
@@ -176,7 +201,7 @@ async def test_a_member_cancelled_in_flight_writes_nothing_and_the_others_run_ag
                     seen_at_cancel.extend(landed)
 
                 # Both queue in one scheduling batch, before a committer runs.
-                async with trio.open_nursery() as nursery:
+                async with _occupied(store), trio.open_nursery() as nursery:
                     nursery.start_soon(append_t)
                     nursery.start_soon(append_s)
                 assert cancelled == [True]
@@ -221,9 +246,10 @@ async def _together_on(
             session_id, index=index, attempt=attempt, events=[]
         )
 
-    before = store.group_statistics()
-    async with trio.open_nursery() as nursery:
-        for position, (index, attempt) in enumerate(claims):
-            nursery.start_soon(one, position, index, attempt)
-    assert store.group_statistics().groups - before.groups == 1
+    async with _occupied(store):
+        before = store.group_statistics()
+        async with trio.open_nursery() as nursery:
+            for position, (index, attempt) in enumerate(claims):
+                nursery.start_soon(one, position, index, attempt)
+        assert store.group_statistics().groups - before.groups == 1
     return [results[position] for position in range(len(claims))]

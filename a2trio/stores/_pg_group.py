@@ -33,7 +33,9 @@ member then fails with ``STORE_UNAVAILABLE``, which is what a lone statement
 would have done (completions replay idempotently; orphaned claims expire).
 
 Cancellation: an already-cancelled caller never queues; a caller cancelled
-before a committer took its request withdraws it (nothing is written). A caller
+before a committer took its request withdraws it (nothing is written). A
+request submitted while nothing is in flight runs alone in its caller's task,
+so cancelling the caller cancels it exactly as it would a lone statement. A caller
 cancelled while its group is in flight cancels the group's pipeline (the
 server cancels the statement and the connection is closed, exactly as for a
 lone statement) and waits, shielded and bounded, until that is done, so its
@@ -141,10 +143,23 @@ class GroupCommitter:
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         request = Request(kind, session_id, params)
-        self._pending.append(request)
-        if self._running < self._committers:
+        if self._running == 0:
+            # Nothing in flight, so nothing to group with: commit it in this
+            # task. A committer task cost ~80 µs of CPU per lone statement (a
+            # task, an event, two scheduler passes). Requests arriving while
+            # it is in flight queue for committer tasks, as before.
             self._running += 1
-            nursery.start_soon(self._commit_loop)
+            request.taken = True
+            try:
+                await self._commit([request])
+            finally:
+                self._running -= 1
+                self._start_committers(nursery)
+            if request.error is not None:
+                raise request.error
+            return request.rows
+        self._pending.append(request)
+        self._start_committers(nursery)
         try:
             await request.done.wait()
         except BaseException:
@@ -161,6 +176,11 @@ class GroupCommitter:
         if request.error is not None:
             raise request.error
         return request.rows
+
+    def _start_committers(self, nursery: trio.Nursery) -> None:
+        if self._pending and self._running < self._committers:
+            self._running += 1
+            nursery.start_soon(self._commit_loop)
 
     async def _commit_loop(self) -> None:
         try:
