@@ -175,6 +175,24 @@ class Connection:
             raise
 
 
+def _use_wal(raw: sqlite3.Connection) -> None:
+    """Switch the file to WAL, waiting out other connections opening it.
+
+    SQLite answers ``database is locked`` at once, without its busy handler,
+    when another connection is switching or reading the file at that moment
+    (two stores opening one file together): retry until the deadline.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            raw.execute("pragma journal_mode = wal")
+            return
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)  # a worker thread: opening is not cancellable anyway
+
+
 def _connect(path: str, *, writer: bool) -> sqlite3.Connection:
     if writer and path != ":memory:":
         folder = os.path.dirname(path)
@@ -188,7 +206,7 @@ def _connect(path: str, *, writer: bool) -> sqlite3.Connection:
             # Switching needs the file to itself: wait the full timeout for it
             # (opening is not cancellable anyway).
             raw.execute(f"pragma busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-            raw.execute("pragma journal_mode = wal")
+            _use_wal(raw)
             raw.execute(f"pragma busy_timeout = {int(BUSY_SLICE_S * 1000)}")
         # NORMAL in WAL mode syncs at checkpoints, not at every commit: a
         # process crash loses nothing; a power cut may lose the last commits.
