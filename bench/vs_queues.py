@@ -3,7 +3,10 @@
     .venv/bin/pip install 'pgqueuer==1.6.0' asyncpg
     .venv/bin/python bench/vs_queues.py [--dsn postgresql://root@127.0.0.1:5432/postgres]
 
-Creates a fresh database (dropped at the end) and measures, with the same
+Gives each system (pgqueuer, a2trio, the raw floor) a fresh database of its
+own on the same server, dropped after it, and runs a ``CHECKPOINT`` first, so
+neither pays for the other's dead rows or dirty buffers (autovacuum may be
+off, as on the machine these figures come from). Measures, with the same
 no-op work:
 
 * **throughput**: ``--jobs`` jobs/events over ``--sessions`` sessions,
@@ -12,7 +15,10 @@ no-op work:
   dequeue batch (10) and with ``--batch``; a2trio appends single events (one
   writer per session) and in batches of ``--batch`` per session;
 * **latency**: ``--latency`` sequential events, append -> handler start
-  (pgqueuer hears its own NOTIFY; a2trio's inline append wakes its drain);
+  (pgqueuer hears its own NOTIFY; a2trio's inline append claims for its
+  drain). The next append follows the handler's start, so it overlaps the
+  previous event's completion; a2trio also reports the idle-session case,
+  where the previous completion has committed first;
 * **live feed**: append -> delivery on a2trio's LISTEN feed, next to a bare
   NOTIFY round trip (asyncpg listener, NOTIFY from another connection);
 * **raw floor**: a psycopg loop over a bare table: insert, claim
@@ -232,7 +238,7 @@ async def a2_throughput(dsn: str, jobs: int, sessions: int, append_batch: int) -
     )
 
 
-async def a2_latency(dsn: str, samples: int) -> Row:
+async def a2_latency(dsn: str, samples: int, *, idle: bool = False) -> Row:
     store = a2trio.stores.postgres(dsn)
     started_at: list[float] = []
     ran = trio.Event()
@@ -250,6 +256,9 @@ async def a2_latency(dsn: str, samples: int) -> Row:
             await ran.wait()
             cpu = time.process_time()
             for n in range(samples):
+                if idle:
+                    # The previous event's completion has committed.
+                    await server.settle()
                 ran = trio.Event()
                 before = time.perf_counter()
                 await session.append(bench.event("tick", Tick(n)))
@@ -260,7 +269,8 @@ async def a2_latency(dsn: str, samples: int) -> Row:
     finally:
         await store.aclose()
     p50, p99 = percentiles(gaps)
-    return Row("a2trio, append -> handler start (in-process)", None, p50, p99, cpu / samples * 1e6)
+    what = "a2trio, append -> handler start (in-process" + (", idle session)" if idle else ")")
+    return Row(what, None, p50, p99, cpu / samples * 1e6)
 
 
 async def a2_feed(dsn: str, samples: int) -> Row:
@@ -287,6 +297,7 @@ async def run_a2trio(dsn: str, args: argparse.Namespace) -> list[Row]:
         await a2_throughput(dsn, args.jobs, args.sessions, 1),
         await a2_throughput(dsn, args.jobs, args.sessions, args.batch),
         await a2_latency(dsn, args.latency),
+        await a2_latency(dsn, args.latency, idle=True),
         await a2_feed(dsn, args.latency),
     ]
 
@@ -364,6 +375,10 @@ def with_database(dsn: str, body: Callable[[str], Any]) -> Any:
     admin = make_conninfo(dsn, dbname="postgres")
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'create database "{database}"')
+        try:
+            conn.execute("checkpoint")
+        except psycopg.errors.InsufficientPrivilege:
+            print("# no CHECKPOINT: the role lacks pg_checkpoint", file=sys.stderr)
     url = urlsplit(dsn)._replace(path=f"/{database}").geturl()
     try:
         return body(url)
@@ -383,18 +398,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
 
-    def body(dsn: str) -> list[Row]:
-        rows: list[Row] = []
-        if "pgqueuer" in only:
-            rows += asyncio.run(run_pgqueuer(dsn, args))
-        if "a2trio" in only:
-            rows += trio.run(run_a2trio, dsn, args)
-        if "raw" in only:
-            rows += [raw_floor(dsn, args.jobs, 1), raw_floor(dsn, args.jobs, args.batch)]
-        print(table(rows), file=sys.stderr)
-        return rows
-
-    rows: list[Row] = with_database(args.dsn, body)
+    rows: list[Row] = []
+    if "pgqueuer" in only:
+        rows += with_database(args.dsn, lambda dsn: asyncio.run(run_pgqueuer(dsn, args)))
+    if "a2trio" in only:
+        rows += with_database(args.dsn, lambda dsn: trio.run(run_a2trio, dsn, args))
+    if "raw" in only:
+        rows += with_database(
+            args.dsn,
+            lambda dsn: [raw_floor(dsn, args.jobs, 1), raw_floor(dsn, args.jobs, args.batch)],
+        )
     print(f"# bench/vs_queues.py {' '.join(sys.argv[1:])}")
     print(f"# {versions(args.dsn)}")
     print(table(rows))

@@ -14,7 +14,9 @@ Obligations every backend keeps:
   stored in another session, or an id twice in the batch is
   ``PARTIAL_DUPLICATE_BATCH``. Events carrying a ``cause`` are fenced: the
   cause's attempt must still be the parent's latest and the parent not dead
-  lettered, else ``SUPERSEDED_ATTEMPT`` and nothing is written.
+  lettered, else ``SUPERSEDED_ATTEMPT`` and nothing is written. An append
+  with a :class:`ClaimRequest` also claims, in the same transaction, exactly
+  as ``claim_available`` would; an append that raises claims nothing.
 * **Lanes**: ``lane_ready`` is true only for the oldest unprocessed event of
   its lane; completing it hands readiness to the next.
 * **Settled** events (types without a handler) are stored processed.
