@@ -118,10 +118,6 @@ class DrainSignal:
         if self._listener is not None:
             self._listener.poke()
 
-    def excluded(self) -> list[int]:
-        """Indexes the running drain will not claim again (they failed)."""
-        return sorted(self._listener.excluded) if self._listener is not None else []
-
 
 class _Adopted(msgspec.Struct, frozen=True):
     holder: str

@@ -36,7 +36,6 @@ from .stores._feed import Feed
 from .stores.base import (
     AppendEvent,
     AppendResult,
-    Claimed,
     ClaimRequest,
     EventCause,
     StateRead,
@@ -481,16 +480,16 @@ class Server:
         mode: Literal["inline", "dispatch"],
         watchdog_at_ms: int | None,
     ) -> AppendResult:
-        """Append, and set the pending work of an inline append running.
+        """Append, and get the pending work of an inline append running.
 
-        An inline append on a server that runs handlers claims in its own
-        transaction for this process's drain (one round trip sooner to the
-        handler than waking the drain to claim) and hands the claimed events
-        over; otherwise, or if it claimed nothing, it wakes the drain. The
-        local lease estimate is taken before the call, as the drain does, so it
-        never outlives the store's stamp. While the append is in flight the
-        running drain knows an answer is coming, so it does not end (or claim
-        against its own holder's fresh claims) in the meantime.
+        An inline append on a server that runs handlers writes its events
+        claimed for this process's drain (``ClaimRequest``): the handler starts
+        one round trip sooner than if the drain claimed, and the row is written
+        once. The drain is woken to claim only if the session held other
+        claimable events. The local lease estimate is taken before the call,
+        as the drain does, so it never outlives the store's stamp. While the
+        append is in flight the running drain knows an answer is coming, so it
+        does not end (or claim against its own holder's fresh claims).
         """
         key = self._key(session_id)
         if mode != "inline" or not self.run_handlers or all(e.settled for e in events):
@@ -509,21 +508,21 @@ class Server:
             signal = None
             claim = ClaimRequest(str(uuid.uuid4()), int(ttl_s * 1000))
         else:
-            claim = ClaimRequest(signal.holder, int(ttl_s * 1000), signal.excluded())
+            claim = ClaimRequest(signal.holder, int(ttl_s * 1000))
             signal.appending += 1
         try:
             with store_unavailable("append"):
                 result = await self.store.append(key, events, claim=claim)
-            if isinstance(result.claimed, Claimed):
+            if result.claimed:
                 self._adopt(
                     session_id,
                     claim.holder,
-                    result.claimed.events,
+                    result.claimed,
                     expires_at,
                     drain_watchdog_ms,
                     watchdog_at_ms,
                 )
-            elif result.has_pending:
+            if result.others_claimable:
                 self._wake_drain(session_id, watchdog_at_ms)
         finally:
             if signal is not None:

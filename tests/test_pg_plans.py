@@ -170,7 +170,7 @@ def _cases(now: int) -> list[Case]:
     """Each statement with the parameters ``postgres.py`` gives it."""
     later = now + 60_000
 
-    def append(event_id: str | None, cause: int | None) -> Step:
+    def append(event_id: str | None, cause: int | None, holder: str | None = None) -> Step:
         batch = [
             {
                 "ord": 1,
@@ -185,10 +185,11 @@ def _cases(now: int) -> list[Case]:
         ids = [] if event_id is None else [event_id]
         causes = [] if cause is None else [cause]
         # One row: the verdict (no already-stored events to list).
-        return Step(sql.APPEND, (SESSION, json.dumps(batch), ids, causes, now), rows=1)
+        params = (SESSION, json.dumps(batch), ids, causes, now, holder, later)
+        return Step(sql.APPEND, params, rows=1)
 
-    def claim(ids: list[str], exclude: list[int], claimed: int) -> Step:
-        return Step(sql.CLAIM, (SESSION, now, "h2", later, exclude, ids), rows=claimed)
+    def claim(exclude: list[int], claimed: int) -> Step:
+        return Step(sql.CLAIM, (SESSION, now, "h2", later, exclude), rows=claimed)
 
     def finish(indexes: list[int], laned: bool) -> tuple[Step, Step]:
         attempts = [1] * len(indexes)
@@ -207,13 +208,10 @@ def _cases(now: int) -> list[Case]:
         Case("append", (append(None, None),)),
         # A handler's append: its own id, caused by a claimed event.
         Case("append with a cause", (append("fresh-1", FIRST_PENDING),)),
-        Case("claim", (claim([], [], len(UNCLAIMED)),)),
-        Case("claim with exclusions", (claim([], UNCLAIMED[:1], len(UNCLAIMED) - 1),)),
-        # `Store.append(claim=...)`: the claim names the ids just appended.
-        Case(
-            "append then claim",
-            (append("fresh-2", None), claim(["fresh-2"], [], len(UNCLAIMED) + 1)),
-        ),
+        # `Store.append(claim=...)`: written claimed, other claimable events checked.
+        Case("append claimed", (append("fresh-2", None, holder="h3"),)),
+        Case("claim", (claim([], len(UNCLAIMED)),)),
+        Case("claim with exclusions", (claim(UNCLAIMED[:1], len(UNCLAIMED) - 1),)),
         Case("finish a lane-less event", finish([FIRST_PENDING], laned=False)),
         Case("finish a lane event", finish([LANED], laned=True)),
         # Group commit finishes a session's events in one statement.

@@ -92,9 +92,15 @@ def _bool(raw: bytes) -> bool:
     return raw == b"t"
 
 
+def _int_array(raw: bytes) -> list[int]:
+    # Text form of a one-dimensional int array without nulls: {1,2,3}.
+    return [int(v) for v in raw[1:-1].split(b",")] if raw != b"{}" else []
+
+
 # Decoders for text-format results, by type OID (pg_type.dat).
 _DECODERS: dict[int, Callable[[bytes], Any]] = {
     16: _bool,
+    1016: _int_array,
     20: int,
     21: int,
     23: int,

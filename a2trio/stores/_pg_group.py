@@ -60,14 +60,13 @@ from ._pg_conn import Param, PgConnectionError, PgError, Row
 __all__ = ["LOCKING", "GroupCommitter", "GroupStatistics", "Kind", "Request"]
 
 # ``finish`` is a completion that returns no events (one set-based statement
-# can finish many of a session's events); ``append_claim`` an append followed
-# by its own claim (two statements, two answers).
-Kind = Literal["complete", "finish", "append", "append_claim", "claim"]
+# can finish many of a session's events).
+Kind = Literal["complete", "finish", "append", "claim"]
 # Within a session: the writers that take its lock, then the claims, so a claim
 # sees what the group's completions and appends made eligible.
-_ORDER = {"complete": 0, "finish": 0, "append": 1, "append_claim": 1, "claim": 2}
+_ORDER = {"complete": 0, "finish": 0, "append": 1, "claim": 2}
 # ``finish`` takes the lock only for events with a lane (``LOCK_IF_LANED``).
-LOCKING: frozenset[Kind] = frozenset({"complete", "append", "append_claim"})
+LOCKING: frozenset[Kind] = frozenset({"complete", "append"})
 
 
 class GroupStatistics(msgspec.Struct, frozen=True):
@@ -103,12 +102,11 @@ class Request:
         self.answered = False
         self.scope: trio.CancelScope | None = None
         self.done = trio.Event()
-        self.rows: list[list[Row]] = []
+        self.rows: list[Row] = []
         self.error: Exception | None = None
 
 
-# Each request's answer: the rows of each of its statements.
-RunGroup = Callable[[Sequence[Request]], Awaitable[list[list[list[Row]]]]]
+RunGroup = Callable[[Sequence[Request]], Awaitable[list[list[Row]]]]
 
 
 class GroupCommitter:
@@ -133,8 +131,8 @@ class GroupCommitter:
 
     async def submit(
         self, nursery: trio.Nursery, kind: Kind, session_id: str, params: Sequence[Param]
-    ) -> list[list[Row]]:
-        """Queue one request and wait for its statements' rows.
+    ) -> list[Row]:
+        """Queue one statement and wait for its rows.
 
         Raises what its lone replay raised (after a rejected group), or
         ``PgConnectionError`` when the group's connection was lost.

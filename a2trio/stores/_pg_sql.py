@@ -190,7 +190,13 @@ HAS_PENDING = Statement(
 # the attempt-currency fence (`for update` on the parents), the index base and
 # every insert in one statement. It inserts only when the verdict is clean;
 # the first row carries the verdict, every row one already-stored event.
-#   $1 session, $2 batch (jsonb array), $3 supplied ids, $4 cause indexes, $5 now
+# With a holder ($6), each inserted event that is claimable at once (not
+# settled, first in its lane) is inserted claimed by it until $7, attempt 1:
+# a claim at insert, so the row is written once instead of twice. `claimed`
+# lists those indexes; `others_claimable` says whether the session held
+# other events a claim would take now (the caller claims them as usual).
+#   $1 session, $2 batch (jsonb array), $3 supplied ids, $4 cause indexes,
+#   $5 now, $6 holder (null: no claim), $7 claim expiry
 APPEND = Statement(
     f"""
 with batch as (
@@ -219,30 +225,53 @@ verdict as (
       as superseded,
     exists(select 1 from a2_events
             where session_id = $1::text and processed_at is null) as had_pending,
-    (select coalesce(max(idx), 0) from a2_events where session_id = $1::text) as base
+    (select coalesce(max(idx), 0) from a2_events where session_id = $1::text) as base,
+    $6::text is not null and exists(
+      select 1 from a2_events o
+       where o.session_id = $1::text and o.lane_ready
+         and o.processed_at is null and o.failed_at is null
+         and (o.claim_expires_at is null or o.claim_expires_at <= $5::bigint))
+      as others_claimable
 ),
-inserted as (
-  insert into a2_events
-    (session_id, idx, event_type, payload, event_id, created_at, cause, lane,
-     lane_ready, processed_at)
-  select $1::text, v.base + b.ord, b.type, coalesce(b.payload, 'null'::jsonb), b.id,
-         $5::bigint, b.cause, b.lane,
+ready as (
+  select b.*, v.base + b.ord as idx,
          b.lane is null or (
            not exists (select 1 from a2_events l
                         where l.session_id = $1::text and l.lane = b.lane
                           and l.processed_at is null)
            and not exists (select 1 from batch e
-                            where e.lane = b.lane and e.ord < b.ord and not e.settled)),
-         case when b.settled then $5::bigint end
+                            where e.lane = b.lane and e.ord < b.ord and not e.settled))
+           as lane_ready
     from batch b, verdict v
    where v.n_existing = 0 and v.missing_parent is null and v.superseded is null
+),
+inserted as (
+  insert into a2_events
+    (session_id, idx, event_type, payload, event_id, created_at, cause, lane,
+     lane_ready, processed_at, attempt_count, first_claimed_at, last_claimed_at,
+     claim_holder, claim_expires_at)
+  select $1::text, r.idx, r.type, coalesce(r.payload, 'null'::jsonb), r.id,
+         $5::bigint, r.cause, r.lane, r.lane_ready,
+         case when r.settled then $5::bigint end,
+         case when c.claim then 1 else 0 end,
+         case when c.claim then $5::bigint end,
+         case when c.claim then $5::bigint end,
+         case when c.claim then $6::text end,
+         case when c.claim then $7::bigint end
+    from ready r,
+         lateral (select $6::text is not null and r.lane_ready and not r.settled as claim) c
+  returning idx, claim_holder
 )
 select v.n_existing, v.foreign_id, v.missing_parent, v.superseded, v.had_pending, v.base,
+       (select coalesce(array_agg(i.idx order by i.idx), '{{}}')
+          from inserted i where i.claim_holder is not null) as claimed,
+       v.others_claimable,
        {_cols("e")}
   from verdict v left join existing e on true
  order by e.idx
 """
 )
+
 
 # store-postgres.ts `read`.
 READ = Statement(
@@ -252,12 +281,8 @@ READ = Statement(
 
 # store-postgres.ts `claimAvailable`: the materialized eligible set locked
 # `for update`, claimed in one update; the earliest live foreign claim rides
-# along for the busy answer, so the claim is one autocommit statement. After
-# an append in the same transaction (`Store.append(claim=...)`), $6 names the
-# batch's ids: the claim runs only if all of them are in the session, i.e.
-# the append wrote or replayed them (a refused append claims nothing).
-#   $1 session, $2 now, $3 holder, $4 expires at, $5 excluded indexes,
-#   $6 ids that must exist (empty: no condition)
+# along for the busy answer, so the claim is one autocommit statement.
+#   $1 session, $2 now, $3 holder, $4 expires at, $5 excluded indexes
 CLAIM = Statement(
     f"""
 with eligible as materialized (
@@ -268,10 +293,6 @@ with eligible as materialized (
      and event.lane_ready
      and (event.claim_expires_at is null or event.claim_expires_at <= $2::bigint)
      and not (event.idx = any($5::bigint[]))
-     -- A lookup by id per listed event (a join on the session would scan it).
-     and not exists (select 1 from unnest($6::text[]) as w(id)
-                      where (select g.session_id from a2_events g where g.event_id = w.id)
-                            is distinct from $1::text)
    for update of event
 ),
 claimed as (

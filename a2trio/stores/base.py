@@ -15,8 +15,8 @@ Obligations every backend keeps:
   ``PARTIAL_DUPLICATE_BATCH``. Events carrying a ``cause`` are fenced: the
   cause's attempt must still be the parent's latest and the parent not dead
   lettered, else ``SUPERSEDED_ATTEMPT`` and nothing is written. An append
-  with a :class:`ClaimRequest` also claims, in the same transaction, exactly
-  as ``claim_available`` would; an append that raises claims nothing.
+  with a :class:`ClaimRequest` writes its claimable events claimed, as a
+  claim in the same transaction would (see there).
 * **Lanes**: ``lane_ready`` is true only for the oldest unprocessed event of
   its lane; completing it hands readiness to the next.
 * **Settled** events (types without a handler) are stored processed.
@@ -152,28 +152,33 @@ ClaimResult = Claimed | Busy | Settled
 
 
 class ClaimRequest(msgspec.Struct, frozen=True):
-    """Ask :meth:`Store.append` to claim too, in the append's own transaction.
+    """Ask :meth:`Store.append` to write its events claimed.
 
-    The claim is exactly :meth:`Store.claim_available` with these arguments,
-    run after the events are written (or replayed), so a server can start the
-    handler of an event it just appended without a second round trip. An
-    append that raises claims nothing.
+    Each event the append writes that a claim would take at once (not settled,
+    first in its lane) is stored claimed by ``holder`` until ``now + ttl_ms``,
+    at attempt 1, exactly as if :meth:`Store.claim_available` had claimed it in
+    the append's own transaction. A server then starts the handler of an event
+    it just appended with no second round trip, and the row is written once.
+    A replay or a refused append claims nothing.
     """
 
     holder: str
     ttl_ms: int
-    exclude: Sequence[int] = ()
 
 
 class AppendResult(msgspec.Struct, frozen=True):
     """The appended (or replayed) rows, and whether the session has pending work.
 
-    ``claimed`` answers the append's :class:`ClaimRequest`, if it made one.
+    With a :class:`ClaimRequest`: ``claimed`` holds the rows written claimed
+    (index order, also in ``events``), and ``others_claimable`` says whether the
+    session held other events a claim would take now (the caller claims those
+    the usual way).
     """
 
     events: list[StoredEvent]
     has_pending: bool
-    claimed: ClaimResult | None = None
+    claimed: list[StoredEvent] = msgspec.field(default_factory=list)
+    others_claimable: bool = False
 
 
 class ClaimRef(msgspec.Struct, frozen=True):

@@ -441,51 +441,50 @@ async def check_read_bounds(open_store: StoreFactory) -> None:
 
 
 async def check_append_with_claim(open_store: StoreFactory) -> None:
-    """``append(claim=...)`` claims the eligible set in the append's transaction;
-    a refused append claims nothing; without the request nothing is claimed."""
+    """``append(claim=...)`` writes its claimable events claimed (attempt 1) and
+    says whether other events are claimable; refused appends claim nothing."""
     clock = ManualClock()
     async with open_store(clock) as store:
         sid = _sid("append-claim")
         plain = await store.append(sid, [_ev(lane="a"), _ev(lane="a")])
-        assert plain.claimed is None
+        assert (plain.claimed, plain.others_claimable) == ([], False)
         assert all(r.attempt_count == 0 for r in await store.read(sid))
         clock.advance(7)
-        request = ClaimRequest("h1", 1_000)
-        result = await store.append(sid, [_ev(), _ev(settled=True)], claim=request)
-        # Everything eligible, not only the new events: lane "a"'s head and event 3.
-        claimed = _claimed(result.claimed) if result.claimed is not None else []
-        assert _indexes(claimed) == [1, 3]
-        for row in claimed:
-            assert (row.attempt_count, row.claim_holder) == (1, "h1")
-            assert row.claim_expires_at_ms == _T0 + 7 + 1_000
-        assert [r for r in await store.read(sid) if r.index in (1, 3)] == claimed
-        # Busy while h1's claims live, and `exclude` is honoured.
-        busy = await store.append(
-            sid, [_ev(id=_uid("x"))], claim=ClaimRequest("h2", 1_000, exclude=[5])
+        # Claimable: the lane-less pending event; not the settled one, not the
+        # one queued behind lane "a". Event 1 (lane "a"'s head) is another
+        # claimable event, so the caller must still claim.
+        result = await store.append(
+            sid, [_ev(), _ev(settled=True), _ev(lane="a")], claim=ClaimRequest("h1", 1_000)
         )
-        assert busy.claimed == Busy(_T0 + 7 + 1_000)
-        # A replay claims like any append; a refused append claims nothing.
-        clock.advance(1_000)
+        assert _indexes(result.claimed) == [3]
+        assert result.others_claimable
+        [row] = result.claimed
+        assert (row.attempt_count, row.claim_holder) == (1, "h1")
+        assert row.claim_expires_at_ms == _T0 + 7 + 1_000
+        assert row.first_claimed_at_ms == row.last_claimed_at_ms == _T0 + 7
+        assert [e.index for e in result.events] == [3, 4, 5]
+        assert result.events[0] == row
+        assert [r for r in await store.read(sid) if r.index == 3] == [row]
+        # The claimed event is live: a claim takes only the lane's head.
+        assert _indexes(_claimed(await _claim(store, sid, "h2"))) == [1]
+        alone = await store.append(sid, [_ev()], claim=ClaimRequest("h1", 1_000))
+        assert (_indexes(alone.claimed), alone.others_claimable) == ([6], False)
+        # A replay writes nothing, so it claims nothing.
         fixed = _uid("fixed")
-        await store.append(sid, [_ev(id=fixed, settled=True)])
-        again = await store.append(sid, [_ev(id=fixed, settled=True)], claim=ClaimRequest("h3", 50))
-        assert again.claimed is not None
-        assert [(r.index, r.attempt_count) for r in _claimed(again.claimed)] == [
-            (1, 2),
-            (3, 2),
-            (5, 1),
-        ]
-        clock.advance(50)
-        # h3's claims have lapsed, so a claim that ran would show in the rows.
+        await store.append(sid, [_ev(id=fixed)])
+        again = await store.append(sid, [_ev(id=fixed)], claim=ClaimRequest("h3", 50))
+        assert again.claimed == []
+        assert again.others_claimable, "the first append of `fixed` left it claimable"
+        # Refused appends write and claim nothing.
         before = await store.read(sid)
         with raises(ErrorCode.PARTIAL_DUPLICATE_BATCH):
             await store.append(sid, [_ev(id=fixed), _ev()], claim=ClaimRequest("h4", 50))
         await _unchanged(store, sid, before)
         with raises(ErrorCode.SUPERSEDED_ATTEMPT):
-            await store.append(sid, [_ev(cause=EventCause(1, 1))], claim=ClaimRequest("h5", 50))
+            await store.append(sid, [_ev(cause=EventCause(1, 2))], claim=ClaimRequest("h5", 50))
         await _unchanged(store, sid, before)
         # An empty batch only reports.
-        assert (await store.append(sid, [], claim=ClaimRequest("h6", 50))).claimed is None
+        assert (await store.append(sid, [], claim=ClaimRequest("h6", 50))).claimed == []
 
 
 async def check_append_concurrent_writers(open_store: StoreFactory) -> None:

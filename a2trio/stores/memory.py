@@ -334,13 +334,6 @@ class MemoryStore:
         claim: ClaimRequest | None = None,
     ) -> AppendResult:
         await trio.lowlevel.checkpoint()
-        result = self._append(session_id, events)
-        if claim is None or not events:
-            return result
-        claimed = self._claim(session_id, claim.holder, claim.ttl_ms, None, claim.exclude)
-        return msgspec.structs.replace(result, claimed=claimed)
-
-    def _append(self, session_id: str, events: Sequence[AppendEvent]) -> AppendResult:
         if not events:
             return AppendResult([], self._pending(session_id))
         supplied = [e.id for e in events if e.id is not None]
@@ -358,7 +351,10 @@ class MemoryStore:
                 )
             if len(existing) == len(events):
                 return AppendResult(
-                    replay(events, [r.stored() for r in existing]), self._pending(session_id)
+                    replay(events, [r.stored() for r in existing]),
+                    self._pending(session_id),
+                    [],
+                    claim is not None and self._claimable(session_id),
                 )
             raise A2Error(
                 ErrorCode.PARTIAL_DUPLICATE_BATCH,
@@ -379,14 +375,39 @@ class MemoryStore:
                     f"in session {session_id!r}",
                 )
         had_pending = self._pending(session_id)
+        others_claimable = claim is not None and self._claimable(session_id)
         now = self.clock.now_ms()
         self._sessions[session_id] = rows
-        inserted = [
-            self._insert(session_id, rows, e, e.id or random_id(), e.cause, now).stored()
-            for e in events
+        written = [
+            self._insert(session_id, rows, e, e.id or random_id(), e.cause, now) for e in events
         ]
+        claimed = []
+        for row in written:
+            if claim is not None and row.lane_ready and row.processed_at_ms is None:
+                # Claimed as it is written: a claim in the same transaction.
+                row.attempt_count = 1
+                row.first_claimed_at_ms = row.last_claimed_at_ms = now
+                row.claim_holder = claim.holder
+                row.claim_expires_at_ms = now + claim.ttl_ms
+                claimed.append(row.index)
+        inserted = [row.stored() for row in written]
         self._wakeups.notify(session_id, inserted)
-        return AppendResult(inserted, had_pending or any(not e.settled for e in events))
+        return AppendResult(
+            inserted,
+            had_pending or any(not e.settled for e in events),
+            [row for row in inserted if row.index in claimed],
+            others_claimable,
+        )
+
+    def _claimable(self, session_id: str) -> bool:
+        """Whether a claim would take any of the session's events now."""
+        now = self.clock.now_ms()
+        return any(
+            r.failed_at_ms is None
+            and r.lane_ready
+            and (r.claim_expires_at_ms is None or r.claim_expires_at_ms <= now)
+            for r in self._open.get(session_id, {}).values()
+        )
 
     async def read(
         self,

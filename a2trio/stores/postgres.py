@@ -553,15 +553,14 @@ class PostgresStore:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _run_group(self, group: Sequence[Request]) -> list[list[list[Row]]]:
+    async def _run_group(self, group: Sequence[Request]) -> list[list[Row]]:
         """One transaction for a group in lock order: each session's lock before
         its first writer, then its statements (see ``_pg_group``). A session's
         consecutive ``finish`` members on distinct events share one ``FINISH``
         statement, after the session's lock only if one of them has a lane
         (``LOCK_IF_LANED``); each member gets its own row back."""
         batch: list[tuple[Statement, Sequence[Param]]] = []
-        # Per request: (first statement, statement count, row index filter).
-        answers: list[tuple[int, int, int | None]] = []
+        answers: list[tuple[int, int | None]] = []  # (statement, row index filter)
         locked: str | None = None
         at = 0
         while at < len(group):
@@ -569,14 +568,8 @@ class PostgresStore:
             if request.kind in LOCKING and request.session_id != locked:
                 batch.append((sql.LOCK, (request.session_id,)))
                 locked = request.session_id
-            if request.kind == "append_claim":
-                answers.append((len(batch), 2, None))
-                batch.append((sql.APPEND, request.params[:5]))
-                batch.append((sql.CLAIM, request.params[5:]))
-                at += 1
-                continue
             if request.kind != "finish":
-                answers.append((len(batch), 1, None))
+                answers.append((len(batch), None))
                 batch.append((_GROUPED[request.kind], request.params))
                 at += 1
                 continue
@@ -596,7 +589,7 @@ class PostgresStore:
                 laned = sorted(cast(int, m.params[1]) for m in members)
                 batch.append((sql.LOCK_IF_LANED, (request.session_id, laned)))
             for member in members:
-                answers.append((len(batch), 1, cast(int, member.params[1])))
+                answers.append((len(batch), cast(int, member.params[1])))
             params = (
                 request.session_id,
                 [m.params[1] for m in members],
@@ -606,10 +599,8 @@ class PostgresStore:
             batch.append((sql.FINISH, cast(Sequence[Param], params)))
         rows = await self._transaction(batch, lock=None)
         return [
-            rows[position : position + count]
-            if index is None
-            else [[r for r in rows[position] if r[0] == index]]
-            for position, count, index in answers
+            rows[position] if index is None else [r for r in rows[position] if r[0] == index]
+            for position, index in answers
         ]
 
     def group_statistics(self) -> GroupStatistics:
@@ -747,7 +738,7 @@ class PostgresStore:
         claim: ClaimRequest | None = None,
     ) -> AppendResult:
         """Append atomically, in one round trip (see the module docstring); with
-        ``claim``, the claim is the next statement of the same transaction.
+        ``claim``, the claimable events are inserted claimed (``_pg_sql.APPEND``).
 
         Cancellation: committed entirely or not at all; retry with the same ids
         replays.
@@ -779,27 +770,17 @@ class PostgresStore:
             ]
             causes = sorted({e.cause.index for e in events if e.cause is not None})
             now = self.clock.now_ms()
-            params: tuple[Param, ...] = (session_id, _encode(batch), supplied, causes, now)
-            claim_rows: list[Row] | None = None
-            if claim is not None:
-                claim_params = (
-                    *(session_id, now, claim.holder, now + claim.ttl_ms),
-                    *(list(claim.exclude), ids),
-                )
-                if self._nursery is None:
-                    rows, claim_rows = await self._transaction(
-                        [(sql.APPEND, params), (sql.CLAIM, claim_params)], lock=session_id
-                    )
-                else:
-                    rows, claim_rows = await self._groups.submit(
-                        self._nursery, "append_claim", session_id, (*params, *claim_params)
-                    )
-            elif self._nursery is None:
+            holder, expires_at = (
+                (None, None) if claim is None else (claim.holder, now + claim.ttl_ms)
+            )
+            params = (session_id, _encode(batch), supplied, causes, now, holder, expires_at)
+            if self._nursery is None:
                 [rows] = await self._transaction([(sql.APPEND, params)], lock=session_id)
             else:
-                [rows] = await self._groups.submit(self._nursery, "append", session_id, params)
-        claimed = None if claim_rows is None else _claim_result(claim_rows)
+                rows = await self._groups.submit(self._nursery, "append", session_id, params)
         n_existing, foreign_id, missing_parent, superseded, had_pending, base = rows[0][:6]
+        claimed_indexes: list[int] = rows[0][6]
+        others_claimable: bool = rows[0][7]
         if n_existing:
             if foreign_id is not None:
                 raise A2Error(
@@ -807,9 +788,8 @@ class PostgresStore:
                     f"event id {foreign_id!r} already exists in another session",
                 )
             if n_existing == len(events):
-                return AppendResult(
-                    replay(events, [_stored(r, 6) for r in rows]), had_pending, claimed
-                )
+                stored = [_stored(r, 8) for r in rows]
+                return AppendResult(replay(events, stored), had_pending, [], others_claimable)
             raise A2Error(
                 ErrorCode.PARTIAL_DUPLICATE_BATCH,
                 f"batch mixes {n_existing} already-appended and "
@@ -824,6 +804,7 @@ class PostgresStore:
                 f"attempt {cause.attempt} no longer owns event {superseded} "
                 f"in session {session_id!r}",
             )
+        claimed_set = set(claimed_indexes)
         inserted = [
             StoredEvent(
                 id=event_id,
@@ -836,10 +817,31 @@ class PostgresStore:
                 lane=e.lane,
                 processed_at_ms=now if e.settled else None,
             )
+            if base + ord_ not in claimed_set
+            else StoredEvent(
+                id=event_id,
+                type=e.type,
+                payload=e.payload,
+                index=base + ord_,
+                session_id=session_id,
+                created_at_ms=now,
+                cause=e.cause,
+                lane=e.lane,
+                first_claimed_at_ms=now,
+                last_claimed_at_ms=now,
+                attempt_count=1,
+                claim_holder=holder,
+                claim_expires_at_ms=expires_at,
+            )
             for ord_, (e, event_id) in enumerate(zip(events, ids, strict=True), 1)
         ]
         self._wrote(session_id, inserted)
-        return AppendResult(inserted, had_pending or any(not e.settled for e in events), claimed)
+        return AppendResult(
+            inserted,
+            had_pending or any(not e.settled for e in events),
+            [row for row in inserted if row.index in claimed_set],
+            others_claimable,
+        )
 
     async def read(
         self,
@@ -877,11 +879,11 @@ class PostgresStore:
         with store_unavailable("claim"):
             now = self.clock.now_ms()
             expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
-            params: tuple[Param, ...] = (session_id, now, holder, expires_at, list(exclude), [])
+            params = (session_id, now, holder, expires_at, list(exclude))
             if self._nursery is None:
                 rows = await self._query(sql.CLAIM, params)
             else:
-                [rows] = await self._groups.submit(self._nursery, "claim", session_id, params)
+                rows = await self._groups.submit(self._nursery, "claim", session_id, params)
         return _claim_result(rows)
 
     async def renew_claims(
@@ -973,7 +975,7 @@ class PostgresStore:
             if self._nursery is None:
                 [rows] = await self._transaction([(sql.COMPLETE, params)], lock=session_id)
             else:
-                [rows] = await self._groups.submit(self._nursery, "complete", session_id, params)
+                rows = await self._groups.submit(self._nursery, "complete", session_id, params)
         outcome, processed_by_attempt, returned_event_ids, drained = rows[0][:4]
         stored = [_stored(row, 4) for row in rows if row[4] is not None]
         if outcome == "missing":
@@ -1007,7 +1009,7 @@ class PostgresStore:
                 )
             else:
                 params = (session_id, index, attempt, now)
-                [rows] = await self._groups.submit(self._nursery, "finish", session_id, params)
+                rows = await self._groups.submit(self._nursery, "finish", session_id, params)
         [(_, outcome, processed_by_attempt, returned_event_ids, drained)] = rows
         if outcome == "missing":
             raise _no_event(session_id, index)

@@ -161,6 +161,35 @@ def _claim(
     return Settled() if retry_at is None else Busy(retry_at)
 
 
+def _claimable(conn: sqlite3.Connection, session_id: str, now: int) -> bool:
+    """Whether a claim would take any of the session's events now."""
+    (found,) = conn.execute(
+        "select exists(select 1 from a2_events where session_id = ? and lane_ready"
+        " and processed_at is null and failed_at is null"
+        " and (claim_expires_at is null or claim_expires_at <= ?))",
+        (session_id, now),
+    ).fetchone()
+    return bool(found)
+
+
+def _claim_range(
+    conn: sqlite3.Connection, session_id: str, first: int, last: int, now: int, claim: ClaimRequest
+) -> list[StoredEvent]:
+    """Claim the just-written events in ``[first, last]`` that are claimable."""
+    rows = conn.execute(
+        f"""
+        update a2_events set
+          attempt_count = 1, first_claimed_at = ?4, last_claimed_at = ?4,
+          claim_holder = ?5, claim_expires_at = ?6
+        where session_id = ?1 and idx between ?2 and ?3
+          and lane_ready and processed_at is null
+        returning {_COLS}
+        """,
+        (session_id, first, last, now, claim.holder, now + claim.ttl_ms),
+    ).fetchall()
+    return sorted((_stored(r) for r in rows), key=_index_of)
+
+
 def _has_pending(conn: sqlite3.Connection, session_id: str) -> bool:
     return bool(conn.execute(_PENDING, (session_id,)).fetchone()[0])
 
@@ -308,13 +337,6 @@ class SqliteStore:
         now = self.clock.now_ms()
 
         def work(conn: sqlite3.Connection) -> tuple[AppendResult, bool]:
-            appended, wrote = write(conn)
-            if claim is None:
-                return appended, wrote
-            claimed = _claim(conn, session_id, now, claim.holder, now + claim.ttl_ms, claim.exclude)
-            return msgspec.structs.replace(appended, claimed=claimed), wrote
-
-        def write(conn: sqlite3.Connection) -> tuple[AppendResult, bool]:
             existing = _rows_by_ids(conn, supplied) if supplied else []
             if existing:
                 foreign = next((r for r in existing if r.session_id != session_id), None)
@@ -325,7 +347,10 @@ class SqliteStore:
                     )
                 if len(existing) == len(events):
                     return AppendResult(
-                        replay(events, existing), _has_pending(conn, session_id)
+                        replay(events, existing),
+                        _has_pending(conn, session_id),
+                        [],
+                        claim is not None and _claimable(conn, session_id, now),
                     ), False
                 raise A2Error(
                     ErrorCode.PARTIAL_DUPLICATE_BATCH,
@@ -358,12 +383,22 @@ class SqliteStore:
                 (session_id,),
             ).fetchone()
             base = top + 1
+            others_claimable = claim is not None and _claimable(conn, session_id, now)
             inserted = [
                 _insert(conn, session_id, base + i, e, e.id or random_id(), e.cause, now)
                 for i, e in enumerate(events)
             ]
+            claimed: list[StoredEvent] = []
+            if claim is not None:
+                # Claimed as they are written: a claim in the same transaction.
+                claimed = _claim_range(conn, session_id, base, base + len(events) - 1, now, claim)
+                by_index = {row.index: row for row in claimed}
+                inserted = [by_index.get(row.index, row) for row in inserted]
             return AppendResult(
-                inserted, bool(had_pending) or any(not e.settled for e in events)
+                inserted,
+                bool(had_pending) or any(not e.settled for e in events),
+                claimed,
+                others_claimable,
             ), True
 
         appended, wrote = await self._write("append", work)
