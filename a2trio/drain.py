@@ -116,7 +116,9 @@ class DrainSignal:
         claimed them (no further claim is needed for them)."""
         self.adopted.append(_Adopted(holder, events, expires_at, watchdog_at_ms))
         if self._listener is not None:
-            self._listener.poke()
+            # Started from here, not from the drain's loop: one scheduler pass
+            # sooner to the handler.
+            self._listener._take_adopted()
 
 
 class _Adopted(msgspec.Struct, frozen=True):
