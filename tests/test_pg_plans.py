@@ -246,3 +246,20 @@ async def test_generic_plans_read_a_bounded_number_of_rows_in_a_long_session() -
                 if _reads(node) > BOUND
             )
     assert too_many == [], "\n".join(too_many)
+
+
+async def test_the_stores_connections_plan_generically_and_its_dsn_is_left_alone() -> None:
+    dsn = await database_dsn()
+    schema = f"x_{secrets.token_hex(6)}"
+    store = postgres(dsn, schema=schema)
+    try:
+        async with store:
+            await store.append(SESSION, [AppendEvent("t", {})])
+            [[mode]] = await store._query(
+                Statement("select current_setting('plan_cache_mode')"), ()
+            )
+        assert mode == "force_generic_plan"
+        assert "plan_cache_mode" not in store.dsn
+    finally:
+        await store.aclose()
+        await run_sql(dsn, f'drop schema if exists "{schema}" cascade')

@@ -233,16 +233,20 @@ verdict as (
          and (o.claim_expires_at is null or o.claim_expires_at <= $5::bigint))
       as others_claimable
 ),
-ready as (
-  select b.*, v.base + b.ord as idx,
-         b.lane is null or (
-           not exists (select 1 from a2_events l
-                        where l.session_id = $1::text and l.lane = b.lane
-                          and l.processed_at is null)
-           and not exists (select 1 from batch e
-                            where e.lane = b.lane and e.ord < b.ord and not e.settled))
-           as lane_ready
-    from batch b, verdict v
+ready as materialized (
+  -- Materialized so each row's readiness (two subqueries) is computed once,
+  -- however many columns below use it.
+  select b.*, v.base + b.ord as idx, x.lane_ready,
+         $6::text is not null and x.lane_ready and not b.settled as claim
+    from batch b, verdict v,
+         lateral (
+           select b.lane is null or (
+             not exists (select 1 from a2_events l
+                          where l.session_id = $1::text and l.lane = b.lane
+                            and l.processed_at is null)
+             and not exists (select 1 from batch e
+                              where e.lane = b.lane and e.ord < b.ord and not e.settled))
+             as lane_ready) x
    where v.n_existing = 0 and v.missing_parent is null and v.superseded is null
 ),
 inserted as (
@@ -253,13 +257,12 @@ inserted as (
   select $1::text, r.idx, r.type, coalesce(r.payload, 'null'::jsonb), r.id,
          $5::bigint, r.cause, r.lane, r.lane_ready,
          case when r.settled then $5::bigint end,
-         case when c.claim then 1 else 0 end,
-         case when c.claim then $5::bigint end,
-         case when c.claim then $5::bigint end,
-         case when c.claim then $6::text end,
-         case when c.claim then $7::bigint end
-    from ready r,
-         lateral (select $6::text is not null and r.lane_ready and not r.settled as claim) c
+         case when r.claim then 1 else 0 end,
+         case when r.claim then $5::bigint end,
+         case when r.claim then $5::bigint end,
+         case when r.claim then $6::text end,
+         case when r.claim then $7::bigint end
+    from ready r
   returning idx, claim_holder
 )
 select v.n_existing, v.foreign_id, v.missing_parent, v.superseded, v.had_pending, v.base,

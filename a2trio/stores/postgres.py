@@ -403,14 +403,23 @@ class PostgresStore:
                 options = f"{given.get('options') or ''} -csearch_path={schema}"
                 extra["options"] = options.strip()
             dsn = make_conninfo(dsn, **extra)
+            options = str(conninfo_to_dict(dsn).get("options") or "")
+            if "plan_cache_mode" not in options:
+                # Every statement here is written to run well on a generic
+                # plan (tests/test_pg_plans.py). Left to choose, Postgres plans
+                # each one afresh for five runs per connection and keeps doing
+                # so when a custom plan looks cheaper (APPEND with no holder:
+                # ~1 ms of planning per append). Only the store's own
+                # connections get this; `dsn` stays as given.
+                options = f"{options} -cplan_cache_mode=force_generic_plan".strip()
             self._pool = PgPool(
-                dsn,
+                make_conninfo(dsn, options=options),
                 max_size=max_connections,
                 connect_timeout_s=connect_timeout_s,
                 prepare=prepare,
             )
             self._owns_pool = True
-        self.dsn: str = self._pool.conninfo
+        self.dsn: str = dsn if isinstance(dsn, str) else self._pool.conninfo
         self.clock = clock
         self.listen = listen
         self.timings = timings
