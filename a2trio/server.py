@@ -553,6 +553,9 @@ class Server:
             signal.notify()
             return
         signal = DrainSignal()
+        # Marked woken, so the new drain claims first even if an append hands
+        # it events before it starts (it would otherwise take those as all).
+        signal.notify()
         self._drains[session_id] = signal
         self._spawn(self._background_drain, session_id, signal, watchdog_at_ms)
 

@@ -172,3 +172,33 @@ async def test_an_append_does_not_claim_what_its_drain_excluded(
         # The drain ended stalled; the next one retries "bad".
         assert (await server.drain("s1")).settled
     assert attempts[-1][:2] == ("bad", 2)
+
+
+async def test_a_drain_woken_to_claim_still_claims_when_handed_events_first(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A wake-up (another process's append, as the listener reports it) starts
+    # a drain, and in the same scheduler pass, before that drain runs, an
+    # append hands it an event it claimed. The drain must still claim what the
+    # wake-up was for, rather than take the handed-over event as all there is.
+    store = CountingStore()
+    started: list[tuple[str, float]] = []
+
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> None:
+        started.append((ctx.event.payload.item, trio.current_time()))
+        await trio.sleep(10)
+
+    server = a2trio.Server(orders, store=store, handlers={"ordered": ship})
+    async with server:
+        key = server._key("s1")
+        await store.append(key, [AppendEvent("ordered", {"item": "remote", "qty": 1})])
+        local = await store.append(
+            key,
+            [AppendEvent("ordered", {"item": "local", "qty": 1})],
+            claim=ClaimRequest("h", 30_000),
+        )
+        server._remote_append(key)
+        server._adopt("s1", "h", local.claimed, trio.current_time() + 30, 30_000, None)
+        await server.settle()
+    # Both at once: "remote" does not wait for "local" to finish first.
+    assert sorted(started) == [("local", 0.0), ("remote", 0.0)]
