@@ -813,7 +813,6 @@ class PostgresStore:
                 f"attempt {cause.attempt} no longer owns event {superseded} "
                 f"in session {session_id!r}",
             )
-        claimed_set = set(claimed_indexes)
         inserted = [
             StoredEvent(
                 id=event_id,
@@ -826,24 +825,24 @@ class PostgresStore:
                 lane=e.lane,
                 processed_at_ms=now if e.settled else None,
             )
-            if base + ord_ not in claimed_set
-            else StoredEvent(
-                id=event_id,
-                type=e.type,
-                payload=e.payload,
-                index=base + ord_,
-                session_id=session_id,
-                created_at_ms=now,
-                cause=e.cause,
-                lane=e.lane,
-                first_claimed_at_ms=now,
-                last_claimed_at_ms=now,
-                attempt_count=1,
-                claim_holder=holder,
-                claim_expires_at_ms=expires_at,
-            )
             for ord_, (e, event_id) in enumerate(zip(events, ids, strict=True), 1)
         ]
+        claimed_set = set(claimed_indexes)
+        if claimed_set:
+            # As the statement stored them: claimed as they were written.
+            inserted = [
+                msgspec.structs.replace(
+                    row,
+                    attempt_count=1,
+                    first_claimed_at_ms=now,
+                    last_claimed_at_ms=now,
+                    claim_holder=holder,
+                    claim_expires_at_ms=expires_at,
+                )
+                if row.index in claimed_set
+                else row
+                for row in inserted
+            ]
         self._wrote(session_id, inserted)
         return AppendResult(
             inserted,
