@@ -188,6 +188,11 @@ def _cases(now: int) -> list[Case]:
         params = (SESSION, json.dumps(batch), ids, causes, now, holder, later)
         return Step(sql.APPEND, params, rows=1)
 
+    def fresh(holder: str | None) -> Step:
+        batch = [{"ord": 1, "id": f"fresh-{holder}", "type": "t", "payload": {}, "lane": None}]
+        params = (SESSION, json.dumps(batch), now, holder, later)
+        return Step(sql.APPEND_FRESH, params, rows=1)
+
     def claim(exclude: list[int], claimed: int) -> Step:
         return Step(sql.CLAIM, (SESSION, now, "h2", later, exclude), rows=claimed)
 
@@ -210,6 +215,9 @@ def _cases(now: int) -> list[Case]:
         Case("append with a cause", (append("fresh-1", FIRST_PENDING),)),
         # `Store.append(claim=...)`: written claimed, other claimable events checked.
         Case("append claimed", (append("fresh-2", None, holder="h3"),)),
+        # No supplied ids and no causes: the lean statement, plain and claimed.
+        Case("append fresh", (fresh(None),)),
+        Case("append fresh claimed", (fresh("h3"),)),
         Case("claim", (claim([], len(UNCLAIMED)),)),
         Case("claim with exclusions", (claim(UNCLAIMED[:1], len(UNCLAIMED) - 1),)),
         Case("finish a lane-less event", finish([FIRST_PENDING], laned=False)),

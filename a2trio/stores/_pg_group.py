@@ -60,13 +60,14 @@ from ._pg_conn import Param, PgConnectionError, PgError, Row
 __all__ = ["LOCKING", "GroupCommitter", "GroupStatistics", "Kind", "Request"]
 
 # ``finish`` is a completion that returns no events (one set-based statement
-# can finish many of a session's events).
-Kind = Literal["complete", "finish", "append", "claim"]
+# can finish many of a session's events); ``append_fresh`` an append with no
+# supplied ids and no causes (a leaner statement).
+Kind = Literal["complete", "finish", "append", "append_fresh", "claim"]
 # Within a session: the writers that take its lock, then the claims, so a claim
 # sees what the group's completions and appends made eligible.
-_ORDER = {"complete": 0, "finish": 0, "append": 1, "claim": 2}
+_ORDER = {"complete": 0, "finish": 0, "append": 1, "append_fresh": 1, "claim": 2}
 # ``finish`` takes the lock only for events with a lane (``LOCK_IF_LANED``).
-LOCKING: frozenset[Kind] = frozenset({"complete", "append"})
+LOCKING: frozenset[Kind] = frozenset({"complete", "append", "append_fresh"})
 
 
 class GroupStatistics(msgspec.Struct, frozen=True):

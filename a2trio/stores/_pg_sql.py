@@ -276,6 +276,67 @@ select v.n_existing, v.foreign_id, v.missing_parent, v.superseded, v.had_pending
 )
 
 
+# `APPEND` for the common batch: no supplied ids and no causes, so there is
+# nothing to replay, no duplicate to refuse and no parent to fence; the plan is
+# half the size (~0.1 ms less per append in a held-connection loop). Rows:
+# one, (had_pending, base, claimed indexes, others_claimable).
+#   $1 session, $2 batch (jsonb array), $3 now, $4 holder (null: no claim),
+#   $5 claim expiry
+APPEND_FRESH = Statement(
+    """
+with batch as (
+  select * from jsonb_to_recordset($2::jsonb)
+    as b(ord bigint, id text, type text, payload jsonb, lane text, settled boolean)
+),
+info as (
+  select
+    exists(select 1 from a2_events
+            where session_id = $1::text and processed_at is null) as had_pending,
+    (select coalesce(max(idx), 0) from a2_events where session_id = $1::text) as base,
+    $4::text is not null and exists(
+      select 1 from a2_events o
+       where o.session_id = $1::text and o.lane_ready
+         and o.processed_at is null and o.failed_at is null
+         and (o.claim_expires_at is null or o.claim_expires_at <= $3::bigint))
+      as others_claimable
+),
+ready as materialized (
+  select b.*, i.base + b.ord as idx, x.lane_ready,
+         $4::text is not null and x.lane_ready and not b.settled as claim
+    from batch b, info i,
+         lateral (
+           select b.lane is null or (
+             not exists (select 1 from a2_events l
+                          where l.session_id = $1::text and l.lane = b.lane
+                            and l.processed_at is null)
+             and not exists (select 1 from batch e
+                              where e.lane = b.lane and e.ord < b.ord and not e.settled))
+             as lane_ready) x
+),
+inserted as (
+  insert into a2_events
+    (session_id, idx, event_type, payload, event_id, created_at, lane,
+     lane_ready, processed_at, attempt_count, first_claimed_at, last_claimed_at,
+     claim_holder, claim_expires_at)
+  select $1::text, r.idx, r.type, coalesce(r.payload, 'null'::jsonb), r.id,
+         $3::bigint, r.lane, r.lane_ready,
+         case when r.settled then $3::bigint end,
+         case when r.claim then 1 else 0 end,
+         case when r.claim then $3::bigint end,
+         case when r.claim then $3::bigint end,
+         case when r.claim then $4::text end,
+         case when r.claim then $5::bigint end
+    from ready r
+  returning idx, claim_holder
+)
+select i.had_pending, i.base,
+       (select coalesce(array_agg(n.idx order by n.idx), '{}') from inserted n
+         where n.claim_holder is not null),
+       i.others_claimable
+  from info i
+"""
+)
+
 # store-postgres.ts `read`.
 READ = Statement(
     f"select {EVENT_COLUMNS} from a2_events"

@@ -118,6 +118,7 @@ _MAX_INDEX = 2**63 - 1
 _GROUPED: dict[Kind, Statement] = {
     "complete": sql.COMPLETE,
     "append": sql.APPEND,
+    "append_fresh": sql.APPEND_FRESH,
     "claim": sql.CLAIM,
 }
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -233,6 +234,32 @@ def _replay_completion(
             "returned event retry does not match the committed batch",
         )
     return CompleteResult("completed", replay(events, stored))
+
+
+def _check_verdict(session_id: str, events: Sequence[AppendEvent], rows: list[Row]) -> None:
+    """Raise what ``APPEND``'s verdict refuses; a clean verdict or a whole replay
+    passes."""
+    n_existing, foreign_id, missing_parent, superseded = rows[0][:4]
+    if n_existing:
+        if foreign_id is not None:
+            raise A2Error(
+                ErrorCode.PARTIAL_DUPLICATE_BATCH,
+                f"event id {foreign_id!r} already exists in another session",
+            )
+        if n_existing != len(events):
+            raise A2Error(
+                ErrorCode.PARTIAL_DUPLICATE_BATCH,
+                f"batch mixes {n_existing} already-appended and "
+                f"{len(events) - n_existing} fresh events",
+            )
+    if missing_parent is not None:
+        raise _no_event(session_id, missing_parent)
+    if superseded is not None:
+        cause = next(e.cause for e in events if e.cause and e.cause.index == superseded)
+        raise A2Error(
+            ErrorCode.SUPERSEDED_ATTEMPT,
+            f"attempt {cause.attempt} no longer owns event {superseded} in session {session_id!r}",
+        )
 
 
 def _claim_result(rows: list[Row]) -> ClaimResult:
@@ -782,37 +809,26 @@ class PostgresStore:
             holder, expires_at = (
                 (None, None) if claim is None else (claim.holder, now + claim.ttl_ms)
             )
-            params = (session_id, _encode(batch), supplied, causes, now, holder, expires_at)
+            # Nothing to replay, refuse or fence: the lean statement.
+            fresh = not supplied and not causes
+            kind: Kind = "append_fresh" if fresh else "append"
+            params: tuple[Param, ...] = (
+                (session_id, _encode(batch), now, holder, expires_at)
+                if fresh
+                else (session_id, _encode(batch), supplied, causes, now, holder, expires_at)
+            )
             if self._nursery is None:
-                [rows] = await self._transaction([(sql.APPEND, params)], lock=session_id)
+                [rows] = await self._transaction([(_GROUPED[kind], params)], lock=session_id)
             else:
-                rows = await self._groups.submit(self._nursery, "append", session_id, params)
-        n_existing, foreign_id, missing_parent, superseded, had_pending, base = rows[0][:6]
-        claimed_indexes: list[int] = rows[0][6]
-        others_claimable: bool = rows[0][7]
-        if n_existing:
-            if foreign_id is not None:
-                raise A2Error(
-                    ErrorCode.PARTIAL_DUPLICATE_BATCH,
-                    f"event id {foreign_id!r} already exists in another session",
-                )
-            if n_existing == len(events):
+                rows = await self._groups.submit(self._nursery, kind, session_id, params)
+        if fresh:
+            had_pending, base, claimed_indexes, others_claimable = rows[0]
+        else:
+            _check_verdict(session_id, events, rows)
+            had_pending, base, claimed_indexes, others_claimable = rows[0][4:8]
+            if rows[0][0]:
                 stored = [_stored(r, 8) for r in rows]
                 return AppendResult(replay(events, stored), had_pending, [], others_claimable)
-            raise A2Error(
-                ErrorCode.PARTIAL_DUPLICATE_BATCH,
-                f"batch mixes {n_existing} already-appended and "
-                f"{len(events) - n_existing} fresh events",
-            )
-        if missing_parent is not None:
-            raise _no_event(session_id, missing_parent)
-        if superseded is not None:
-            cause = next(e.cause for e in events if e.cause and e.cause.index == superseded)
-            raise A2Error(
-                ErrorCode.SUPERSEDED_ATTEMPT,
-                f"attempt {cause.attempt} no longer owns event {superseded} "
-                f"in session {session_id!r}",
-            )
         inserted = [
             StoredEvent(
                 id=event_id,
