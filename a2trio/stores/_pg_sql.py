@@ -186,23 +186,29 @@ HAS_PENDING = Statement(
     "select exists(select 1 from a2_events where session_id = $1::text and processed_at is null)"
 )
 
-# store-postgres.ts `append`, after the advisory lock: the duplicate check,
-# the attempt-currency fence (`for update` on the parents), the index base and
-# every insert in one statement. It inserts only when the verdict is clean;
-# the first row carries the verdict, every row one already-stored event.
-# With a holder ($6), each inserted event that is claimable at once (not
-# settled, first in its lane) is inserted claimed by it until $7, attempt 1:
-# a claim at insert, so the row is written once instead of twice. `claimed`
-# lists those indexes; `others_claimable` says whether the session held
-# other events a claim would take now (the caller claims them as usual).
-#   $1 session, $2 batch (jsonb array), $3 supplied ids, $4 cause indexes,
-#   $5 now, $6 holder (null: no claim), $7 claim expiry
-APPEND = Statement(
-    f"""
-with batch as (
-  select * from jsonb_to_recordset($2::jsonb)
-    as b(ord bigint, id text, type text, payload jsonb, cause jsonb, lane text, settled boolean)
-),
+
+def _append_sql(*, checked: bool) -> str:
+    """``APPEND`` (``checked``: supplied ids and causes) or ``APPEND_FRESH``.
+
+    Both lock nothing themselves (the caller's transaction holds the session's
+    append lock), compute the index base, whether the session had pending
+    work and whether other events are claimable, then insert, each claimable
+    row claimed as it is written when a holder is given. Only the checked form
+    looks for stored ids and fences causes, and inserts only on a clean verdict.
+    """
+    now, holder, expiry = ("$5", "$6", "$7") if checked else ("$3", "$4", "$5")
+    state = f"""
+    exists(select 1 from a2_events
+            where session_id = $1::text and processed_at is null) as had_pending,
+    (select coalesce(max(idx), 0) from a2_events where session_id = $1::text) as base,
+    {holder}::text is not null and exists(
+      select 1 from a2_events o
+       where o.session_id = $1::text and o.lane_ready
+         and o.processed_at is null and o.failed_at is null
+         and (o.claim_expires_at is null or o.claim_expires_at <= {now}::bigint))
+      as others_claimable"""
+    if checked:
+        head = f"""
 existing as (
   -- The guard is a one-time filter: no ids supplied, no scan at all.
   select * from a2_events where cardinality($3::text[]) > 0 and event_id = any($3::text[])
@@ -222,22 +228,38 @@ verdict as (
     (select min((b.cause->>'index')::bigint) from batch b
        join parents p on p.idx = (b.cause->>'index')::bigint
       where p.attempt_count <> (b.cause->>'attempt')::int or p.failed_at is not null)
-      as superseded,
-    exists(select 1 from a2_events
-            where session_id = $1::text and processed_at is null) as had_pending,
-    (select coalesce(max(idx), 0) from a2_events where session_id = $1::text) as base,
-    $6::text is not null and exists(
-      select 1 from a2_events o
-       where o.session_id = $1::text and o.lane_ready
-         and o.processed_at is null and o.failed_at is null
-         and (o.claim_expires_at is null or o.claim_expires_at <= $5::bigint))
-      as others_claimable
-),
+      as superseded,{state}
+),"""
+        clean = "\n   where v.n_existing = 0 and v.missing_parent is null and v.superseded is null"
+        tail = f"""
+select v.n_existing, v.foreign_id, v.missing_parent, v.superseded, v.had_pending, v.base,
+       {{claimed}}, v.others_claimable,
+       {_cols("e")}
+  from verdict v left join existing e on true
+ order by e.idx"""
+    else:
+        head = f"""
+verdict as (
+  select{state}
+),"""
+        clean = ""
+        tail = """
+select v.had_pending, v.base, {claimed}, v.others_claimable from verdict v"""
+    cause = ("cause jsonb, ", "cause, ", "r.cause, ") if checked else ("", "", "")
+    claimed = (
+        "(select coalesce(array_agg(i.idx order by i.idx), '{}')"
+        " from inserted i where i.claim_holder is not null)"
+    )
+    return f"""
+with batch as (
+  select * from jsonb_to_recordset($2::jsonb)
+    as b(ord bigint, id text, type text, payload jsonb, {cause[0]}lane text, settled boolean)
+),{head}
 ready as materialized (
   -- Materialized so each row's readiness (two subqueries) is computed once,
   -- however many columns below use it.
   select b.*, v.base + b.ord as idx, x.lane_ready,
-         $6::text is not null and x.lane_ready and not b.settled as claim
+         {holder}::text is not null and x.lane_ready and not b.settled as claim
     from batch b, verdict v,
          lateral (
            select b.lane is null or (
@@ -246,35 +268,39 @@ ready as materialized (
                             and l.processed_at is null)
              and not exists (select 1 from batch e
                               where e.lane = b.lane and e.ord < b.ord and not e.settled))
-             as lane_ready) x
-   where v.n_existing = 0 and v.missing_parent is null and v.superseded is null
+             as lane_ready) x{clean}
 ),
 inserted as (
   insert into a2_events
-    (session_id, idx, event_type, payload, event_id, created_at, cause, lane,
+    (session_id, idx, event_type, payload, event_id, created_at, {cause[1]}lane,
      lane_ready, processed_at, attempt_count, first_claimed_at, last_claimed_at,
      claim_holder, claim_expires_at)
   select $1::text, r.idx, r.type, coalesce(r.payload, 'null'::jsonb), r.id,
-         $5::bigint, r.cause, r.lane, r.lane_ready,
-         case when r.settled then $5::bigint end,
+         {now}::bigint, {cause[2]}r.lane, r.lane_ready,
+         case when r.settled then {now}::bigint end,
          case when r.claim then 1 else 0 end,
-         case when r.claim then $5::bigint end,
-         case when r.claim then $5::bigint end,
-         case when r.claim then $6::text end,
-         case when r.claim then $7::bigint end
+         case when r.claim then {now}::bigint end,
+         case when r.claim then {now}::bigint end,
+         case when r.claim then {holder}::text end,
+         case when r.claim then {expiry}::bigint end
     from ready r
   returning idx, claim_holder
-)
-select v.n_existing, v.foreign_id, v.missing_parent, v.superseded, v.had_pending, v.base,
-       (select coalesce(array_agg(i.idx order by i.idx), '{{}}')
-          from inserted i where i.claim_holder is not null) as claimed,
-       v.others_claimable,
-       {_cols("e")}
-  from verdict v left join existing e on true
- order by e.idx
+){tail.replace("{claimed}", claimed)}
 """
-)
 
+
+# store-postgres.ts `append`, after the advisory lock: the duplicate check,
+# the attempt-currency fence (`for update` on the parents), the index base and
+# every insert in one statement. It inserts only when the verdict is clean;
+# the first row carries the verdict, every row one already-stored event.
+# With a holder ($6), each inserted event that is claimable at once (not
+# settled, first in its lane) is inserted claimed by it until $7, attempt 1:
+# a claim at insert, so the row is written once instead of twice. `claimed`
+# lists those indexes; `others_claimable` says whether the session held
+# other events a claim would take now (the caller claims them as usual).
+#   $1 session, $2 batch (jsonb array), $3 supplied ids, $4 cause indexes,
+#   $5 now, $6 holder (null: no claim), $7 claim expiry
+APPEND = Statement(_append_sql(checked=True))
 
 # `APPEND` for the common batch: no supplied ids and no causes, so there is
 # nothing to replay, no duplicate to refuse and no parent to fence; the plan is
@@ -282,60 +308,7 @@ select v.n_existing, v.foreign_id, v.missing_parent, v.superseded, v.had_pending
 # one, (had_pending, base, claimed indexes, others_claimable).
 #   $1 session, $2 batch (jsonb array), $3 now, $4 holder (null: no claim),
 #   $5 claim expiry
-APPEND_FRESH = Statement(
-    """
-with batch as (
-  select * from jsonb_to_recordset($2::jsonb)
-    as b(ord bigint, id text, type text, payload jsonb, lane text, settled boolean)
-),
-info as (
-  select
-    exists(select 1 from a2_events
-            where session_id = $1::text and processed_at is null) as had_pending,
-    (select coalesce(max(idx), 0) from a2_events where session_id = $1::text) as base,
-    $4::text is not null and exists(
-      select 1 from a2_events o
-       where o.session_id = $1::text and o.lane_ready
-         and o.processed_at is null and o.failed_at is null
-         and (o.claim_expires_at is null or o.claim_expires_at <= $3::bigint))
-      as others_claimable
-),
-ready as materialized (
-  select b.*, i.base + b.ord as idx, x.lane_ready,
-         $4::text is not null and x.lane_ready and not b.settled as claim
-    from batch b, info i,
-         lateral (
-           select b.lane is null or (
-             not exists (select 1 from a2_events l
-                          where l.session_id = $1::text and l.lane = b.lane
-                            and l.processed_at is null)
-             and not exists (select 1 from batch e
-                              where e.lane = b.lane and e.ord < b.ord and not e.settled))
-             as lane_ready) x
-),
-inserted as (
-  insert into a2_events
-    (session_id, idx, event_type, payload, event_id, created_at, lane,
-     lane_ready, processed_at, attempt_count, first_claimed_at, last_claimed_at,
-     claim_holder, claim_expires_at)
-  select $1::text, r.idx, r.type, coalesce(r.payload, 'null'::jsonb), r.id,
-         $3::bigint, r.lane, r.lane_ready,
-         case when r.settled then $3::bigint end,
-         case when r.claim then 1 else 0 end,
-         case when r.claim then $3::bigint end,
-         case when r.claim then $3::bigint end,
-         case when r.claim then $4::text end,
-         case when r.claim then $5::bigint end
-    from ready r
-  returning idx, claim_holder
-)
-select i.had_pending, i.base,
-       (select coalesce(array_agg(n.idx order by n.idx), '{}') from inserted n
-         where n.claim_holder is not null),
-       i.others_claimable
-  from info i
-"""
-)
+APPEND_FRESH = Statement(_append_sql(checked=False))
 
 # store-postgres.ts `read`.
 READ = Statement(

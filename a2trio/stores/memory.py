@@ -432,16 +432,6 @@ class MemoryStore:
         exclude: Sequence[int] = (),
     ) -> ClaimResult:
         await trio.lowlevel.checkpoint()
-        return self._claim(session_id, holder, ttl_ms, expires_at_ms, exclude)
-
-    def _claim(
-        self,
-        session_id: str,
-        holder: str,
-        ttl_ms: int,
-        expires_at_ms: int | None,
-        exclude: Sequence[int],
-    ) -> ClaimResult:
         now = self.clock.now_ms()
         expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
         excluded = set(exclude)

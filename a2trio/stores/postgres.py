@@ -262,15 +262,6 @@ def _check_verdict(session_id: str, events: Sequence[AppendEvent], rows: list[Ro
         )
 
 
-def _claim_result(rows: list[Row]) -> ClaimResult:
-    """A ``CLAIM`` statement's answer: the claimed rows, else busy or settled."""
-    claimed = [_stored(row, 1) for row in rows if row[1] is not None]
-    if claimed:
-        return Claimed(claimed)
-    retry_at = rows[0][0]
-    return Settled() if retry_at is None else Busy(retry_at)
-
-
 def _index_of(event: StoredEvent) -> int:
     return event.index
 
@@ -908,7 +899,11 @@ class PostgresStore:
                 rows = await self._query(sql.CLAIM, params)
             else:
                 rows = await self._groups.submit(self._nursery, "claim", session_id, params)
-        return _claim_result(rows)
+        claimed = [_stored(row, 1) for row in rows if row[1] is not None]
+        if claimed:
+            return Claimed(claimed)
+        retry_at = rows[0][0]
+        return Settled() if retry_at is None else Busy(retry_at)
 
     async def renew_claims(
         self,

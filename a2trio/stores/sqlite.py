@@ -121,46 +121,6 @@ def _no_event(session_id: str, index: int) -> ValueError:
     return ValueError(f"no event at index {index} in session {session_id!r}")
 
 
-def _claim(
-    conn: sqlite3.Connection,
-    session_id: str,
-    now: int,
-    holder: str,
-    expires_at: int,
-    exclude: Sequence[int],
-) -> ClaimResult:
-    """The seed's ``claimAvailable`` inside an open write transaction."""
-    rows = conn.execute(
-        f"""
-        update a2_events set
-          attempt_count = attempt_count + 1,
-          first_claimed_at = coalesce(first_claimed_at, ?2),
-          last_claimed_at = ?2,
-          claim_holder = ?3,
-          claim_expires_at = ?4
-        where session_id = ?1
-          and processed_at is null
-          and failed_at is null
-          and lane_ready
-          and (claim_expires_at is null or claim_expires_at <= ?2)
-          and idx not in (select value from json_each(?5))
-        returning {_COLS}
-        """,
-        (session_id, now, holder, expires_at, _text(list(exclude))),
-    ).fetchall()
-    if rows:
-        return Claimed(sorted((_stored(r) for r in rows), key=_index_of))
-    (retry_at,) = conn.execute(
-        """
-        select min(claim_expires_at) from a2_events
-        where session_id = ? and processed_at is null and failed_at is null
-          and lane_ready and claim_expires_at > ?
-        """,
-        (session_id, now),
-    ).fetchone()
-    return Settled() if retry_at is None else Busy(retry_at)
-
-
 def _claimable(conn: sqlite3.Connection, session_id: str, now: int) -> bool:
     """Whether a claim would take any of the session's events now."""
     (found,) = conn.execute(
@@ -443,10 +403,38 @@ class SqliteStore:
         """
 
         now = self.clock.now_ms()
-        expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
 
         def work(conn: sqlite3.Connection) -> ClaimResult:
-            return _claim(conn, session_id, now, holder, expires_at, exclude)
+            expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
+            rows = conn.execute(
+                f"""
+                update a2_events set
+                  attempt_count = attempt_count + 1,
+                  first_claimed_at = coalesce(first_claimed_at, ?2),
+                  last_claimed_at = ?2,
+                  claim_holder = ?3,
+                  claim_expires_at = ?4
+                where session_id = ?1
+                  and processed_at is null
+                  and failed_at is null
+                  and lane_ready
+                  and (claim_expires_at is null or claim_expires_at <= ?2)
+                  and idx not in (select value from json_each(?5))
+                returning {_COLS}
+                """,
+                (session_id, now, holder, expires_at, _text(list(exclude))),
+            ).fetchall()
+            if rows:
+                return Claimed(sorted((_stored(r) for r in rows), key=_index_of))
+            (retry_at,) = conn.execute(
+                """
+                select min(claim_expires_at) from a2_events
+                where session_id = ? and processed_at is null and failed_at is null
+                  and lane_ready and claim_expires_at > ?
+                """,
+                (session_id, now),
+            ).fetchone()
+            return Settled() if retry_at is None else Busy(retry_at)
 
         return await self._write("claim", work)
 
