@@ -71,3 +71,30 @@ async def test_a_servers_own_appends_are_not_drained_twice() -> None:
     # The append claimed the event itself and the completion said nothing was
     # left, so any claim at all would come from the echo.
     assert claims == 0
+
+
+async def test_another_process_appending_right_after_our_own_write_still_wakes_us() -> None:
+    # The worker writes to the session, then the API process appends to the
+    # same session at once: that notification is not an echo of ours.
+    dsn = await database_dsn()
+    schema = f"s_{secrets.token_hex(6)}"
+    ran: list[str] = []
+    handled = trio.Event()
+
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> None:
+        ran.append(ctx.event.payload.item)
+        if len(ran) == 2:
+            handled.set()
+
+    api_store = a2trio.stores.postgres(dsn, schema=schema)
+    worker_store = a2trio.stores.postgres(dsn, schema=schema)
+    api = a2trio.Server(orders, store=api_store, handlers={"ordered": ship}, run_handlers=False)
+    worker = a2trio.Server(orders, store=worker_store, handlers={"ordered": ship})
+    async with api, worker:
+        await worker_store.wait_listening()
+        await worker.session("o1").append(orders.event("ordered", Ordered("mine")))
+        await worker.settle()
+        await api.session("o1").append(orders.event("ordered", Ordered("theirs")))
+        with trio.fail_after(5):
+            await handled.wait()
+    assert ran == ["mine", "theirs"]

@@ -1,14 +1,21 @@
 """Local writes hand their rows to live feeds: no read when the rows continue a
-feed's cursor, a read as before when they do not (memory store, counted reads)."""
+feed's cursor, a read as before when they do not (counted reads)."""
 
 from __future__ import annotations
 
+import secrets
+from typing import Any
+
+import pytest
 import trio
 import trio.testing
 
 import a2trio
+from a2trio.stores._pg_conn import PgConnectionError
 from a2trio.stores.base import AppendEvent, StoredEvent
 from a2trio.stores.memory import MemoryStore
+
+from .backends.postgres import database_dsn
 
 
 class CountingReads(MemoryStore):
@@ -69,3 +76,56 @@ async def test_feeds_see_every_row_once_however_writes_and_pumps_interleave() ->
                     nursery.start_soon(store.append, "s", [note(n)])
             assert [(await behind.receive()).index for _ in range(19)] == list(range(2, 21))
             assert [(await fresh.receive()).index for _ in range(19)] == list(range(2, 21))
+
+
+async def test_postgres_feeds_skip_their_own_stores_notifications() -> None:
+    # Notifications name the store that wrote: the writer's own are skipped
+    # (its rows were handed over), another store's still mean a read.
+    dsn = await database_dsn()
+    schema = f"s_{secrets.token_hex(6)}"
+    writer = a2trio.stores.postgres(dsn, schema=schema)
+    other = a2trio.stores.postgres(dsn, schema=schema)
+    reads = 0
+    read = writer.read
+
+    async def counting(
+        session_id: str, *, after_index: int | None = None, through_index: int | None = None
+    ) -> list[StoredEvent]:
+        nonlocal reads
+        reads += 1
+        return await read(session_id, after_index=after_index, through_index=through_index)
+
+    writer.read = counting  # type: ignore[method-assign]
+    async with writer, other, writer.stream("s") as feed:
+        await writer.wait_listening()
+        for n in range(3):
+            appended = await writer.append("s", [note(n)])
+            assert await feed.receive() == appended.events[0]
+        caught_up = reads
+        await trio.sleep(0.3)  # the three notifications arrive meanwhile
+        assert reads == caught_up
+        await other.append("s", [note(3)])
+        with trio.fail_after(5):
+            assert (await feed.receive()).index == 4
+        assert reads > caught_up
+
+
+async def test_a_postgres_write_that_lost_its_answer_still_reaches_local_feeds() -> None:
+    # The commit happened but the writer never learned it (here: its answer
+    # was lost): nothing was handed over, and the notification is skipped as
+    # the store's own, so the feed must be woken to read instead.
+    dsn = await database_dsn()
+    store = a2trio.stores.postgres(dsn, schema=f"s_{secrets.token_hex(6)}")
+    async with store, store.stream("s") as feed:
+        await store.wait_listening()
+        submit = store._groups.submit
+
+        async def answer_lost(*args: Any, **kwargs: Any) -> Any:
+            await submit(*args, **kwargs)
+            raise PgConnectionError("connection lost after the commit")
+
+        store._groups.submit = answer_lost  # type: ignore[method-assign]
+        with pytest.raises(a2trio.A2Error):
+            await store.append("s", [note(0)])
+        with trio.fail_after(2):  # the safety re-read comes only after 10 s
+            assert (await feed.receive()).index == 1

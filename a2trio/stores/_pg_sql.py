@@ -84,14 +84,18 @@ create table if not exists a2_presence (
 
 # Notifications are transactional: delivered at commit, never for a rollback.
 # The channel carries the table's schema so stores in different schemas of one
-# database do not hear each other. Event inserts name the session (duplicates
-# in one transaction collapse); presence changes carry the applied field and
-# the writing store's id, so a store skips its own (it delivered them locally).
+# database do not hear each other. Event inserts name the writing store's id
+# (``a2.origin``, set by ``LOCK``; empty for other writers) and the session,
+# ``"<origin> <session>"`` (duplicates in one transaction collapse); presence
+# changes carry the applied field and the writing store's id. Either way a
+# store skips its own notifications exactly: it handed those rows over locally.
 _TRIGGERS = """
 create or replace function a2_notify_events() returns trigger
 language plpgsql as $$
 begin
-  perform pg_notify(tg_table_schema || '.a2_events', new.session_id);
+  perform pg_notify(
+    tg_table_schema || '.a2_events',
+    coalesce(current_setting('a2.origin', true), '') || ' ' || new.session_id);
   return null;
 end $$;
 
@@ -180,7 +184,11 @@ def _among(column: str, indexes: str) -> str:
 BEGIN = Statement("begin")
 COMMIT = Statement("commit")
 # The seed's per-session append lock: `hashtext` keeps it interoperable.
-LOCK = Statement("select pg_advisory_xact_lock(hashtext($1::text))")
+# A session's append lock. Every statement that inserts events runs after it,
+# so it also names the writing store (``$2``) for the notify trigger.
+LOCK = Statement(
+    "select pg_advisory_xact_lock(hashtext($1::text)), set_config('a2.origin', $2::text, true)"
+)
 
 HAS_PENDING = Statement(
     "select exists(select 1 from a2_events where session_id = $1::text and processed_at is null)"

@@ -67,8 +67,8 @@ closes everything the store opened and refuses later use.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, contextmanager
 from types import TracebackType
 from typing import Any, Literal, cast
 
@@ -127,11 +127,6 @@ _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _RETRYABLE = frozenset({"23505", "40P01"})
 _ATTEMPTS = 3
 _LISTENER_BACKOFF_S = (0.05, 2.0)
-#: A notification for a session this store wrote to less than this long ago is
-#: taken for the echo of its own write and not announced to pending-work
-#: watchers (the local server already woke its drain). A real remote append in
-#: that window waits for the next wake-up, as it would without watching.
-_ECHO_WINDOW_S = 0.5
 _KEEPALIVE = {
     "keepalives": "1",
     "keepalives_idle": "10",
@@ -447,7 +442,6 @@ class PostgresStore:
         self._origin = random_id()
         self._wakeups = Wakeups()
         self._pending_watchers: set[Callable[[str], None]] = set()
-        self._recent_writes: dict[str, float] = {}
         self._nursery: trio.Nursery | None = None
         self._nursery_cm: AbstractAsyncContextManager[trio.Nursery] | None = None
         self._entered = 0
@@ -569,7 +563,7 @@ class PostgresStore:
         pool = await self._ready()
         head: list[tuple[Statement, Sequence[Param]]] = [(sql.BEGIN, ())]
         if lock is not None:
-            head.append((sql.LOCK, (lock,)))
+            head.append((sql.LOCK, (lock, self._origin)))
         for attempt in range(_ATTEMPTS):
             try:
                 async with pool.connection() as conn:
@@ -593,7 +587,7 @@ class PostgresStore:
         while at < len(group):
             request = group[at]
             if request.kind in LOCKING and request.session_id != locked:
-                batch.append((sql.LOCK, (request.session_id,)))
+                batch.append((sql.LOCK, (request.session_id, self._origin)))
                 locked = request.session_id
             if request.kind != "finish":
                 answers.append((len(batch), None))
@@ -676,8 +670,10 @@ class PostgresStore:
                 await trio.lowlevel.wait_readable(conn.socket)
                 for channel, payload in conn.notifies():
                     if channel == events:
-                        self._wakeups.notify(payload)
-                        self._announce(payload)
+                        origin, _, session_id = payload.partition(" ")
+                        if origin != self._origin:
+                            self._wakeups.notify(session_id)
+                            self._announce(session_id)
                     elif channel == presence:
                         self._deliver_remote(payload)
         finally:
@@ -701,25 +697,22 @@ class PostgresStore:
         return unwatch
 
     def _wrote(self, session_id: str, rows: list[StoredEvent]) -> None:
-        """A local write committed: hand its rows to local feeds."""
+        """A local write committed: hand its rows to local feeds (the listener
+        skips this store's own notifications)."""
         self._wakeups.notify(session_id, rows)
 
-    def _writing(self, session_id: str) -> None:
-        """A local insert is about to commit: remember it, to skip its echo
-        (the notification can arrive before the writer resumes)."""
-        if self._pending_watchers:
-            now = trio.current_time()
-            if len(self._recent_writes) > 10_000:
-                cutoff = now - _ECHO_WINDOW_S
-                self._recent_writes = {k: t for k, t in self._recent_writes.items() if t > cutoff}
-            self._recent_writes[session_id] = now
+    @contextmanager
+    def _inserting(self, session_id: str) -> Iterator[None]:
+        """Around a write that may insert: if it ends without handing its rows
+        over (an error or cancellation, maybe after the commit), local feeds
+        read instead, as another process's notification would make them."""
+        try:
+            yield
+        except BaseException:
+            self._wakeups.notify(session_id)
+            raise
 
     def _announce(self, session_id: str) -> None:
-        if not self._pending_watchers:
-            return
-        wrote_at = self._recent_writes.get(session_id)
-        if wrote_at is not None and trio.current_time() - wrote_at < _ECHO_WINDOW_S:
-            return
         for on_session in list(self._pending_watchers):
             on_session(session_id)
 
@@ -770,8 +763,6 @@ class PostgresStore:
         Cancellation: committed entirely or not at all; retry with the same ids
         replays.
         """
-        if events:
-            self._writing(session_id)
         with store_unavailable("append"):
             if not events:
                 [(pending,)] = await self._query(sql.HAS_PENDING, (session_id,))
@@ -808,10 +799,11 @@ class PostgresStore:
                 if fresh
                 else (session_id, _encode(batch), supplied, causes, now, holder, expires_at)
             )
-            if self._nursery is None:
-                [rows] = await self._transaction([(_GROUPED[kind], params)], lock=session_id)
-            else:
-                rows = await self._groups.submit(self._nursery, kind, session_id, params)
+            with self._inserting(session_id):
+                if self._nursery is None:
+                    [rows] = await self._transaction([(_GROUPED[kind], params)], lock=session_id)
+                else:
+                    rows = await self._groups.submit(self._nursery, kind, session_id, params)
         if fresh:
             had_pending, base, claimed_indexes, others_claimable = rows[0]
         else:
@@ -956,8 +948,6 @@ class PostgresStore:
         Cancellation: committed entirely or not at all; a repeat by the same
         attempt with the same ids replays.
         """
-        if events:
-            self._writing(session_id)
         if not events:
             return await self._finish(session_id, index, attempt)
         ids = [e.id for e in events]
@@ -990,7 +980,7 @@ class PostgresStore:
             _encode(_cause_json(EventCause(index, attempt))),
             _encode(returned),
         )
-        with store_unavailable("complete"):
+        with store_unavailable("complete"), self._inserting(session_id):
             if self._nursery is None:
                 [rows] = await self._transaction([(sql.COMPLETE, params)], lock=session_id)
             else:
