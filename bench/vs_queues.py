@@ -19,8 +19,13 @@ no-op work:
   drain). The next append follows the handler's start, so it overlaps the
   previous event's completion; a2trio also reports the idle-session case,
   where the previous completion has committed first;
+* **across processes**: append in this process (a server with
+  ``run_handlers=False``) -> handler start in a worker process woken by its
+  LISTEN connection (both read the same monotonic clock);
 * **live feed**: append -> delivery on a2trio's LISTEN feed, next to a bare
-  NOTIFY round trip (asyncpg listener, NOTIFY from another connection);
+  NOTIFY round trip (asyncpg listener, NOTIFY from another connection) and a
+  durable one (an insert and a NOTIFY in one transaction: the least a live
+  feed of durable events can cost);
 * **raw floor**: a psycopg loop over a bare table: insert, claim
   (``for update skip locked``) and delete, one autocommit statement each,
   single rows and batches of ``--batch``.
@@ -36,11 +41,13 @@ import asyncio
 import os
 import secrets
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -178,6 +185,30 @@ async def notify_round_trip(dsn: str, samples: int) -> Row:
     return Row("bare NOTIFY round trip (asyncpg)", None, p50, p99)
 
 
+async def durable_notify_round_trip(dsn: str, samples: int) -> Row:
+    """An insert and a NOTIFY committed together: the WAL flush a durable
+    event pays before anyone may hear of it."""
+    import asyncpg
+
+    listener = await asyncpg.connect(dsn)
+    sender = await asyncpg.connect(dsn)
+    await sender.execute("create table if not exists rt_rows (n int)")
+    heard: asyncio.Queue[float] = asyncio.Queue()
+    await listener.add_listener("rt", lambda *_: heard.put_nowait(time.perf_counter()))
+    gaps = []
+    try:
+        for _ in range(samples):
+            before = time.perf_counter()
+            # One simple query, so one implicit transaction.
+            await sender.execute("insert into rt_rows values (1); notify rt")
+            gaps.append((await asyncio.wait_for(heard.get(), 10) - before) * 1000)
+    finally:
+        await listener.close()
+        await sender.close()
+    p50, p99 = percentiles(gaps)
+    return Row("durable NOTIFY round trip (insert + NOTIFY, asyncpg)", None, p50, p99)
+
+
 async def run_pgqueuer(dsn: str, args: argparse.Namespace) -> list[Row]:
     import asyncpg
     from pgqueuer import AsyncpgDriver
@@ -191,6 +222,7 @@ async def run_pgqueuer(dsn: str, args: argparse.Namespace) -> list[Row]:
         await pgq_throughput(dsn, args.jobs, args.batch, args.batch),
         await pgq_latency(dsn, args.latency),
         await notify_round_trip(dsn, args.latency),
+        await durable_notify_round_trip(dsn, args.latency),
     ]
 
 
@@ -292,12 +324,72 @@ async def a2_feed(dsn: str, samples: int) -> Row:
     return Row("a2trio, append -> live feed (LISTEN)", None, p50, p99)
 
 
+async def a2_remote_latency(dsn: str, samples: int) -> Row:
+    """Append here (``run_handlers=False``) -> handler start in a worker process
+    (this script with ``--worker``), which prints ``perf_counter()`` at each
+    handler start: the same monotonic clock in both processes."""
+    store = a2trio.stores.postgres(dsn)
+    gaps = []
+    command = [sys.executable, __file__, "--worker", "--dsn", dsn]
+    try:
+        api = a2trio.Server(bench, store=store, handlers={"tick": _tick}, run_handlers=False)
+        async with api, trio.open_nursery() as nursery:
+            worker: trio.Process = await nursery.start(
+                partial(trio.run_process, command, stdout=subprocess.PIPE, check=False)
+            )
+            assert worker.stdout is not None
+            lines = _Lines(worker.stdout)
+            if await lines.next() != "ready":
+                raise RuntimeError("the worker process did not start")
+            session = api.session(f"remote-{secrets.token_hex(3)}")
+            for n in range(-1, samples):
+                before = time.perf_counter()
+                await session.append(bench.event("tick", Tick(n)))
+                started = float(await lines.next())
+                if n >= 0:
+                    gaps.append((started - before) * 1000)
+            worker.terminate()
+    finally:
+        await store.aclose()
+    p50, p99 = percentiles(gaps)
+    return Row("a2trio, append -> handler start (other process)", None, p50, p99)
+
+
+async def _tick(ctx: a2trio.HandlerContext[Tick]) -> None:
+    """The worker's handler: report when it started."""
+    print(time.perf_counter(), flush=True)
+
+
+class _Lines:
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self._stream = stream
+        self._buffer = b""
+
+    async def next(self) -> str:
+        while b"\n" not in self._buffer:
+            chunk = await self._stream.receive_some()
+            if not chunk:
+                raise RuntimeError("the worker process exited")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode()
+
+
+async def remote_worker(dsn: str) -> None:
+    store = a2trio.stores.postgres(dsn)
+    async with store, a2trio.Server(bench, store=store, handlers={"tick": _tick}):
+        await store.wait_listening()
+        print("ready", flush=True)
+        await trio.sleep_forever()
+
+
 async def run_a2trio(dsn: str, args: argparse.Namespace) -> list[Row]:
     return [
         await a2_throughput(dsn, args.jobs, args.sessions, 1),
         await a2_throughput(dsn, args.jobs, args.sessions, args.batch),
         await a2_latency(dsn, args.latency),
         await a2_latency(dsn, args.latency, idle=True),
+        await a2_remote_latency(dsn, args.latency),
         await a2_feed(dsn, args.latency),
     ]
 
@@ -395,7 +487,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--latency", type=int, default=200)
     parser.add_argument("--only", default="pgqueuer,a2trio,raw")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.worker:
+        trio.run(remote_worker, args.dsn)
+        return
     only = set(args.only.split(","))
 
     rows: list[Row] = []
@@ -430,6 +526,12 @@ def main(argv: list[str] | None = None) -> None:
             "live feed p50 / bare NOTIFY p50",
             "a2trio, append -> live feed (LISTEN)",
             "bare NOTIFY round trip (asyncpg)",
+            "p50_ms",
+        ),
+        (
+            "live feed p50 / durable NOTIFY p50",
+            "a2trio, append -> live feed (LISTEN)",
+            "durable NOTIFY round trip (insert + NOTIFY, asyncpg)",
             "p50_ms",
         ),
     ]
