@@ -15,12 +15,16 @@ requests get ``SHUTDOWN_GRACE_S`` to finish, then the app's lifespan closes the
 servers, which cancels their drains (claims are left to lapse, and the next
 process retries them). ``--reload`` runs hypercorn's reloader, which restarts
 the worker when a source file changes.
+
+The process belongs to the command, so it also tunes Python's garbage
+collector for it (:func:`tune_gc`; ``--gc-threshold 0`` leaves it alone).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import importlib
 import os
 import signal
@@ -37,12 +41,41 @@ import trio
 from .server import Server
 from .transport import DEFAULT_LIMITS, App, asgi
 
-__all__ = ["SHUTDOWN_GRACE_S", "lanes", "load_target", "main"]
+__all__ = ["GC_THRESHOLD", "SHUTDOWN_GRACE_S", "lanes", "load_target", "main", "tune_gc"]
 
 #: How long open requests (streams, sockets) get to finish on shutdown before
 #: they are cancelled; streams never finish on their own, so keep it short.
 SHUTDOWN_GRACE_S: Final = 2.0
 _TARGET_ENV: Final = "A2_SERVE_TARGET"
+_GC_ENV: Final = "A2_SERVE_GC_THRESHOLD"
+#: The young-generation threshold :func:`tune_gc` sets (Python's is 700).
+GC_THRESHOLD: Final = 20_000
+
+
+def tune_gc(threshold: int = GC_THRESHOLD) -> None:
+    """Tune the garbage collector for a process that runs a2trio servers.
+
+    Every event in flight is a task, a few coroutines, a lease scope and its
+    rows, and under load thousands are in flight at once. With Python's
+    defaults they outlive the young collections (every 700 allocations), get
+    promoted, and keep triggering full collections that traverse them all:
+    over half of the client's CPU per event in ``bench/vs_queues.py``. This
+    freezes what exists now (imports, the app: never garbage) out of every
+    later collection, and collects the young generation every ``threshold``
+    allocations instead, so most of an event's objects die before a
+    collection sees them. Call it once, after building the app; it changes
+    the whole process (``python -m a2trio.serve`` calls it for you).
+    Measured in ``docs/performance.md``, "Garbage collection".
+
+    Raises:
+      ValueError: ``threshold`` is not a positive int.
+    """
+    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
+        raise ValueError(f"threshold must be a positive int, got {threshold!r}")
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(threshold, older, oldest)
 
 
 def load_target(target: str) -> App | Any:
@@ -79,7 +112,11 @@ def load_target(target: str) -> App | Any:
 
 def _from_environ() -> App | Any:
     """The reloader's entry point: each fresh worker loads the target again."""
-    return load_target(os.environ[_TARGET_ENV])
+    app = load_target(os.environ[_TARGET_ENV])
+    threshold = int(os.environ.get(_GC_ENV, "0"))
+    if threshold:
+        tune_gc(threshold)
+    return app
 
 
 def lanes(app: App | Any, url: str) -> list[str]:
@@ -142,6 +179,11 @@ async def _serve(app: App | Any, config: hypercorn.config.Config) -> None:
                 print(f"a2trio serving on {url} (store: {store})", flush=True)
                 for line in lanes(app, url):
                     print(line, flush=True)
+            print(
+                f"  gc thresholds {gc.get_threshold()}, "
+                f"{gc.get_freeze_count():,} startup objects frozen",
+                flush=True,
+            )
             print("Ctrl-C to stop", flush=True)
     print("stopped", flush=True)
 
@@ -156,7 +198,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--reload", action="store_true", help="restart when sources change")
+    parser.add_argument(
+        "--gc-threshold",
+        type=int,
+        default=GC_THRESHOLD,
+        metavar="N",
+        help=f"young-generation GC threshold (default {GC_THRESHOLD}; 0: Python's own settings)",
+    )
     args = parser.parse_args(argv)
+    if args.gc_threshold < 0:
+        parser.error(f"--gc-threshold must be 0 or more, got {args.gc_threshold}")
     store = args.store or os.environ.get("A2_STORE") or _development_store()
     if store:
         os.environ["A2_STORE"] = store
@@ -166,11 +217,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = _config(args.host, args.port)
     if args.reload:
         os.environ[_TARGET_ENV] = args.target
+        os.environ[_GC_ENV] = str(args.gc_threshold)
         config.application_path = "a2trio.serve:_from_environ()"
         config.use_reloader = True
         print(f"a2trio serving {args.target} on http://{args.host}:{args.port} (reloading)")
         return hypercorn.run.run(config)
     app = load_target(args.target)
+    if args.gc_threshold:
+        tune_gc(args.gc_threshold)
     trio.run(_serve, app, config)
     return 0
 

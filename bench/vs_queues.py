@@ -31,13 +31,17 @@ no-op work:
   single rows and batches of ``--batch``.
 
 Client CPU is this process's CPU time per event. pgqueuer runs under asyncio
-(uvloop not used), a2trio under Trio, one after the other.
+(uvloop not used), a2trio under Trio, one after the other. ``--gc-threshold N``
+applies ``a2trio.serve.tune_gc(N)`` to the whole process first (both systems),
+as ``python -m a2trio.serve`` does; the default keeps Python's collector
+settings.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import secrets
 import statistics
@@ -59,6 +63,7 @@ from psycopg.conninfo import make_conninfo
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import a2trio
+from a2trio.serve import tune_gc
 from a2trio.stores.base import AppendEvent
 
 
@@ -331,6 +336,9 @@ async def a2_remote_latency(dsn: str, samples: int) -> Row:
     store = a2trio.stores.postgres(dsn)
     gaps = []
     command = [sys.executable, __file__, "--worker", "--dsn", dsn]
+    threshold = gc.get_threshold()[0]
+    if gc.get_freeze_count():
+        command += ["--gc-threshold", str(threshold)]
     try:
         api = a2trio.Server(bench, store=store, handlers={"tick": _tick}, run_handlers=False)
         async with api, trio.open_nursery() as nursery:
@@ -487,8 +495,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--latency", type=int, default=200)
     parser.add_argument("--only", default="pgqueuer,a2trio,raw")
+    parser.add_argument("--gc-threshold", type=int, default=0, metavar="N")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.gc_threshold:
+        tune_gc(args.gc_threshold)
     if args.worker:
         trio.run(remote_worker, args.dsn)
         return
@@ -505,7 +516,7 @@ def main(argv: list[str] | None = None) -> None:
             lambda dsn: [raw_floor(dsn, args.jobs, 1), raw_floor(dsn, args.jobs, args.batch)],
         )
     print(f"# bench/vs_queues.py {' '.join(sys.argv[1:])}")
-    print(f"# {versions(args.dsn)}")
+    print(f"# {versions(args.dsn)}; gc thresholds {gc.get_threshold()}")
     print(table(rows))
     by = {r.what: r for r in rows}
     b1 = f"a2trio, append batch 1, {args.sessions} sessions"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ import pytest
 import trio
 
 import a2trio
-from a2trio.serve import lanes, load_target
+from a2trio.serve import GC_THRESHOLD, lanes, load_target, tune_gc
 from a2trio.stores import memory
 from a2trio.transport import App, asgi
 from a2trio.transport.sse import SSEDecoder
@@ -71,6 +72,20 @@ def test_lanes_name_every_route(targets: ModuleType) -> None:
         "POST http://h:1/_a2/scheduler",
     ):
         assert route in text
+
+
+def test_tune_gc_freezes_startup_objects_and_raises_the_young_threshold() -> None:
+    before = gc.get_threshold()
+    try:
+        tune_gc(5_000)
+        assert gc.get_threshold() == (5_000, *before[1:])
+        assert gc.get_freeze_count() > 0
+        for bad in (0, -1, True, 1.5):
+            with pytest.raises(ValueError, match="threshold must be a positive int"):
+                tune_gc(bad)  # type: ignore[arg-type]
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
 
 
 @asynccontextmanager
@@ -138,11 +153,17 @@ async def test_the_readme_command_serves_the_example_on_sqlite(tmp_path: Path) -
         ]
     assert lines[-2:] == ["shutting down", "stopped"]
     assert (tmp_path / ".a2" / "dev.db").exists()
+    assert any(line.startswith(f"  gc thresholds ({GC_THRESHOLD}, ") for line in lines)
 
 
 @pytest.mark.filterwarnings(r"ignore:Async generator 'http(x|core)\..*:ResourceWarning")
 async def test_store_flag_selects_the_store(tmp_path: Path) -> None:
-    async with serve_command(tmp_path, "--store", "memory:") as (url, lines):
+    async with serve_command(tmp_path, "--store", "memory:", "--gc-threshold", "0") as (
+        url,
+        lines,
+    ):
         assert any("store: memory:" in line for line in lines)
         assert len(await push_and_follow(url)) == 1
     assert not (tmp_path / ".a2").exists()
+    # Python's own collector settings, untouched.
+    assert f"  gc thresholds {gc.get_threshold()}, 0 startup objects frozen" in lines
