@@ -27,6 +27,7 @@ Postgres runs in a fresh database created and dropped by the script.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import secrets
 import statistics
@@ -42,6 +43,7 @@ import trio
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import a2trio
+from a2trio.serve import tune_gc
 from a2trio.stores.base import Store
 
 
@@ -276,7 +278,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--latency", type=int, default=200)
     parser.add_argument("--dsn", default="postgresql://root@127.0.0.1:5432/postgres")
     parser.add_argument("--versions", action="store_true", help="print versions and exit")
+    parser.add_argument(
+        "--gc-threshold",
+        type=int,
+        default=0,
+        metavar="N",
+        help="apply a2trio.serve.tune_gc(N) first, as `python -m a2trio.serve` does",
+    )
     args = parser.parse_args(argv)
+    if args.gc_threshold:
+        tune_gc(args.gc_threshold)
     versions = (
         f"python {sys.version.split()[0]}, trio {trio.__version__}, msgspec {msgspec.__version__}"
     )
@@ -289,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
         results[name] = trio.run(measure, name, args)
     metrics: list[str] = list(next(iter(results.values())))
     width = max(len(m) for m in metrics)
-    print(f"# bench/drain.py: {args.events} events; {versions}")
+    print(f"# bench/drain.py: {args.events} events; {versions}; gc thresholds {gc.get_threshold()}")
     print("| " + "metric".ljust(width) + " | " + " | ".join(n.rjust(10) for n in names) + " |")
     print("|" + "-" * (width + 2) + "|" + "|".join("-" * 12 for _ in names) + "|")
     for metric in metrics:
