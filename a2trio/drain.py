@@ -52,6 +52,7 @@ import msgspec
 import trio
 
 from .abort import AbortHub, AbortSubscription
+from .handlers import HandlerSpec
 from .stores.base import Busy, Claimed, ClaimRef, StoredEvent
 from .telemetry import NOOP_TELEMETRY
 
@@ -355,14 +356,15 @@ class _Drain:
             if event.lane is not None:
                 attributes["a2.event.lane"] = event.lane
         with server.telemetry.span("a2.event", attributes) as span:
-            aborted = trio.Event()
-            # Only handlers with ``abort_on`` get an abort scope: a cancel scope
-            # per event showed in the drain's profile.
+            # Only handlers with ``abort_on`` get an abort scope and an
+            # ``aborted`` event: each per event showed in the drain's profile.
+            aborted: trio.Event | None = None
             abort_scope: trio.CancelScope | None = None
             subscription: AbortSubscription | None = None
             result: Any = None
             try:
                 if registration is not None and registration.abort_on is not None:
+                    aborted = trio.Event()
                     abort_scope = trio.CancelScope()
                     subscription = self._abort_hub().subscribe(
                         event, registration.abort_on, event.attempt_count, abort_scope, aborted
@@ -371,12 +373,7 @@ class _Drain:
                     if subscription is not None:
                         await subscription.catch_up()
                     if registration is not None:
-                        ctx = server._handler_context(event, aborted)
-                        if abort_scope is None:
-                            result = await registration.fn(ctx)
-                        else:
-                            with abort_scope:
-                                result = await registration.fn(ctx)
+                        result = await self._call(registration, event, aborted, abort_scope)
                 if subscription is not None and subscription.error is not None:
                     raise subscription.error
                 aborted_caught = abort_scope is not None and abort_scope.cancelled_caught
@@ -386,7 +383,7 @@ class _Drain:
                 if entry.lease.cancelled_caught or (aborted_caught and entry.lease.cancel_called):
                     span.set_attribute("a2.event.outcome", "surrendered")
                     return "surrendered", False, False, False
-                was_aborted = aborted.is_set()
+                was_aborted = aborted is not None and aborted.is_set()
                 returned = [] if aborted_caught else server._returned(event, result)
             except Exception as exc:
                 span.record_error(exc)
@@ -414,6 +411,22 @@ class _Drain:
                 bool(completion.events),
                 completion.drained,
             )
+
+    async def _call(
+        self,
+        registration: HandlerSpec,
+        event: StoredEvent,
+        aborted: trio.Event | None,
+        abort_scope: trio.CancelScope | None,
+    ) -> Any:
+        """Run the handler. Its context lives in this frame only, so it is gone
+        before the completion's round trip: under load thousands of events wait
+        there, and what they still hold is what the garbage collector scans."""
+        ctx = self.server._handler_context(event, aborted)
+        if abort_scope is None:
+            return await registration.fn(ctx)
+        with abort_scope:
+            return await registration.fn(ctx)
 
     async def _fail(
         self, event: StoredEvent, error: BaseException, span: Any

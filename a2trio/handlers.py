@@ -39,15 +39,24 @@ class HandlerContext(Generic[P]):
         cancelled then, unless it shields itself to finish and return events.
     """
 
-    __slots__ = ("aborted", "attempt", "event", "session")
+    __slots__ = ("_aborted", "attempt", "event", "session")
 
     def __init__(
-        self, event: Event[P], attempt: int, session: HandlerSession, aborted: trio.Event
+        self, event: Event[P], attempt: int, session: HandlerSession, aborted: trio.Event | None
     ) -> None:
         self.event = event
         self.attempt = attempt
         self.session = session
-        self.aborted = aborted
+        self._aborted = aborted
+
+    @property
+    def aborted(self) -> trio.Event:
+        """Set when an ``abort_on`` event matched (never, for a handler without
+        ``abort_on``; its event is made only if asked for: one fewer object per
+        event for the garbage collector)."""
+        if self._aborted is None:
+            self._aborted = trio.Event()
+        return self._aborted
 
     def __repr__(self) -> str:
         return f"HandlerContext(event={self.event.type}#{self.event.index}, attempt={self.attempt})"

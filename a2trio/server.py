@@ -687,7 +687,9 @@ class Server:
 
     # -- handlers ------------------------------------------------------------
 
-    def _handler_context(self, trigger: StoredEvent, aborted: trio.Event) -> HandlerContext[Any]:
+    def _handler_context(
+        self, trigger: StoredEvent, aborted: trio.Event | None
+    ) -> HandlerContext[Any]:
         session_id = trigger.session_id[len(self._prefix) :]
         return HandlerContext(
             self._to_public(trigger),

@@ -195,6 +195,26 @@ async def test_lanes_keep_order_while_other_lanes_and_unlaned_events_overlap(
     assert trio.current_time() <= 21  # lanes ran side by side, one event a second each
 
 
+async def test_a_handler_without_abort_on_still_has_an_aborted_event_never_set(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    seen: list[tuple[bool, bool]] = []
+
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> None:
+        aborted = ctx.aborted
+        await trio.sleep(10)
+        seen.append((aborted.is_set(), ctx.aborted is aborted))
+
+    server = a2trio.Server(orders, store=new_store(), handlers={"ordered": ship})
+    async with server:
+        session = server.session("s1")
+        await session.append(orders.event("ordered", Ordered("a")))
+        await trio.sleep(1)
+        await session.append(orders.event("cancelled", Cancelled("a")))
+        await server.settle()
+    assert seen == [(False, True)]
+
+
 async def test_abort_on_list_and_predicate_cancel_only_the_matching_handler(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
