@@ -183,9 +183,9 @@ def _among(column: str, indexes: str) -> str:
 
 BEGIN = Statement("begin")
 COMMIT = Statement("commit")
-# The seed's per-session append lock: `hashtext` keeps it interoperable.
-# A session's append lock. Every statement that inserts events runs after it,
-# so it also names the writing store (``$2``) for the notify trigger.
+# The seed's per-session append lock: `hashtext` keeps it interoperable. Every
+# statement that inserts events runs after it, so it also names the writing
+# store (``$2``) for the notify trigger.
 LOCK = Statement(
     "select pg_advisory_xact_lock(hashtext($1::text)), set_config('a2.origin', $2::text, true)"
 )
