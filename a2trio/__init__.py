@@ -24,6 +24,7 @@ from .session import HandlerSession, Session
 from .stores.base import Store
 from .telemetry import NOOP_TELEMETRY, Span, Telemetry
 from .timings import DEFAULT_TIMINGS, Timings
+from .tuning import tune_gc
 
 __version__ = "0.1.0"
 
@@ -69,4 +70,5 @@ __all__ = [
     "handler",
     "schedulers",
     "stores",
+    "tune_gc",
 ]

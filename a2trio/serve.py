@@ -17,7 +17,7 @@ process retries them). ``--reload`` runs hypercorn's reloader, which restarts
 the worker when a source file changes.
 
 The process belongs to the command, so it also tunes Python's garbage
-collector for it (:func:`tune_gc`; ``--gc-threshold 0`` leaves it alone).
+collector for it (:func:`a2trio.tune_gc`; ``--gc-threshold 0`` leaves it alone).
 """
 
 from __future__ import annotations
@@ -40,42 +40,15 @@ import trio
 
 from .server import Server
 from .transport import DEFAULT_LIMITS, App, asgi
+from .tuning import GC_THRESHOLD, tune_gc
 
-__all__ = ["GC_THRESHOLD", "SHUTDOWN_GRACE_S", "lanes", "load_target", "main", "tune_gc"]
+__all__ = ["SHUTDOWN_GRACE_S", "lanes", "load_target", "main"]
 
 #: How long open requests (streams, sockets) get to finish on shutdown before
 #: they are cancelled; streams never finish on their own, so keep it short.
 SHUTDOWN_GRACE_S: Final = 2.0
 _TARGET_ENV: Final = "A2_SERVE_TARGET"
 _GC_ENV: Final = "A2_SERVE_GC_THRESHOLD"
-#: The young-generation threshold :func:`tune_gc` sets (Python's is 700).
-GC_THRESHOLD: Final = 20_000
-
-
-def tune_gc(threshold: int = GC_THRESHOLD) -> None:
-    """Tune the garbage collector for a process that runs a2trio servers.
-
-    Every event in flight is a task, a few coroutines, a lease scope and its
-    rows, and under load thousands are in flight at once. With Python's
-    defaults they outlive the young collections (every 700 allocations), get
-    promoted, and keep triggering full collections that traverse them all:
-    over half of the client's CPU per event in ``bench/vs_queues.py``. This
-    freezes what exists now (imports, the app: never garbage) out of every
-    later collection, and collects the young generation every ``threshold``
-    allocations instead, so most of an event's objects die before a
-    collection sees them. Call it once, after building the app; it changes
-    the whole process (``python -m a2trio.serve`` calls it for you).
-    Measured in ``docs/performance.md``, "Garbage collection".
-
-    Raises:
-      ValueError: ``threshold`` is not a positive int.
-    """
-    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
-        raise ValueError(f"threshold must be a positive int, got {threshold!r}")
-    gc.collect()
-    gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(threshold, older, oldest)
 
 
 def load_target(target: str) -> App | Any:

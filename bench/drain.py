@@ -43,8 +43,8 @@ import trio
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import a2trio
-from a2trio.serve import tune_gc
 from a2trio.stores.base import Store
+from a2trio.tuning import tune_gc
 
 
 class Tick(msgspec.Struct, frozen=True):
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="apply a2trio.serve.tune_gc(N) first, as `python -m a2trio.serve` does",
+        help="apply a2trio.tune_gc(N) first, as `python -m a2trio.serve` does",
     )
     args = parser.parse_args(argv)
     if args.gc_threshold:

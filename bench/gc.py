@@ -5,7 +5,7 @@
 Runs ``bench/vs_queues.py``'s batched throughput case (``--jobs`` events over
 ``--sessions`` sessions, appended in batches of ``--batch``) in a fresh
 database, ``--runs`` times under each collector setting, in this order:
-Python's defaults, :func:`a2trio.serve.tune_gc`, and the collector disabled
+Python's defaults, :func:`a2trio.tune_gc`, and the collector disabled
 (the reference). ``gc.callbacks`` counts and times every collection. Prints
 one table row per run.
 """
@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import vs_queues
 
-from a2trio.serve import tune_gc
+from a2trio.tuning import tune_gc
 
 _counts = [0, 0, 0]
 _seconds = [0.0, 0.0, 0.0]

@@ -32,7 +32,7 @@ no-op work:
 
 Client CPU is this process's CPU time per event. pgqueuer runs under asyncio
 (uvloop not used), a2trio under Trio, one after the other. ``--gc-threshold N``
-applies ``a2trio.serve.tune_gc(N)`` to the whole process first (both systems),
+applies ``a2trio.tune_gc(N)`` to the whole process first (both systems),
 as ``python -m a2trio.serve`` does; the default keeps Python's collector
 settings.
 """
@@ -63,8 +63,8 @@ from psycopg.conninfo import make_conninfo
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import a2trio
-from a2trio.serve import tune_gc
 from a2trio.stores.base import AppendEvent
+from a2trio.tuning import tune_gc
 
 
 @dataclass

@@ -20,10 +20,11 @@ import pytest
 import trio
 
 import a2trio
-from a2trio.serve import GC_THRESHOLD, lanes, load_target, tune_gc
+from a2trio.serve import lanes, load_target
 from a2trio.stores import memory
 from a2trio.transport import App, asgi
 from a2trio.transport.sse import SSEDecoder
+from a2trio.tuning import GC_THRESHOLD
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,12 +78,12 @@ def test_lanes_name_every_route(targets: ModuleType) -> None:
 def test_tune_gc_freezes_startup_objects_and_raises_the_young_threshold() -> None:
     before = gc.get_threshold()
     try:
-        tune_gc(5_000)
+        a2trio.tune_gc(5_000)
         assert gc.get_threshold() == (5_000, *before[1:])
         assert gc.get_freeze_count() > 0
         for bad in (0, -1, True, 1.5):
             with pytest.raises(ValueError, match="threshold must be a positive int"):
-                tune_gc(bad)  # type: ignore[arg-type]
+                a2trio.tune_gc(bad)  # type: ignore[arg-type]
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
