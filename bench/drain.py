@@ -11,7 +11,8 @@ Measures, with a no-op handler on the real clock:
   writer task per session), timed until every handler has run;
 * appends/s alone (no handlers);
 * append -> handler-start latency p50/p99 over ``--latency`` sequential events
-  in one session (the next append waits for the previous handler);
+  in one session (the next append waits for the previous handler), after
+  ``WARM_UP`` untimed ones (as every latency row here);
 * append -> live-feed delivery p50/p99 (for Postgres with LISTEN/NOTIFY, and
   with polling: a second store instance with ``listen=False`` follows what the
   first appends, as another process would);
@@ -49,6 +50,11 @@ from a2trio.tuning import tune_gc
 
 class Tick(msgspec.Struct, frozen=True):
     n: int
+
+
+#: Events before each latency measurement that are not timed: the first uses
+#: of a pool's connections prepare and plan statements (milliseconds each).
+WARM_UP = 10
 
 
 bench = a2trio.contract("bench", events={"tick": Tick, "plain": Tick})
@@ -135,12 +141,13 @@ async def latency(store: Store, samples: int) -> tuple[float, float]:
     gaps = []
     async with server:
         session = server.session(f"lat-{secrets.token_hex(3)}")
-        for n in range(samples):
+        for n in range(-WARM_UP, samples):
             ran = trio.Event()
             before = time.perf_counter()
             await session.append(bench.event("tick", Tick(n)))
             await ran.wait()
-            gaps.append((started_at[-1] - before) * 1000)
+            if n >= 0:
+                gaps.append((started_at[-1] - before) * 1000)
         await server.settle()
     gaps.sort()
     return statistics.median(gaps), gaps[int(len(gaps) * 0.99) - 1]
@@ -166,12 +173,13 @@ async def remote_latency(
         if wait_listening is not None:
             await wait_listening()
         session = api.session(f"remote-{secrets.token_hex(3)}")
-        for n in range(samples):
+        for n in range(-WARM_UP, samples):
             ran = trio.Event()
             before = time.perf_counter()
             await session.append(bench.event("tick", Tick(n)))
             await ran.wait()
-            gaps.append((started_at[-1] - before) * 1000)
+            if n >= 0:
+                gaps.append((started_at[-1] - before) * 1000)
         await worker.settle()
     gaps.sort()
     return statistics.median(gaps), gaps[int(len(gaps) * 0.99) - 1]
@@ -189,11 +197,12 @@ async def feed_latency(writer: Store, reader: Store, samples: int) -> tuple[floa
         if follower is not appender:
             await stack.enter_async_context(follower)
         feed = await stack.enter_async_context(follower.session(sid).stream())
-        for n in range(samples):
+        for n in range(-WARM_UP, samples):
             before = time.perf_counter()
             await appender.session(sid).append(bench.event("plain", Tick(n)))
             await feed.receive()
-            gaps.append((time.perf_counter() - before) * 1000)
+            if n >= 0:
+                gaps.append((time.perf_counter() - before) * 1000)
     gaps.sort()
     return statistics.median(gaps), gaps[int(len(gaps) * 0.99) - 1]
 
