@@ -17,10 +17,11 @@ import trio
 
 import a2trio
 from a2trio.errors import A2Error, ErrorCode
+from a2trio.stores._feed import adaptive_poll
 from a2trio.stores._sqlite_conn import BUSY_TIMEOUT_S, ConnectionPool
 from a2trio.stores._sqlite_schema import SCHEMA_VERSION
 from a2trio.stores.base import AppendEvent
-from a2trio.stores.sqlite import SqliteStore, _adaptive_poll, sqlite
+from a2trio.stores.sqlite import SqliteStore, sqlite
 from a2trio.timings import Timings
 
 
@@ -228,7 +229,7 @@ async def test_another_stores_append_reaches_a_feed_by_polling(tmp_path: Path) -
 
 
 def test_polling_backs_off_from_active_to_idle() -> None:
-    poll = _adaptive_poll(Timings(poll_active_s=0.025, poll_idle_s=0.2))
+    poll = adaptive_poll(Timings(poll_active_s=0.025, poll_idle_s=0.2))
     waits = [poll(False) for _ in range(6)]
     assert waits == [0.025, 0.05, 0.1, 0.2, 0.2, 0.2]
     assert poll(True) == 0.025

@@ -27,6 +27,8 @@ from typing import Any, Generic, TypeVar
 import msgspec
 import trio
 
+from ..timings import Timings
+
 __all__ = [
     "FEED_BUFFER",
     "ChannelFeed",
@@ -34,6 +36,7 @@ __all__ = [
     "FeedStatistics",
     "Wake",
     "Wakeups",
+    "adaptive_poll",
     "open_pump_feed",
     "own_tasks",
 ]
@@ -189,6 +192,24 @@ async def own_tasks() -> AsyncIterator[trio.Nursery]:
             nursery.cancel_scope.cancel(reason="block finished")
     if error is not None:
         raise error
+
+
+def adaptive_poll(timings: Timings) -> Callable[[bool], float]:
+    """How long a polling feed waits before re-reading: ``poll_active_s`` after
+    rows (and after the first empty read that follows them), then doubling on
+    each empty read up to ``poll_idle_s``. Given ``True``, it also starts over."""
+    interval = timings.poll_active_s
+
+    def poll(found: bool) -> float:
+        nonlocal interval
+        if found:
+            interval = timings.poll_active_s
+            return interval
+        waited = interval
+        interval = min(interval * 2, timings.poll_idle_s)
+        return waited
+
+    return poll
 
 
 @asynccontextmanager

@@ -81,7 +81,7 @@ from ..errors import A2Error, ErrorCode, store_unavailable
 from ..ids import random_id
 from ..timings import DEFAULT_TIMINGS, Timings
 from . import _pg_sql as sql
-from ._feed import Feed, FeedStatistics, Wakeups, open_pump_feed
+from ._feed import Feed, FeedStatistics, Wakeups, adaptive_poll, open_pump_feed
 from ._pg_conn import Param, PgError, PgPool, Row, Statement
 from ._pg_group import LOCKING, GroupCommitter, GroupStatistics, Kind, Request
 from .base import (
@@ -728,23 +728,15 @@ class PostgresStore:
         )
 
     def _feed_poll(self) -> Callable[[bool], float]:
-        """How long a feed waits before re-reading on its own."""
-        timings = self.timings
-        wait = timings.poll_active_s
+        """How long a feed waits before re-reading on its own: the safety
+        interval while notifications flow, the adaptive cadence when not."""
+        adaptive = adaptive_poll(self.timings)
 
         def poll(active: bool) -> float:
-            nonlocal wait
             if self._listening.is_set():
-                wait = timings.poll_active_s
-                return timings.notify_safety_s
-            if active:
-                wait = timings.poll_active_s
-                return wait
-            # The first empty read after rows still waits the active cadence;
-            # only then does the wait double toward the idle ceiling.
-            waited = wait
-            wait = min(wait * 2, timings.poll_idle_s)
-            return waited
+                adaptive(True)  # start over at the active cadence if it stops
+                return self.timings.notify_safety_s
+            return adaptive(active)
 
         return poll
 

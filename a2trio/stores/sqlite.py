@@ -38,7 +38,7 @@ from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import A2Error, ErrorCode, store_unavailable
 from ..ids import random_id
 from ..timings import DEFAULT_TIMINGS, Timings
-from ._feed import Feed, FeedStatistics, Wakeups, open_pump_feed
+from ._feed import Feed, FeedStatistics, Wakeups, adaptive_poll, open_pump_feed
 from ._sqlite_conn import ConnectionPool
 from .base import (
     AppendEvent,
@@ -707,25 +707,8 @@ class SqliteStore:
             _index_of,
             self._wakeups,
             start_after=start_after,
-            poll=_adaptive_poll(self.timings),
+            poll=adaptive_poll(self.timings),
         )
-
-
-def _adaptive_poll(timings: Timings) -> Callable[[bool], float]:
-    """How long a feed waits before re-reading: ``poll_active_s`` after rows,
-    doubling on each empty read up to ``poll_idle_s``."""
-    interval = timings.poll_active_s
-
-    def poll(found: bool) -> float:
-        nonlocal interval
-        if found:
-            interval = timings.poll_active_s
-            return interval
-        waited = interval
-        interval = min(interval * 2, timings.poll_idle_s)
-        return waited
-
-    return poll
 
 
 def _state_read(conn: sqlite3.Connection, session_id: str, reducer: str) -> StateRead:
