@@ -129,28 +129,43 @@ async def throughput(store: Store, events: int, sessions: int, handled: bool) ->
     return per_session * sessions / elapsed
 
 
-async def latency(store: Store, samples: int) -> tuple[float, float]:
-    started_at: list[float] = []
-    ran = trio.Event()
+class Starts:
+    """A handler that notes when it starts, and the loop that times appends
+    to those starts."""
 
-    async def tick(ctx: a2trio.HandlerContext[Tick]) -> None:
-        started_at.append(time.perf_counter())
-        ran.set()
+    def __init__(self) -> None:
+        self._at = 0.0
+        self._ran = trio.Event()
 
-    server = a2trio.Server(bench, store=store, handlers={"tick": tick})
-    gaps = []
-    async with server:
-        session = server.session(f"lat-{secrets.token_hex(3)}")
+    async def tick(self, ctx: a2trio.HandlerContext[Tick]) -> None:
+        self._at = time.perf_counter()
+        self._ran.set()
+
+    async def time(self, session: a2trio.Session, samples: int) -> tuple[float, float]:
+        """p50 and p99 (ms) of append -> handler start, sequential events."""
+        gaps = []
         for n in range(-WARM_UP, samples):
-            ran = trio.Event()
+            self._ran = trio.Event()
             before = time.perf_counter()
             await session.append(bench.event("tick", Tick(n)))
-            await ran.wait()
+            await self._ran.wait()
             if n >= 0:
-                gaps.append((started_at[-1] - before) * 1000)
-        await server.settle()
-    gaps.sort()
+                gaps.append((self._at - before) * 1000)
+        return percentiles(gaps)
+
+
+def percentiles(gaps: list[float]) -> tuple[float, float]:
+    gaps = sorted(gaps)
     return statistics.median(gaps), gaps[int(len(gaps) * 0.99) - 1]
+
+
+async def latency(store: Store, samples: int) -> tuple[float, float]:
+    starts = Starts()
+    server = a2trio.Server(bench, store=store, handlers={"tick": starts.tick})
+    async with server:
+        result = await starts.time(server.session(f"lat-{secrets.token_hex(3)}"), samples)
+        await server.settle()
+    return result
 
 
 async def remote_latency(
@@ -158,31 +173,17 @@ async def remote_latency(
 ) -> tuple[float, float]:
     """Append in one "process" (``run_handlers=False``) -> handler start in another
     (a second store instance, woken by its listener)."""
-    started_at: list[float] = []
-    ran = trio.Event()
-
-    async def tick(ctx: a2trio.HandlerContext[Tick]) -> None:
-        started_at.append(time.perf_counter())
-        ran.set()
-
-    api = a2trio.Server(bench, store=api_store, handlers={"tick": tick}, run_handlers=False)
-    worker = a2trio.Server(bench, store=worker_store, handlers={"tick": tick})
-    gaps = []
+    starts = Starts()
+    handlers = {"tick": starts.tick}
+    api = a2trio.Server(bench, store=api_store, handlers=handlers, run_handlers=False)
+    worker = a2trio.Server(bench, store=worker_store, handlers=handlers)
     async with api, worker:
         wait_listening = getattr(worker_store, "wait_listening", None)
         if wait_listening is not None:
             await wait_listening()
-        session = api.session(f"remote-{secrets.token_hex(3)}")
-        for n in range(-WARM_UP, samples):
-            ran = trio.Event()
-            before = time.perf_counter()
-            await session.append(bench.event("tick", Tick(n)))
-            await ran.wait()
-            if n >= 0:
-                gaps.append((started_at[-1] - before) * 1000)
+        result = await starts.time(api.session(f"remote-{secrets.token_hex(3)}"), samples)
         await worker.settle()
-    gaps.sort()
-    return statistics.median(gaps), gaps[int(len(gaps) * 0.99) - 1]
+    return result
 
 
 async def feed_latency(writer: Store, reader: Store, samples: int) -> tuple[float, float]:
@@ -203,8 +204,7 @@ async def feed_latency(writer: Store, reader: Store, samples: int) -> tuple[floa
             await feed.receive()
             if n >= 0:
                 gaps.append((time.perf_counter() - before) * 1000)
-    gaps.sort()
-    return statistics.median(gaps), gaps[int(len(gaps) * 0.99) - 1]
+    return percentiles(gaps)
 
 
 def postgres_floor(dsn: str, transactions: int, notifies: int) -> tuple[float, float]:

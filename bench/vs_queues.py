@@ -170,48 +170,36 @@ async def pgq_latency(dsn: str, samples: int) -> Row:
     return Row("pgqueuer, enqueue -> handler start", None, p50, p99, cpu / samples * 1e6)
 
 
-async def notify_round_trip(dsn: str, samples: int) -> Row:
+async def notify_round_trip(dsn: str, samples: int, *, durable: bool = False) -> Row:
+    """NOTIFY from one asyncpg connection until another hears it; ``durable``
+    commits an insert with it (the WAL flush a durable event pays before
+    anyone may hear of it)."""
     import asyncpg
 
     listener = await asyncpg.connect(dsn)
     sender = await asyncpg.connect(dsn)
+    # One simple query, so one implicit transaction.
+    statement = "insert into rt_rows values (1); notify rt" if durable else "notify rt"
+    if durable:
+        await sender.execute("create table if not exists rt_rows (n int)")
     heard: asyncio.Queue[float] = asyncio.Queue()
     await listener.add_listener("rt", lambda *_: heard.put_nowait(time.perf_counter()))
     gaps = []
     try:
         for _ in range(samples):
             before = time.perf_counter()
-            await sender.execute("notify rt")
+            await sender.execute(statement)
             gaps.append((await asyncio.wait_for(heard.get(), 10) - before) * 1000)
     finally:
         await listener.close()
         await sender.close()
     p50, p99 = percentiles(gaps)
-    return Row("bare NOTIFY round trip (asyncpg)", None, p50, p99)
-
-
-async def durable_notify_round_trip(dsn: str, samples: int) -> Row:
-    """An insert and a NOTIFY committed together: the WAL flush a durable
-    event pays before anyone may hear of it."""
-    import asyncpg
-
-    listener = await asyncpg.connect(dsn)
-    sender = await asyncpg.connect(dsn)
-    await sender.execute("create table if not exists rt_rows (n int)")
-    heard: asyncio.Queue[float] = asyncio.Queue()
-    await listener.add_listener("rt", lambda *_: heard.put_nowait(time.perf_counter()))
-    gaps = []
-    try:
-        for _ in range(samples):
-            before = time.perf_counter()
-            # One simple query, so one implicit transaction.
-            await sender.execute("insert into rt_rows values (1); notify rt")
-            gaps.append((await asyncio.wait_for(heard.get(), 10) - before) * 1000)
-    finally:
-        await listener.close()
-        await sender.close()
-    p50, p99 = percentiles(gaps)
-    return Row("durable NOTIFY round trip (insert + NOTIFY, asyncpg)", None, p50, p99)
+    what = (
+        "durable NOTIFY round trip (insert + NOTIFY, asyncpg)"
+        if durable
+        else "bare NOTIFY round trip (asyncpg)"
+    )
+    return Row(what, None, p50, p99)
 
 
 async def run_pgqueuer(dsn: str, args: argparse.Namespace) -> list[Row]:
@@ -227,7 +215,7 @@ async def run_pgqueuer(dsn: str, args: argparse.Namespace) -> list[Row]:
         await pgq_throughput(dsn, args.jobs, args.batch, args.batch),
         await pgq_latency(dsn, args.latency),
         await notify_round_trip(dsn, args.latency),
-        await durable_notify_round_trip(dsn, args.latency),
+        await notify_round_trip(dsn, args.latency, durable=True),
     ]
 
 
