@@ -22,6 +22,7 @@ from typing import Literal, TypeVar
 
 import trio
 
+from ..stores._sqlite_conn import use_wal
 from ._queue import TaskRow
 
 __all__ = ["SqliteQueue"]
@@ -68,7 +69,7 @@ class SqliteQueue:
             self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
         )
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
+            use_wal(conn, timeout_s=BUSY_TIMEOUT_S)
             conn.executescript(_SCHEMA)
         except BaseException:
             conn.close()

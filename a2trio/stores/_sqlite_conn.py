@@ -44,7 +44,7 @@ import trio
 
 from ._sqlite_schema import migrate
 
-__all__ = ["BEGIN_READ", "BEGIN_WRITE", "ConnectionPool"]
+__all__ = ["BEGIN_READ", "BEGIN_WRITE", "ConnectionPool", "use_wal"]
 
 T = TypeVar("T")
 
@@ -175,14 +175,15 @@ class Connection:
             raise
 
 
-def _use_wal(raw: sqlite3.Connection) -> None:
+def use_wal(raw: sqlite3.Connection, *, timeout_s: float = BUSY_TIMEOUT_S) -> None:
     """Switch the file to WAL, waiting out other connections opening it.
 
     SQLite answers ``database is locked`` at once, without its busy handler,
     when another connection is switching or reading the file at that moment
-    (two stores opening one file together): retry until the deadline.
+    (two stores, or two schedulers, opening one file together): retry until
+    ``timeout_s`` has passed. Blocking: call it from a worker thread.
     """
-    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     while True:
         try:
             raw.execute("pragma journal_mode = wal")
@@ -206,7 +207,7 @@ def _connect(path: str, *, writer: bool) -> sqlite3.Connection:
             # Switching needs the file to itself: wait the full timeout for it
             # (opening is not cancellable anyway).
             raw.execute(f"pragma busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-            _use_wal(raw)
+            use_wal(raw)
             raw.execute(f"pragma busy_timeout = {int(BUSY_SLICE_S * 1000)}")
         # NORMAL in WAL mode syncs at checkpoints, not at every commit: a
         # process crash loses nothing; a power cut may lose the last commits.
