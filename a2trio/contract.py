@@ -17,6 +17,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from .errors import A2Error, ErrorCode
+from .identifiers import check_event_id
 
 __all__ = ["AppendInput", "Contract", "Event", "Reducer", "contract"]
 
@@ -171,9 +172,11 @@ class Contract:
           A2Error: ``UNKNOWN_EVENT_TYPE`` or ``INVALID_PAYLOAD`` (``details``
             carries msgspec's message and the JSON path to the bad field).
           TypeError: ``id`` is given but is not a non-empty string.
+          ValueError: ``id`` is too long or holds a control character
+            (:mod:`a2trio.identifiers`).
         """
-        if id is not None and (not isinstance(id, str) or not id):
-            raise TypeError(f"event id must be a non-empty string or None, got {id!r}")
+        if id is not None:
+            check_event_id(id)
         typed, _ = self.validate(type, payload)
         return AppendInput(type, typed, id)
 

@@ -29,6 +29,7 @@ from .drain import DrainResult, DrainSignal, drain_session
 from .errors import A2Error, ErrorCode, store_unavailable
 from .fanout import SessionFanout, open_shared_feed
 from .handlers import HandlerContext, HandlerSpec, handler
+from .identifiers import check_event_id, check_session_id
 from .ids import returned_event_id, schedule_id, scheduled_event_id
 from .scheduler import AppendTask, DrainTask, ScheduledEvent, Scheduler, SchedulerTask
 from .session import HandlerSession, Session
@@ -97,14 +98,6 @@ class ServerStatistics(msgspec.Struct, frozen=True):
 
     drains: int
     background_tasks: int
-
-
-def _check_session_id(session_id: object) -> str:
-    if not isinstance(session_id, str) or not session_id:
-        raise TypeError(f"session id must be a non-empty string, got {session_id!r}")
-    if _NS in session_id:
-        raise ValueError(f"session id {session_id!r} contains the reserved character U+001F")
-    return session_id
 
 
 def _check_index(name: str, value: object) -> int | None:
@@ -335,9 +328,11 @@ class Server:
         """A handle on one session. Does no I/O.
 
         Raises:
-          TypeError: an empty or non-string id. ValueError: an id with U+001F.
+          TypeError: an empty or non-string id. ValueError: an id longer than
+          :data:`~a2trio.identifiers.MAX_ID_LENGTH` or holding a control
+          character (U+0000-U+001F, U+007F-U+009F) or a lone surrogate.
         """
-        return Session(self, _check_session_id(session_id))
+        return Session(self, check_session_id(session_id))
 
     def _key(self, session_id: str) -> str:
         return self._prefix + session_id
@@ -365,8 +360,8 @@ class Server:
                 raise TypeError(
                     f"append takes events built with contract.event(...), got {event!r}"
                 )
-            if event.id is not None and (not isinstance(event.id, str) or not event.id):
-                raise TypeError(f"event id must be a non-empty string, got {event.id!r}")
+            if event.id is not None:
+                check_event_id(event.id)
             typed, builtins = self.contract.validate(event.type, event.payload)
             lane = None
             settled = False
@@ -583,7 +578,7 @@ class Server:
         Cancellation: cancelling cancels the handlers; their claims lapse and a
         later drain retries them.
         """
-        _check_session_id(session_id)
+        check_session_id(session_id)
         return await drain_session(self, session_id)
 
     # -- scheduler ----------------------------------------------------------
@@ -643,7 +638,7 @@ class Server:
                 f"scheduler task for contract {task.contract!r} cannot be delivered to "
                 f"{self.contract.name!r}"
             )
-        _check_session_id(task.session_id)
+        check_session_id(task.session_id)
         if isinstance(task, DrainTask):
             await drain_session(self, task.session_id, watchdog_due_at_ms=task.due_at_ms)
             return

@@ -97,10 +97,23 @@ def index_param(name: str, raw: str | None) -> int | None:
 
 
 def path_segments(scope: Scope) -> list[str]:
-    """The path split on ``/`` before percent-decoding, so a session id may hold ``%2F``."""
+    """The path split on ``/`` before percent-decoding, so a session id may hold ``%2F``.
+
+    Decoding is strict: an escape that is not UTF-8 (``%FF``) is refused rather
+    than replaced with U+FFFD, which would make ``%FF``, ``%FE`` and ``%EF%BF%BD``
+    one session.
+
+    Raises:
+      A2Error: ``INVALID_PAYLOAD`` for a segment that is not UTF-8.
+    """
     raw = scope.get("raw_path") or scope["path"].encode()
     path = raw.decode("latin-1").partition("?")[0]
-    return [unquote(segment) for segment in path.split("/")[1:]]
+    try:
+        return [unquote(segment, errors="strict") for segment in path.split("/")[1:]]
+    except UnicodeDecodeError:
+        raise A2Error(
+            ErrorCode.INVALID_PAYLOAD, "the path holds a percent-escape that is not UTF-8"
+        ) from None
 
 
 def request_of(scope: Scope) -> Request:

@@ -305,8 +305,8 @@ class App:
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = request_of(scope)
-        segments = path_segments(scope)
         try:
+            segments = path_segments(scope)
             if len(segments) not in (2, 3) or segments[-1] != "ws":
                 raise Refusal(404, "sockets are /{contract}/{session}/ws and /{contract}/ws")
             server = self._server(segments[0])
