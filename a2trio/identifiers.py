@@ -1,5 +1,5 @@
-"""What a session id and an event id may be: one rule, checked at the surface,
-the same on every store.
+"""What a session id, an event id and a presence participant may be: one
+rule, checked at the surface, the same on every store.
 
 Identifiers reach the engine from the network and are authorized as the client
 wrote them, so a store must keep them exactly. PostgreSQL ends text at the
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["MAX_ID_LENGTH", "check_event_id", "check_session_id"]
+__all__ = ["MAX_ID_LENGTH", "check_event_id", "check_participant", "check_session_id"]
 
 #: The longest session or event id, in characters.
 MAX_ID_LENGTH = 1_024
@@ -56,3 +56,14 @@ def check_event_id(event_id: object) -> str:
       ValueError: too long, or holds a control character or a lone surrogate.
     """
     return _check("event id", event_id)
+
+
+def check_participant(participant: object) -> str:
+    """``participant`` if it is a valid presence participant (``validate_push``
+    authorizes it as written, so it obeys the same rule).
+
+    Raises:
+      TypeError: not a non-empty string.
+      ValueError: too long, or holds a control character or a lone surrogate.
+    """
+    return _check("presence participant", participant)

@@ -33,6 +33,7 @@ import trio
 
 from .contract import Event
 from .errors import store_unavailable
+from .identifiers import check_participant
 from .stores._feed import Feed, own_tasks
 from .stores.base import PresenceRow, PresenceStore, StoredPresencePatch
 
@@ -114,8 +115,7 @@ async def set_presence(
             PushValidation(session_id, (), msgspec.structs.replace(pushed, values=dict(values)))
         )
         participant, seen, at = pushed.participant, pushed.seen, pushed.at
-    if not isinstance(participant, str) or not participant:
-        raise TypeError(f"presence participant must be a non-empty string, got {participant!r}")
+    check_participant(participant)
     if participant in RESERVED_PARTICIPANTS:
         raise ValueError(f"presence participant must not be {participant!r}")
     if at is not None:

@@ -171,3 +171,14 @@ async def test_percent_decoding_is_strict() -> None:
         accepted = await c.post("/orders/%EF%BF%BD", json=push_body(ordered("x")))
         assert accepted.status_code == 200
         assert accepted.json()["events"][0]["sessionId"] == "\ufffd"
+
+
+rooms = a2trio.contract("rooms", events={"ordered": Ordered}, presence={"typing": bool})
+
+
+@pytest.mark.parametrize("value", REFUSED)
+async def test_refused_participants(value: str) -> None:
+    async with a2trio.Server(rooms, store=a2trio.stores.memory()) as server:
+        with pytest.raises(ValueError, match=r"^presence participant "):
+            await server.session("r1").set_presence(value, {"typing": True})
+        assert await server.session("r1").presence() == {}
