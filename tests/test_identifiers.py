@@ -123,12 +123,12 @@ async def test_nul_in_a_session_id_is_refused_on_every_lane_on_postgres() -> Non
                 assert "U+0000" in error["message"]
             with pytest.raises(trio_websocket.ConnectionRejected) as refused:
                 async with trio_websocket.open_websocket_url(
-                    ws_url(base, path + "/ws"), extra_headers=[("x-user", "mallory")]
+                    ws_url(base, path + "/ws"), extra_headers=[(b"x-user", b"mallory")]
                 ):
                     pass
             assert refused.value.status_code == 400
             async with trio_websocket.open_websocket_url(
-                ws_url(base, "/orders/ws"), extra_headers=[("x-user", "mallory")]
+                ws_url(base, "/orders/ws"), extra_headers=[(b"x-user", b"mallory")]
             ) as ws:
                 tagged = "board@victim\x00x@mallory"
                 await ws.send_message(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import pytest
@@ -67,7 +67,7 @@ async def test_bad_input_raises_the_documented_error_and_writes_nothing() -> Non
                 "PARTIAL_DUPLICATE_BATCH",
             ),
             (lambda: session.append(), TypeError, "at least one event"),
-            (lambda: session.append({"type": "note"}), TypeError, "contract.event"),
+            (lambda: session.append(cast("Any", {"type": "note"})), TypeError, "contract.event"),
         ]
         for make, error, text in cases:
             with pytest.raises(error, match=text):
@@ -109,12 +109,13 @@ async def test_history_bounds() -> None:
         assert [e.index for e in await session.history(lte=2)] == [1, 2]
         assert await session.history(lte=0) == []
         assert await session.history(gte=9) == []
-        for bounds, text in [
+        cases: list[tuple[dict[str, Any], str]] = [
             ({"gte": -1}, "gte must be a non-negative integer"),
             ({"lte": 1.5}, "lte must be a non-negative integer"),
             ({"gte": True}, "gte must be a non-negative integer"),
             ({"gte": 3, "lte": 2}, r"gte \(3\) must be less than or equal to lte \(2\)"),
-        ]:
+        ]
+        for bounds, text in cases:
             with pytest.raises(ValueError, match=text):
                 await session.history(**bounds)
 

@@ -24,4 +24,5 @@ async def main(dsn: str, schema: str, session: str) -> None:
 
 
 if __name__ == "__main__":
-    trio.run(main, *sys.argv[1:4])
+    dsn, schema, session = sys.argv[1:4]
+    trio.run(main, dsn, schema, session)
