@@ -17,9 +17,17 @@ from .drain import DrainResult
 from .errors import A2Error, ErrorCode
 from .handlers import HandlerContext, HandlerSpec, Returned, handler
 from .presence import PresenceMap, PresencePatch, PresenceSnapshot, PresenceValue
-from .scheduler import AppendTask, DrainTask, ScheduledEvent, Scheduler, SchedulerTask
+from .push import PushedEvent, PushedPresence, PushValidation
+from .scheduler import (
+    AppendTask,
+    DrainTask,
+    ScheduledEvent,
+    Scheduler,
+    SchedulerTarget,
+    SchedulerTask,
+)
 from .schedulers import DurableScheduler, LocalScheduler
-from .server import PushedEvent, PushedPresence, PushValidation, Server
+from .server import Server
 from .session import HandlerSession, Session
 from .stores.base import Store
 from .telemetry import NOOP_TELEMETRY, Span, Telemetry
@@ -57,6 +65,7 @@ __all__ = [
     "Returned",
     "ScheduledEvent",
     "Scheduler",
+    "SchedulerTarget",
     "SchedulerTask",
     "Server",
     "Session",

@@ -46,18 +46,18 @@ import math
 import random
 import traceback
 import uuid
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import msgspec
 import trio
 
 from .abort import AbortHub, AbortSubscription
-from .handlers import HandlerSpec
+from .core import Appends, Engine
+from .handlers import HandlerContext, HandlerSpec
+from .session import HandlerSession
 from .stores.base import Busy, Claimed, ClaimRef, StoredEvent
-from .telemetry import NOOP_TELEMETRY
-
-if TYPE_CHECKING:
-    from .server import Server
+from .telemetry import NOOP_TELEMETRY, Span
 
 __all__ = ["DrainOutcome", "DrainResult", "DrainSignal", "drain_session"]
 
@@ -83,30 +83,66 @@ class DrainResult(msgspec.Struct, frozen=True):
 
 
 class DrainSignal:
-    """Wakes a running background drain instead of starting a second one, and
-    hands it events claimed elsewhere (an append's own claim).
+    """The mailbox of one background drain: the write path wakes it instead of
+    starting a second one, and hands it events claimed elsewhere (an append's
+    own claim). Only its methods change it.
 
     ``holder`` is the drain's claim holder, known before the drain starts so an
-    append can claim for it; ``appending`` counts such appends in flight (the
-    drain waits for their answer rather than end or claim against them).
+    append can claim for it; appends that do are bracketed by
+    :meth:`begin_append` and :meth:`appended` (the drain waits for their answer
+    rather than end or claim against them).
     """
 
     def __init__(self, holder: str | None = None) -> None:
-        self.version = 0
-        self.closed = False
         self.holder = holder or str(uuid.uuid4())
-        self.adopted: list[_Adopted] = []
-        self.appending = 0
+        self._version = 0
+        self._closed = False
+        self._adopted: list[_Adopted] = []
+        self._appending = 0
         self._listener: _Drain | None = None
+
+    @property
+    def closed(self) -> bool:
+        """The drain has finished: wake or hand work to a new one."""
+        return self._closed
+
+    @property
+    def version(self) -> int:
+        """How often the drain was woken: it claims again when this moved."""
+        return self._version
+
+    @property
+    def appending(self) -> bool:
+        """Appends that claim for this drain are in flight."""
+        return self._appending > 0
+
+    def listen(self, drain: _Drain) -> None:
+        """Tell ``drain`` (the running one) of wake-ups and handed-over claims."""
+        self._listener = drain
+
+    def take(self) -> list[_Adopted]:
+        """The claims handed over since the last call."""
+        adopted, self._adopted = self._adopted, []
+        return adopted
+
+    def close(self) -> None:
+        """Mark the drain finished (idempotent)."""
+        self._closed = True
+        self._listener = None
+
+    def begin_append(self) -> None:
+        """An append is claiming for this drain: its answer is coming."""
+        self._appending += 1
 
     def appended(self) -> None:
         """An append that claimed for this drain has its answer (or failed)."""
-        self.appending -= 1
+        self._appending -= 1
         if self._listener is not None:
             self._listener.poke()
 
     def notify(self) -> None:
-        self.version += 1
+        """Something may be claimable: claim again before ending."""
+        self._version += 1
         if self._listener is not None:
             self._listener.poke()
 
@@ -115,11 +151,11 @@ class DrainSignal:
     ) -> None:
         """Run ``events``, already claimed by ``holder``, as if this drain had
         claimed them (no further claim is needed for them)."""
-        self.adopted.append(_Adopted(holder, events, expires_at, watchdog_at_ms))
+        self._adopted.append(_Adopted(holder, events, expires_at, watchdog_at_ms))
         if self._listener is not None:
             # Started from here, not from the drain's loop: one scheduler pass
             # sooner to the handler.
-            self._listener._take_adopted()
+            self._listener.take_adopted()
 
 
 class _Adopted(msgspec.Struct, frozen=True):
@@ -151,19 +187,39 @@ class _Window(msgspec.Struct, frozen=True):
     watchdog_at_ms: int
 
 
+class _Attempt(msgspec.Struct, frozen=True):
+    """How one attempt ended, and what it tells the drain's loop."""
+
+    status: EventStatus
+    #: A completed laned event: the lane's next event became claimable.
+    opens_lane: bool = False
+    #: The completion committed returned events (they may need handling).
+    appended: bool = False
+    #: The store said nothing else is claimable in the session.
+    drained: bool = False
+
+
+_SURRENDERED = _Attempt("surrendered")
+_SUPERSEDED = _Attempt("superseded")
+
+
 class _Drain:
     def __init__(
         self,
-        server: Server,
+        engine: Engine,
+        handlers: Mapping[str, HandlerSpec],
+        appends: Appends,
         session_id: str,
         signal: DrainSignal | None,
         watchdog_due_at_ms: int | None,
     ) -> None:
-        self.server = server
-        self.store = server.store
-        self.timings = server.timings
+        self.engine = engine
+        self.handlers = handlers
+        self.appends = appends
+        self.store = engine.store
+        self.timings = engine.timings
         self.session_id = session_id
-        self.key = server._key(session_id)
+        self.key = engine.key(session_id)
         self.signal = signal
         self.watchdog_due_at_ms = watchdog_due_at_ms
         self.holder = signal.holder if signal is not None else str(uuid.uuid4())
@@ -192,7 +248,7 @@ class _Drain:
 
     def _window(self) -> _Window:
         ttl_s = self.timings.claim_ttl_s
-        expires_ms = self.server.clock.now_ms() + int(ttl_s * 1000)
+        expires_ms = self.engine.clock.now_ms() + int(ttl_s * 1000)
         return _Window(
             ttl_ms=int(ttl_s * 1000),
             expires_at=trio.current_time() + ttl_s,
@@ -200,7 +256,7 @@ class _Drain:
         )
 
     def _request_watchdog(self, due_at_ms: int) -> None:
-        if self.server.scheduler is None:
+        if self.engine.scheduler is None:
             return
         if self.watchdog_due_at_ms is not None:
             # Stay on the grid of the watchdog that started us, so heartbeats
@@ -208,7 +264,7 @@ class _Drain:
             beat_ms = int(self.timings.heartbeat_s * 1000)
             beats = max(0, math.ceil((due_at_ms - self.watchdog_due_at_ms) / beat_ms))
             due_at_ms = self.watchdog_due_at_ms + beats * beat_ms
-        self.server._arm_watchdog(self.session_id, due_at_ms)
+        self.engine.arm_watchdog(self.session_id, due_at_ms)
 
     async def run(self) -> DrainResult:
         error: BaseException | None = None
@@ -216,7 +272,7 @@ class _Drain:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             if self.signal is not None:
-                self.signal._listener = self
+                self.signal.listen(self)
             nursery.start_soon(self._heartbeat)
             try:
                 result = await self._loop()
@@ -226,8 +282,7 @@ class _Drain:
                 error = exc
             finally:
                 if self.signal is not None:
-                    self.signal.closed = True
-                    self.signal._listener = None
+                    self.signal.close()
                 self._stop_renewing = True
                 nursery.cancel_scope.cancel(reason="drain finished")
         if error is not None:
@@ -235,27 +290,25 @@ class _Drain:
         assert result is not None
         return result
 
-    def _take_adopted(self) -> bool:
+    def take_adopted(self) -> bool:
         """Start the events an append claimed for this drain; True if any."""
-        if self.signal is None or not self.signal.adopted:
-            return False
-        adopted, self.signal.adopted = self.signal.adopted, []
+        adopted = self.signal.take() if self.signal is not None else []
         for claim in adopted:
             self._request_watchdog(claim.watchdog_at_ms)
             for event in claim.events:
                 self._start(event, claim.holder, claim.expires_at)
-        return True
+        return bool(adopted)
 
     def _version(self) -> int:
         return self.signal.version if self.signal is not None else 0
 
     def _awaiting_append(self) -> bool:
-        return self.signal is not None and self.signal.appending > 0
+        return self.signal is not None and self.signal.appending
 
     async def _loop(self) -> DrainResult:
         # A drain started for an append's own claim has nothing more to claim
         # unless it was also woken (the signal's version moved) meanwhile.
-        need_claim = not self._take_adopted() or self._version() != 0
+        need_claim = not self.take_adopted() or self._version() != 0
         version = 0
         while True:
             if need_claim:
@@ -280,7 +333,7 @@ class _Drain:
                         self._start(event, self.holder, window.expires_at)
                 # Claims handed over meanwhile (they may be why this one came
                 # back Busy: they are ours to run).
-                self._take_adopted()
+                self.take_adopted()
                 if self._version() != version:
                     need_claim = True
                     continue
@@ -300,7 +353,7 @@ class _Drain:
             await self._wait_changed()
             # Before deciding anything: the loop must not end with a
             # handed-over claim still waiting to start.
-            self._take_adopted()
+            self.take_adopted()
             if self.claim_again or self._version() != version:
                 self.claim_again = False
                 need_claim = True
@@ -322,30 +375,28 @@ class _Drain:
         self._nursery.start_soon(self._run_event, event, entry)
 
     async def _run_event(self, event: StoredEvent, entry: _Entry) -> None:
-        status, opens_lane, appended, drained = await self._attempt(event, entry)
+        attempt = await self._attempt(event, entry)
         if self.active.get(event.index) is entry:
             del self.active[event.index]
-        self.drained = drained and not entry.fenced
+        self.drained = attempt.drained and not entry.fenced
         if not entry.fenced:
-            if status == "processed":
+            if attempt.status == "processed":
                 self.processed += 1
-            elif status in ("failed", "dead_lettered"):
+            elif attempt.status in ("failed", "dead_lettered"):
                 self.excluded.add(event.index)
                 self.saw_failure = True
-            self.claim_again = self.claim_again or opens_lane or appended
+            self.claim_again = self.claim_again or attempt.opens_lane or attempt.appended
         self.poke()
 
-    async def _attempt(
-        self, event: StoredEvent, entry: _Entry
-    ) -> tuple[EventStatus, bool, bool, bool]:
-        server = self.server
-        registration = server._handlers.get(event.type)
+    async def _attempt(self, event: StoredEvent, entry: _Entry) -> _Attempt:
+        engine = self.engine
+        registration = self.handlers.get(event.type)
         # The default telemetry records nothing: skip building its attributes
         # (a dict per event showed in the drain's profile).
         attributes: dict[str, str | int | bool] = {}
-        if server.telemetry is not NOOP_TELEMETRY:
+        if engine.telemetry is not NOOP_TELEMETRY:
             attributes = {
-                "a2.contract": server.contract.name,
+                "a2.contract": engine.contract.name,
                 "a2.session_id": self.session_id,
                 "a2.event.type": event.type,
                 "a2.event.index": event.index,
@@ -355,7 +406,7 @@ class _Drain:
             }
             if event.lane is not None:
                 attributes["a2.event.lane"] = event.lane
-        with server.telemetry.span("a2.event", attributes) as span:
+        with engine.telemetry.span("a2.event", attributes) as span:
             # Only handlers with ``abort_on`` get an abort scope and an
             # ``aborted`` event: each per event showed in the drain's profile.
             aborted: trio.Event | None = None
@@ -379,15 +430,15 @@ class _Drain:
                 aborted_caught = abort_scope is not None and abort_scope.cancelled_caught
                 if entry.fenced:
                     span.set_attribute("a2.event.outcome", "superseded")
-                    return "superseded", False, False, False
+                    return _SUPERSEDED
                 if entry.lease.cancelled_caught or (aborted_caught and entry.lease.cancel_called):
                     span.set_attribute("a2.event.outcome", "surrendered")
-                    return "surrendered", False, False, False
+                    return _SURRENDERED
                 was_aborted = aborted is not None and aborted.is_set()
-                returned = [] if aborted_caught else server._returned(event, result)
+                returned = [] if aborted_caught else engine.returned(event, result)
             except Exception as exc:
                 span.record_error(exc)
-                return (*await self._fail(event, exc, span), False)
+                return _Attempt(await self._fail(event, exc, span))
             finally:
                 if subscription is not None:
                     subscription.close()
@@ -398,18 +449,18 @@ class _Drain:
             except Exception as exc:
                 span.record_error(exc)
                 span.set_attribute("a2.event.outcome", "surrendered")
-                return "surrendered", False, False, False
+                return _SURRENDERED
             if completion.outcome == "superseded":
                 span.set_attribute("a2.event.outcome", "superseded")
-                return "superseded", False, False, False
+                return _SUPERSEDED
             span.set_attribute("a2.event.outcome", "processed")
             if was_aborted:
                 span.set_attribute("a2.event.aborted", True)
-            return (
+            return _Attempt(
                 "processed",
-                event.lane is not None,
-                bool(completion.events),
-                completion.drained,
+                opens_lane=event.lane is not None,
+                appended=bool(completion.events),
+                drained=completion.drained,
             )
 
     async def _call(
@@ -422,15 +473,14 @@ class _Drain:
         """Run the handler. Its context lives in this frame only, so it is gone
         before the completion's round trip: under load thousands of events wait
         there, and what they still hold is what the garbage collector scans."""
-        ctx = self.server._handler_context(event, aborted)
+        session = HandlerSession(self.engine, self.appends, self.session_id, event)
+        ctx = HandlerContext(self.engine.to_public(event), event.attempt_count, session, aborted)
         if abort_scope is None:
             return await registration.fn(ctx)
         with abort_scope:
             return await registration.fn(ctx)
 
-    async def _fail(
-        self, event: StoredEvent, error: BaseException, span: Any
-    ) -> tuple[EventStatus, bool, bool]:
+    async def _fail(self, event: StoredEvent, error: BaseException, span: Span) -> EventStatus:
         try:
             failure = await self.store.fail_attempt(
                 self.key,
@@ -442,14 +492,14 @@ class _Drain:
         except Exception as exc:
             span.record_error(exc)
             span.set_attribute("a2.event.outcome", "surrendered")
-            return "surrendered", False, False
+            return "surrendered"
         span.set_attribute("a2.event.outcome", failure.outcome)
-        return failure.outcome, False, False
+        return failure.outcome
 
     def _abort_hub(self) -> AbortHub:
         if self._hub is None:
             assert self._nursery is not None
-            self._hub = AbortHub(self.store, self.key, self._nursery, self.server._to_public)
+            self._hub = AbortHub(self.store, self.key, self._nursery, self.engine.to_public)
         return self._hub
 
     async def _heartbeat(self) -> None:
@@ -502,16 +552,22 @@ class _Drain:
 
 
 async def drain_session(
-    server: Server,
+    engine: Engine,
+    handlers: Mapping[str, HandlerSpec],
+    appends: Appends,
     session_id: str,
     *,
     signal: DrainSignal | None = None,
     watchdog_due_at_ms: int | None = None,
 ) -> DrainResult:
-    """Run one drain of ``session_id`` to the end (see the module docstring)."""
-    attributes = {"a2.contract": server.contract.name, "a2.session_id": session_id}
-    with server.telemetry.span("a2.drain", attributes) as span:
-        result = await _Drain(server, session_id, signal, watchdog_due_at_ms).run()
+    """Run one drain of ``session_id`` to the end (see the module docstring).
+
+    ``appends`` is the write path the handlers' sessions append through.
+    """
+    attributes = {"a2.contract": engine.contract.name, "a2.session_id": session_id}
+    with engine.telemetry.span("a2.drain", attributes) as span:
+        drain = _Drain(engine, handlers, appends, session_id, signal, watchdog_due_at_ms)
+        result = await drain.run()
         span.set_attribute("a2.drain.processed", result.processed)
         span.set_attribute("a2.drain.outcome", result.outcome)
         return result

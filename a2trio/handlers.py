@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import trio
 
 from .contract import AppendInput, Contract, Event
+from .core import LaneFn
 
 if TYPE_CHECKING:
     from .abort import AbortMatcher
@@ -22,7 +23,6 @@ P = TypeVar("P")
 Returned = AppendInput | Sequence[AppendInput] | None
 
 HandlerFn = Callable[["HandlerContext[Any]"], Awaitable[Returned]]
-LaneFn = Callable[[str, AppendInput], str]
 AbortPredicate = Callable[[Event[Any], Event[Any], dict[str, int]], bool]
 
 

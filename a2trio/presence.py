@@ -26,19 +26,18 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 import trio
 
 from .contract import Event
+from .core import Engine
 from .errors import store_unavailable
 from .identifiers import check_participant
+from .push import MAX_DATE_MS, RESERVED_PARTICIPANTS, PushedPresence, PushValidation
 from .stores._feed import Feed, own_tasks
 from .stores.base import PresenceRow, PresenceStore, StoredPresencePatch
-
-if TYPE_CHECKING:
-    from .server import PushedPresence, Server
 
 __all__ = [
     "PresenceMap",
@@ -81,16 +80,16 @@ class PresenceSnapshot(msgspec.Struct, frozen=True):
     snapshot: PresenceMap
 
 
-def _api(server: Server) -> PresenceStore:
-    if not server.contract.declares_presence:
-        raise TypeError(f"contract '{server.contract.name}' declares no presence fields")
-    api = server.store.presence
+def _api(engine: Engine) -> PresenceStore:
+    if not engine.contract.declares_presence:
+        raise TypeError(f"contract '{engine.contract.name}' declares no presence fields")
+    api = engine.store.presence
     assert api is not None  # checked at construction
     return api
 
 
 async def set_presence(
-    server: Server,
+    engine: Engine,
     session_id: str,
     participant: str | PushedPresence,
     values: Mapping[str, Any],
@@ -99,19 +98,12 @@ async def set_presence(
     fallback_seen: int,
 ) -> None:
     """Validate the whole patch, then store it (see ``Session.set_presence``)."""
-    from .server import (
-        MAX_DATE_MS,
-        RESERVED_PARTICIPANTS,
-        PushedPresence,
-        PushValidation,
-    )
-
-    api = _api(server)
+    api = _api(engine)
     if isinstance(participant, PushedPresence):
         pushed = participant
         # Copy before the hook: authorization must not rewrite what is stored.
         values = dict(pushed.values)
-        await server._check_push(
+        await engine.check_push(
             PushValidation(session_id, (), msgspec.structs.replace(pushed, values=dict(values)))
         )
         participant, seen, at = pushed.participant, pushed.seen, pushed.at
@@ -130,38 +122,38 @@ async def set_presence(
     validated: dict[str, Any] = {}
     for field, value in values.items():
         validated[field] = (
-            None if value is None else server.contract.validate_presence(field, value)
+            None if value is None else engine.contract.validate_presence(field, value)
         )
-        if value is None and field not in server.contract.presence:
-            server.contract.validate_presence(field, True)  # raises UNKNOWN_PRESENCE_FIELD
+        if value is None and field not in engine.contract.presence:
+            engine.contract.validate_presence(field, True)  # raises UNKNOWN_PRESENCE_FIELD
     if not validated:
         return
     with store_unavailable("presence set"):
         await api.set(
-            server._key(session_id),
+            engine.key(session_id),
             participant,
             validated,
             seen=seen if seen is not None else fallback_seen,
-            at_ms=int(at) if at is not None else server.clock.now_ms(),
-            ttl_ms=server.presence_ttl_ms,
+            at_ms=int(at) if at is not None else engine.clock.now_ms(),
+            ttl_ms=engine.presence_ttl_ms,
         )
 
 
-def _fold(server: Server, rows: list[PresenceRow]) -> PresenceMap:
+def _fold(engine: Engine, rows: list[PresenceRow]) -> PresenceMap:
     presence: PresenceMap = {}
     for row in rows:
         presence.setdefault(row.participant, {})[row.field] = PresenceValue(
-            server.contract.decode_presence(row.field, row.value), row.seen, row.at_ms
+            engine.contract.decode_presence(row.field, row.value), row.seen, row.at_ms
         )
     return presence
 
 
-async def read_presence(server: Server, session_id: str) -> PresenceMap:
+async def read_presence(engine: Engine, session_id: str) -> PresenceMap:
     """The pruned presence map of a session."""
-    api = _api(server)
+    api = _api(engine)
     with store_unavailable("presence read"):
-        rows = await api.read(server._key(session_id))
-    return _fold(server, rows)
+        rows = await api.read(engine.key(session_id))
+    return _fold(engine, rows)
 
 
 class _Stamp(msgspec.Struct, frozen=True):
@@ -171,10 +163,10 @@ class _Stamp(msgspec.Struct, frozen=True):
 
 
 class _TwoPlaneFeed(Feed["Event[Any] | PresencePatch | PresenceSnapshot"]):
-    def __init__(self, server: Server, session_id: str, api: PresenceStore) -> None:
-        self._server = server
+    def __init__(self, engine: Engine, session_id: str, api: PresenceStore) -> None:
+        self._engine = engine
         self._session_id = session_id
-        self._key = server._key(session_id)
+        self._key = engine.key(session_id)
         self._api = api
         self._snapshot: PresenceSnapshot | None = None
         self._painted: dict[tuple[str, str], _Stamp] = {}
@@ -227,7 +219,7 @@ class _TwoPlaneFeed(Feed["Event[Any] | PresencePatch | PresenceSnapshot"]):
                         row.participant, {row.field: row.value}, row.seen, row.at_ms
                     )
                 )
-        now = self._server.clock.now_ms()
+        now = self._engine.clock.now_ms()
         for key, prior in list(self._painted.items()):
             if key not in live and key not in self._queue:
                 # A cleared or expired field has no row left: its last painted
@@ -241,14 +233,14 @@ class _TwoPlaneFeed(Feed["Event[Any] | PresencePatch | PresenceSnapshot"]):
             rows = await self._api.read(self._key)
         for row in rows:
             self._paint((row.participant, row.field), row.value, row.seen, row.at_ms)
-        self._snapshot = PresenceSnapshot(_fold(self._server, rows))
+        self._snapshot = PresenceSnapshot(_fold(self._engine, rows))
         nursery.start_soon(self._pump_events, start_after)
         nursery.start_soon(self._reconcile)
 
     async def _pump_events(self, start_after: int) -> None:
         try:
             # The session's shared event feed (see fanout.py), typed already.
-            async with self._server._stream(self._session_id, start_after, False) as events:
+            async with self._engine.open_events(self._session_id, start_after) as events:
                 async for event in events:
                     self._event = event
                     self._taken = trio.Event()
@@ -271,7 +263,7 @@ class _TwoPlaneFeed(Feed["Event[Any] | PresencePatch | PresenceSnapshot"]):
         store's listener was on (no one heard its notification); the later
         ones surface expired fields (which no store broadcasts) as ``None``.
         """
-        timings = self._server.timings
+        timings = self._engine.timings
         push = self._api.push
         interval = timings.poll_active_s
         while True:
@@ -307,7 +299,7 @@ class _TwoPlaneFeed(Feed["Event[Any] | PresencePatch | PresenceSnapshot"]):
                 if self._painted_already(key, value, seen, at_ms):
                     continue  # a repaint of what the reader has: nothing to say
                 self._paint(key, value, seen, at_ms)
-                values = {key[1]: self._server.contract.decode_presence(key[1], value)}
+                values = {key[1]: self._engine.contract.decode_presence(key[1], value)}
                 return PresencePatch(key[0], values, seen, at_ms)
             if self._event is not None:
                 event, self._event = self._event, None
@@ -323,12 +315,12 @@ class _TwoPlaneFeed(Feed["Event[Any] | PresencePatch | PresenceSnapshot"]):
 
 @asynccontextmanager
 async def open_presence_feed(
-    server: Server, session_id: str, start_after: int
+    engine: Engine, session_id: str, start_after: int
 ) -> AsyncIterator[_TwoPlaneFeed]:
     """The two-plane feed; see the module docstring."""
-    api = _api(server)
-    key = server._key(session_id)
-    feed = _TwoPlaneFeed(server, session_id, api)
+    api = _api(engine)
+    key = engine.key(session_id)
+    feed = _TwoPlaneFeed(engine, session_id, api)
     unsubscribe = api.subscribe(key, feed.enqueue) if api.push else None
     try:
         async with own_tasks() as nursery:

@@ -25,13 +25,16 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import msgspec
 
 if TYPE_CHECKING:
-    from .server import Server
+    from .clock import Clock
+    from .contract import Contract
+    from .timings import Timings
 
 __all__ = [
     "AppendTask",
     "DrainTask",
     "ScheduledEvent",
     "Scheduler",
+    "SchedulerTarget",
     "SchedulerTask",
     "task_decoder",
     "task_id",
@@ -83,6 +86,29 @@ def task_id(task: SchedulerTask) -> str:
     return f"drain:{task.contract}\x1f{task.session_id}\x1f{task.due_at_ms}"
 
 
+class SchedulerTarget(Protocol):
+    """What a scheduler delivers to: an :class:`a2trio.Server` satisfies it."""
+
+    @property
+    def contract(self) -> Contract:
+        """The contract whose tasks this target takes."""
+        ...
+
+    @property
+    def clock(self) -> Clock:
+        """Epoch ms for due times."""
+        ...
+
+    @property
+    def timings(self) -> Timings:
+        """Arm timeouts and lease durations a scheduler may follow."""
+        ...
+
+    async def deliver(self, task: SchedulerTask) -> None:
+        """Run a due task; raising keeps it queued for a retry."""
+        ...
+
+
 class Scheduler(Protocol):
     """What a scheduler implements (see ``docs/schedules.md``).
 
@@ -116,6 +142,6 @@ class Scheduler(Protocol):
         """
         ...
 
-    def bind(self, server: Server) -> AbstractAsyncContextManager[None]:
+    def bind(self, server: SchedulerTarget) -> AbstractAsyncContextManager[None]:
         """A context manager that delivers ``server``'s due tasks while inside."""
         ...

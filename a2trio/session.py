@@ -1,27 +1,179 @@
-"""Sessions: handles on one instance of a contract. Creating one does no I/O."""
+"""Sessions: handles on one instance of a contract. Creating one does no I/O.
+
+Three classes, one per audience: :class:`SessionView` holds the reads every
+session has (history, state, the live feed, presence); :class:`Session` is
+what an app writes through; :class:`HandlerSession` is what a handler gets,
+whose appends are idempotent per trigger and fenced by its attempt. A handler
+session is not a :class:`Session`: its ``append`` takes a name first.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
+
+import msgspec
 
 from .contract import AppendInput, Event, Reducer
+from .core import Appends, Engine, WriteMode
+from .errors import store_unavailable
 from .ids import handler_event_id
-from .stores.base import EventCause, StoredEvent
+from .presence import PresenceMap, open_presence_feed, read_presence, set_presence
+from .push import PushedEvent, PushedPresence, PushValidation
+from .stores._feed import Feed
+from .stores.base import EventCause, StateRead, StoredEvent
 
-if TYPE_CHECKING:
-    from .presence import PresenceMap
-    from .server import PushedEvent, PushedPresence, Server
-    from .stores._feed import Feed
-
-__all__ = ["HandlerSession", "Session"]
+__all__ = ["HandlerSession", "Session", "SessionView"]
 
 S = TypeVar("S")
 
 
-class Session:
+def _check_index(name: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    return value
+
+
+class SessionView:
+    """The reads of one session, shared by :class:`Session` and
+    :class:`HandlerSession`. Every async method is a checkpoint."""
+
+    __slots__ = ("_appends", "_engine", "id")
+
+    def __init__(self, engine: Engine, appends: Appends, session_id: str) -> None:
+        self._engine = engine
+        self._appends = appends
+        self.id = session_id
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._engine.contract.name!r}, {self.id!r})"
+
+    async def history(self, *, gte: int | None = None, lte: int | None = None) -> list[Event[Any]]:
+        """Events with ``gte <= index <= lte`` (both optional), in order.
+
+        Raises:
+          ValueError: a bound that is not a non-negative int, or ``gte > lte``.
+
+        Cancellation: a read; nothing to undo.
+        """
+        gte = _check_index("gte", gte)
+        lte = _check_index("lte", lte)
+        if gte is not None and lte is not None and gte > lte:
+            raise ValueError(f"gte ({gte}) must be less than or equal to lte ({lte})")
+        if lte == 0:
+            return []
+        engine = self._engine
+        with store_unavailable("read"):
+            rows = await engine.store.read(
+                engine.key(self.id),
+                after_index=None if gte is None else max(0, gte - 1),
+                through_index=lte,
+            )
+        return [engine.to_public(row) for row in rows]
+
+    async def state(self, reducer: Reducer[S]) -> tuple[S, int]:
+        """Fold the session with ``reducer``: the state and the last folded index.
+
+        Starts from the cached snapshot (refolding from the log if it fails
+        ``reducer.state_type``) and writes a fresher snapshot back in the
+        background.
+
+        Cancellation: a read; the snapshot write-back, if started, lives in the
+        server's nursery and is a disposable cache.
+        """
+        if not isinstance(reducer, Reducer):
+            raise TypeError(f"state() takes an a2trio.Reducer, got {reducer!r}")
+        engine = self._engine
+        store = engine.store
+        key = engine.key(self.id)
+        attributes = {
+            "a2.contract": engine.contract.name,
+            "a2.session_id": self.id,
+            "a2.state.reducer": reducer.name,
+        }
+        with engine.telemetry.span("a2.state", attributes) as span:
+            try:
+                read = await store.read_state(key, reducer.name)
+            except Exception:
+                # The snapshot cache is not load-bearing: fall back to the log,
+                # which still reports a real outage.
+                with store_unavailable("read"):
+                    read = StateRead(None, await store.read(key))
+            state = reducer.fresh()
+            index = 0
+            outcome = "miss"
+            rows = read.events
+            if read.snapshot is not None:
+                try:
+                    state = (
+                        msgspec.convert(read.snapshot.state, reducer.state_type)
+                        if reducer.state_type is not None
+                        else read.snapshot.state
+                    )
+                    index = read.snapshot.index
+                    outcome = "hit"
+                except (msgspec.ValidationError, TypeError):
+                    outcome = "rejected"
+                    state = reducer.fresh()
+                    with store_unavailable("read"):
+                        rows = await store.read(key)
+            span.set_attribute("a2.state.snapshot", outcome)
+            for row in rows:
+                state = reducer.fold(state, engine.to_public(row))
+                index = row.index
+            span.set_attribute("a2.state.folded", len(rows))
+            span.set_attribute("a2.state.index", index)
+            if rows and engine.is_open:
+                snapshot = msgspec.to_builtins(state)
+                engine.spawn(_put_snapshot, engine, key, reducer.name, index, snapshot)
+            return state, index
+
+    @asynccontextmanager
+    async def stream(
+        self, start_after: int = 0, *, presence: bool = False
+    ) -> AsyncIterator[Feed[Any]]:
+        """Follow the session live: events after ``start_after``, then new ones.
+
+        With ``presence=True`` (contracts with presence) the feed first yields
+        one :class:`~a2trio.PresenceSnapshot`, then :class:`~a2trio.PresencePatch`
+        items interleaved with events.
+
+        The feed's task lives inside this block; leaving it stops the feed and
+        releases the store's listener.
+
+        Cancellation: ``feed.receive()`` is a checkpoint; cancelling it loses
+        nothing (the next receive returns the same next item). An exception
+        raised in the block propagates as itself.
+        """
+        _check_index("start_after", start_after)
+        if presence:
+            async with open_presence_feed(self._engine, self.id, start_after) as feed:
+                yield feed
+            return
+        async with self._engine.open_events(self.id, start_after) as events:
+            yield events
+
+    async def presence(self) -> PresenceMap:
+        """The current presence map, expired values pruned.
+
+        Cancellation: a read; nothing to undo.
+        """
+        return await read_presence(self._engine, self.id)
+
+
+async def _put_snapshot(engine: Engine, key: str, reducer: str, index: int, state: Any) -> None:
+    try:
+        await engine.store.put_snapshot(key, reducer, index, state)
+    except Exception:
+        # A disposable cache write; the next state() folds from the log.
+        pass
+
+
+class Session(SessionView):
     """One session of a server's contract.
 
     Every async method is a checkpoint. Appends are atomic: cancelled midway,
@@ -29,14 +181,7 @@ class Session:
     always safe (it replays).
     """
 
-    __slots__ = ("_server", "id")
-
-    def __init__(self, server: Server, session_id: str) -> None:
-        self._server = server
-        self.id = session_id
-
-    def __repr__(self) -> str:
-        return f"Session({self._server.contract.name!r}, {self.id!r})"
+    __slots__ = ()
 
     async def append(self, *events: AppendInput | PushedEvent) -> list[Event[Any]]:
         """Append events and wake the session's drain.
@@ -58,7 +203,7 @@ class Session:
         or none was; retrying with the same ids replays instead of duplicating.
         The drain it wakes lives in the server's nursery, not in this task.
         """
-        return await self._server._append_external(self.id, events, mode="inline")
+        return await self._append_external(events, "inline")
 
     async def dispatch(self, *events: AppendInput | PushedEvent) -> list[Event[Any]]:
         """Append, then hand the drain to the scheduler instead of running it here.
@@ -69,7 +214,15 @@ class Session:
         Cancellation: as :meth:`append`; cancelled after the commit and before
         the scheduler armed the drain, the next append or watchdog drains it.
         """
-        return await self._server._append_external(self.id, events, mode="dispatch")
+        return await self._append_external(events, "dispatch")
+
+    async def _append_external(
+        self, events: tuple[AppendInput | PushedEvent, ...], mode: WriteMode
+    ) -> list[Event[Any]]:
+        pushed = tuple(e for e in events if isinstance(e, PushedEvent))
+        if pushed:
+            await self._engine.check_push(PushValidation(self.id, pushed))
+        return await self._appends.append(self.id, events, source="external", mode=mode)
 
     async def schedule(self, name: str, timing: str | datetime, *events: AppendInput) -> None:
         """Append ``events`` later: after a delay (``"30s"``, ``"1.5h"``; units
@@ -85,49 +238,7 @@ class Session:
         Cancellation: a checkpoint; safe to retry (the schedule id makes a
         repeat a no-op).
         """
-        await self._server._schedule(self.id, name, timing, events, trigger=None)
-
-    async def history(self, *, gte: int | None = None, lte: int | None = None) -> list[Event[Any]]:
-        """Events with ``gte <= index <= lte`` (both optional), in order.
-
-        Raises:
-          ValueError: a bound that is not a non-negative int, or ``gte > lte``.
-
-        Cancellation: a read; nothing to undo.
-        """
-        return await self._server._history(self.id, gte, lte)
-
-    async def state(self, reducer: Reducer[S]) -> tuple[S, int]:
-        """Fold the session with ``reducer``: the state and the last folded index.
-
-        Starts from the cached snapshot (refolding from the log if it fails
-        ``reducer.state_type``) and writes a fresher snapshot back in the
-        background.
-
-        Cancellation: a read; the snapshot write-back, if started, lives in the
-        server's nursery and is a disposable cache.
-        """
-        return await self._server._state(self.id, reducer)
-
-    @asynccontextmanager
-    async def stream(
-        self, start_after: int = 0, *, presence: bool = False
-    ) -> AsyncIterator[Feed[Any]]:
-        """Follow the session live: events after ``start_after``, then new ones.
-
-        With ``presence=True`` (contracts with presence) the feed first yields
-        one :class:`~a2trio.PresenceSnapshot`, then :class:`~a2trio.PresencePatch`
-        items interleaved with events.
-
-        The feed's task lives inside this block; leaving it stops the feed and
-        releases the store's listener.
-
-        Cancellation: ``feed.receive()`` is a checkpoint; cancelling it loses
-        nothing (the next receive returns the same next item). An exception
-        raised in the block propagates as itself.
-        """
-        async with self._server._stream(self.id, start_after, presence) as feed:
-            yield feed
+        await self._engine.schedule(self.id, name, timing, events, trigger=None)
 
     async def set_presence(
         self,
@@ -155,27 +266,23 @@ class Session:
         Cancellation: a checkpoint; a patch applies whole or not at all per
         store, and repeating it is harmless (last writer wins).
         """
-        await self._server._set_presence(self.id, participant, values, seen, at, fallback_seen=0)
-
-    async def presence(self) -> PresenceMap:
-        """The current presence map, expired values pruned.
-
-        Cancellation: a read; nothing to undo.
-        """
-        return await self._server._read_presence(self.id)
+        await set_presence(self._engine, self.id, participant, values, seen, at, fallback_seen=0)
 
 
-class HandlerSession(Session):
-    """The session as a handler sees it: appends are idempotent per trigger."""
+class HandlerSession(SessionView):
+    """The session as a handler sees it: appends are idempotent per trigger and
+    fenced by the attempt. Not a :class:`Session`: ``append`` takes a name."""
 
     __slots__ = ("_attempt", "_trigger")
 
-    def __init__(self, server: Server, session_id: str, trigger: StoredEvent) -> None:
-        super().__init__(server, session_id)
+    def __init__(
+        self, engine: Engine, appends: Appends, session_id: str, trigger: StoredEvent
+    ) -> None:
+        super().__init__(engine, appends, session_id)
         self._trigger = trigger
         self._attempt = trigger.attempt_count
 
-    async def append(self, name: str, *events: AppendInput) -> list[Event[Any]]:  # type: ignore[override]
+    async def append(self, name: str, *events: AppendInput) -> list[Event[Any]]:
         """Append on behalf of the triggering attempt.
 
         Ids default to ones derived from (trigger id, ``name``, position), so a
@@ -198,15 +305,20 @@ class HandlerSession(Session):
         base = EventCause(trigger.index, self._attempt)
         batched = EventCause(trigger.index, self._attempt, len(events))
         causes = [batched if g else base for g in generated]
-        return await self._server._append(
+        return await self._appends.append(
             self.id, with_ids, source="handler", mode="inline", causes=causes
         )
+
+    async def dispatch(self, *events: AppendInput) -> list[Event[Any]]:
+        """As :meth:`Session.dispatch`: an external append, neither fenced by the
+        attempt nor idempotent per trigger (issue 16 settles what it should be)."""
+        return await self._appends.append(self.id, events, source="external", mode="dispatch")
 
     async def schedule(self, name: str, timing: str | datetime, *events: AppendInput) -> None:
         """Like :meth:`Session.schedule`, but the id includes the trigger's id and a
         delay counts from the trigger's ``created_at``, so a retry schedules the
         same thing once."""
-        await self._server._schedule(self.id, name, timing, events, trigger=self._trigger)
+        await self._engine.schedule(self.id, name, timing, events, trigger=self._trigger)
 
     async def set_presence(
         self,
@@ -217,6 +329,6 @@ class HandlerSession(Session):
         at: int | None = None,
     ) -> None:
         """Like :meth:`Session.set_presence`; ``seen`` defaults to the trigger's index."""
-        await self._server._set_presence(
-            self.id, participant, values, seen, at, fallback_seen=self._trigger.index
+        await set_presence(
+            self._engine, self.id, participant, values, seen, at, self._trigger.index
         )

@@ -14,6 +14,8 @@ import trio
 import trio.testing
 
 import a2trio
+from a2trio.core import Engine
+from a2trio.drains import DrainRegistry
 from a2trio.stores.base import AppendEvent, AppendResult, ClaimRequest, ClaimResult
 from a2trio.stores.memory import MemoryStore
 from a2trio.testing import RecordingTelemetry
@@ -188,17 +190,31 @@ async def test_a_drain_woken_to_claim_still_claims_when_handed_events_first(
         started.append((ctx.event.payload.item, trio.current_time()))
         await trio.sleep(10)
 
-    server = a2trio.Server(orders, store=store, handlers={"ordered": ship})
-    async with server:
-        key = server._key("s1")
+    # The engine's parts, wired as a server wires them, driven directly.
+    engine = Engine(
+        orders,
+        store,
+        lanes={"ordered": None},
+        scheduler=None,
+        telemetry=a2trio.NOOP_TELEMETRY,
+        validate_push=None,
+        presence_ttl_ms=60_000,
+        timings=a2trio.DEFAULT_TIMINGS,
+        clock=store.clock,
+        run_handlers=True,
+    )
+    drains = DrainRegistry(engine, {"ordered": a2trio.handler(ship)})
+    async with store, trio.open_nursery() as nursery:
+        engine.attach(nursery)
+        key = engine.key("s1")
         await store.append(key, [AppendEvent("ordered", {"item": "remote", "qty": 1})])
         local = await store.append(
             key,
             [AppendEvent("ordered", {"item": "local", "qty": 1})],
             claim=ClaimRequest("h", 30_000),
         )
-        server._remote_append(key)
-        server._adopt("s1", "h", local.claimed, trio.current_time() + 30, 30_000, None)
-        await server.settle()
+        drains.wake_key(key)
+        drains.adopt("s1", "h", local.claimed, trio.current_time() + 30, 30_000, None)
+        await engine.settle()
     # Both at once: "remote" does not wait for "local" to finish first.
     assert sorted(started) == [("local", 0.0), ("remote", 0.0)]

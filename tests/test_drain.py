@@ -96,11 +96,11 @@ async def test_failed_renewals_lapse_the_lease_and_a_later_drain_retries(
         assert cancelled_at == [TTL]
         assert runs == [(1, 0.0), (2, TTL)]
         assert trio.current_time() == TTL + 5
-        [row, _] = await store.read(server._key("s1"))
+        [row, _] = await store.read(server.key("s1"))
         assert row.failure_count == 0  # surrendered: no failure spent
         assert row.processed_by_attempt == 2
         # The first attempt's late completion is fenced.
-        late = await store.complete_attempt(server._key("s1"), index=1, attempt=1, events=[])
+        late = await store.complete_attempt(server.key("s1"), index=1, attempt=1, events=[])
         assert late.outcome == "superseded"
         assert [e.type for e in await session.history()] == ["ordered", "shipped"]
 
@@ -136,7 +136,7 @@ async def test_always_failing_handler_dead_letters_after_ten_and_blocks_its_lane
         results = [await server.drain("s1") for _ in range(9)]
         assert attempts == list(range(1, 11))
         assert all(not r.settled and r.outcome == "stalled" for r in results)
-        rows = await store.read(server._key("s1"))
+        rows = await store.read(server.key("s1"))
         assert rows[0].failed_at_ms is not None
         assert rows[0].failure_count == 10
         assert "boom" in (rows[0].last_error or "")
@@ -257,7 +257,7 @@ async def test_abort_on_list_and_predicate_cancel_only_the_matching_handler(
         ("cancelled", Cancelled("a")),
         ("shipped", Shipped("b")),
     ]
-    rows = await store.read(server._key("s1"))
+    rows = await store.read(server.key("s1"))
     assert rows[0].processed_at_ms is not None  # the aborted attempt completed
     assert rows[0].returned_event_ids == []
 
@@ -278,7 +278,7 @@ async def test_abort_event_appended_before_the_handler_started_still_aborts(
         orders, store=store, handlers={"ordered": a2trio.handler(ship, abort_on=["cancelled"])}
     )
     await store.append(
-        server._key("s1"),
+        server.key("s1"),
         [
             a2trio.stores.base.AppendEvent("ordered", {"item": "a", "qty": 1}),
             a2trio.stores.base.AppendEvent("cancelled", {"item": "a"}, settled=True),
@@ -348,7 +348,7 @@ async def test_handler_append_from_a_superseded_attempt_is_fenced(
             # Another holder re-claims after our (unrenewed) claim expires.
             with trio.CancelScope(shield=True):
                 await trio.sleep(TTL + 1)
-                await store.claim_available(ctx.session._server._key("s1"), holder="x", ttl_ms=1)
+                await store.claim_available(server.key("s1"), holder="x", ttl_ms=1)
                 try:
                     await ctx.session.append("late", orders.event("note", Note("zombie")))
                 except a2trio.A2Error as exc:
@@ -397,7 +397,7 @@ async def test_returned_event_with_bad_payload_is_a_failure(
     async with server:
         await server.session("s1").append(orders.event("ordered", Ordered("a")))
         await server.settle()
-    [row] = await store.read(server._key("s1"))
+    [row] = await store.read(server.key("s1"))
     assert row.failure_count == 1
     assert "INVALID_PAYLOAD" in (row.last_error or "")
 

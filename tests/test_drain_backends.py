@@ -76,7 +76,7 @@ async def test_failed_renewals_surrender_and_the_retry_completes(
         assert [attempt for attempt, _ in runs] == [1, 2]
         assert runs[1][1] >= TTL
         late = await h.store.inner.complete_attempt(
-            h.server._key("s1"), index=1, attempt=1, events=[]
+            h.server.key("s1"), index=1, attempt=1, events=[]
         )
         assert late.outcome == "superseded"
 

@@ -75,7 +75,7 @@ class Recording:
         self.tasks.append(task)
         await self.inner.schedule(task)
 
-    def bind(self, server: a2trio.Server) -> Any:
+    def bind(self, server: a2trio.SchedulerTarget) -> Any:
         return self.inner.bind(server)
 
     def drains_due_s(self) -> list[float]:
@@ -96,7 +96,7 @@ class Broken:
         raise RuntimeError("scheduler down")
 
     @asynccontextmanager
-    async def bind(self, server: a2trio.Server) -> AsyncIterator[None]:
+    async def bind(self, server: a2trio.SchedulerTarget) -> AsyncIterator[None]:
         yield
 
 

@@ -131,10 +131,10 @@ async def test_state_folds_caches_a_snapshot_and_reads_only_the_tail() -> None:
         state, index = await session.state(totals())
         assert (state.items, index) == (["a", "b"], 2)
         await server.settle()
-        snaps = await store.inspect.list_snapshots(server._key("s1"))
+        snaps = await store.inspect.list_snapshots(server.key("s1"))
         assert [(s.reducer_name, s.index) for s in snaps] == [("count", 2), ("totals", 2)]
         await session.append(orders.event("ordered", Ordered("c")))
-        read = await store.read_state(server._key("s1"), "totals")
+        read = await store.read_state(server.key("s1"), "totals")
         assert read.snapshot is not None
         assert read.snapshot.index == 2
         assert [e.index for e in read.events] == [3]
@@ -149,7 +149,7 @@ async def test_a_snapshot_rejected_by_state_type_refolds_from_the_log() -> None:
     async with a2trio.Server(orders, store=store) as server:
         session = server.session("s1")
         await session.append(orders.event("ordered", Ordered("a")))
-        await store.put_snapshot(server._key("s1"), "totals", 1, {"items": "not a list"})
+        await store.put_snapshot(server.key("s1"), "totals", 1, {"items": "not a list"})
         state, index = await session.state(totals())
         assert (state.items, index) == (["a"], 1)
 
@@ -176,7 +176,7 @@ async def test_lifecycle_misuse_has_plain_messages() -> None:
     server = a2trio.Server(orders, store=store, handlers={"ordered": _noop})
     with pytest.raises(RuntimeError, match="not open"):
         await server.session("s").append(orders.event("ordered", Ordered("a")))
-    assert await store.read(server._key("s")) == []  # refused before writing
+    assert await store.read(server.key("s")) == []  # refused before writing
     async with server:
         with pytest.raises(RuntimeError, match="already open"):
             await server.__aenter__()

@@ -285,7 +285,7 @@ async def test_server_runs_handlers_and_streams_on_sqlite(tmp_path: Path) -> Non
             2,
         )
         assert second.payload == Shipped("book")
-        [trigger, _] = await store.read(server._key("order-1"))
+        [trigger, _] = await store.read(server.key("order-1"))
         assert (trigger.processed_by_attempt, trigger.returned_event_ids) == (1, [second.id])
     assert store.feed_statistics().listeners == 0
 

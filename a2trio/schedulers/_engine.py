@@ -49,13 +49,12 @@ import msgspec
 import trio
 
 from ..errors import store_unavailable
-from ..scheduler import SchedulerTask, task_decoder, task_id
+from ..scheduler import SchedulerTarget, SchedulerTask, task_decoder, task_id
 from ..stores._feed import Wakeups
 from ._queue import NotifyingQueue
 
 if TYPE_CHECKING:
     from ..clock import Clock
-    from ..server import Server
     from ._queue import TaskQueue, TaskRow
 
 __all__ = ["QueueScheduler", "SchedulerStatistics", "retry_delay_s"]
@@ -104,7 +103,7 @@ class SchedulerStatistics(msgspec.Struct, frozen=True):
 
 
 class _Binding:
-    def __init__(self, server: Server, clock: Clock) -> None:
+    def __init__(self, server: SchedulerTarget, clock: Clock) -> None:
         self.server = server
         self.contract = server.contract.name
         self.clock = clock
@@ -214,7 +213,7 @@ class QueueScheduler:
             self._wakeups.notify(task.contract)
 
     @asynccontextmanager
-    async def bind(self, server: Server) -> AsyncIterator[None]:
+    async def bind(self, server: SchedulerTarget) -> AsyncIterator[None]:
         """Deliver this scheduler's tasks for ``server``'s contract while inside.
 
         Entered by ``async with server``. Opens the queue (the first user

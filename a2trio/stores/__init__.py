@@ -7,6 +7,7 @@ needs the ``postgres`` extra (psycopg); without it, calling it raises
 
 from __future__ import annotations
 
+import os
 from typing import Any, NoReturn
 
 from ..errors import A2Error, ErrorCode
@@ -34,6 +35,7 @@ __all__ = [
     "PostgresStore",
     "SqliteStore",
     "Store",
+    "default_store",
     "from_url",
     "memory",
     "postgres",
@@ -59,3 +61,27 @@ def from_url(url: str) -> Store:
     raise ValueError(
         f"unknown store URL {url!r}: use 'memory:', 'sqlite:///path' or 'postgresql://...'"
     )
+
+
+def default_store(contract_name: str) -> Store:
+    """The store a server gets when it is given none: ``A2_STORE`` if set (a
+    URL for :func:`from_url`), else by ``A2_ENV``: ``production`` refuses,
+    ``test`` is memory, anything else sqlite at ``.a2/dev.db``.
+
+    Raises:
+      A2Error: ``STORE_NOT_CONFIGURED`` under ``A2_ENV=production``.
+      ValueError: an unknown ``A2_STORE`` URL.
+    """
+    url = os.environ.get("A2_STORE")
+    if url:
+        return from_url(url)
+    env = os.environ.get("A2_ENV", "development")
+    if env == "production":
+        raise A2Error(
+            ErrorCode.STORE_NOT_CONFIGURED,
+            f"the server for '{contract_name}' has no store and A2_ENV is 'production': "
+            "pass store=a2trio.stores.postgres(...) or set A2_STORE",
+        )
+    if env == "test":
+        return memory()
+    return sqlite(".a2/dev.db")

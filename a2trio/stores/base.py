@@ -43,6 +43,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import msgspec
 
+from ..clock import Clock
 from ..errors import A2Error, ErrorCode
 from ._feed import Feed
 
@@ -72,6 +73,7 @@ __all__ = [
     "Store",
     "StoredEvent",
     "StoredPresencePatch",
+    "WatchesPending",
     "replay",
 ]
 
@@ -360,6 +362,11 @@ class Store(Protocol):
     """
 
     @property
+    def clock(self) -> Clock:
+        """The clock the store stamps times with (a server's default clock)."""
+        ...
+
+    @property
     def presence(self) -> PresenceStore | None:
         """The presence capability, or None."""
         ...
@@ -473,6 +480,21 @@ class Store(Protocol):
         self, session_id: str, *, start_after: int = 0
     ) -> AbstractAsyncContextManager[Feed[StoredEvent]]:
         """A live feed of events after ``start_after``: catch up, then follow."""
+        ...
+
+
+@runtime_checkable
+class WatchesPending(Protocol):
+    """The optional cross-process wake-up capability (the Postgres store).
+
+    A server that runs handlers checks for it once when it opens, so work that
+    another process appends starts here at once instead of at a watchdog.
+    """
+
+    def watch_pending(self, on_session: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``on_session(key)`` when another process appends to the session
+        stored under ``key``; return the function that stops it. Only inside
+        ``async with store``; echoes of this store's own writes are skipped."""
         ...
 
 

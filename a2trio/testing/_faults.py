@@ -136,12 +136,12 @@ class Fault:
         """Stop injecting. Idempotent."""
         self._store._remove(self)
 
-    def _in_window(self, clock: Clock | None) -> bool:
+    def _in_window(self, clock: Clock) -> bool:
         return (self.start is None or _reached(self.start, clock)) and (
             self.end is None or not _reached(self.end, clock)
         )
 
-    def _applies(self, operation: str, clock: Clock | None) -> bool:
+    def _applies(self, operation: str, clock: Clock) -> bool:
         return operation in self.operations and not self.exhausted and self._in_window(clock)
 
     async def _inject(self, operation: str) -> None:
@@ -155,9 +155,8 @@ class Fault:
         ) from InjectedFault(f"injected fault in {operation}")
 
 
-def _reached(instant: Instant, clock: Clock | None) -> bool:
+def _reached(instant: Instant, clock: Clock) -> bool:
     if isinstance(instant, datetime):
-        assert clock is not None
         return clock.now_ms() >= int(instant.timestamp() * 1000)
     return trio.current_time() >= instant
 
@@ -180,8 +179,7 @@ class FaultyStore:
 
     def __init__(self, inner: Store) -> None:
         self.inner = inner
-        inner_clock = getattr(inner, "clock", None)
-        self.clock: Clock | None = inner_clock if isinstance(inner_clock, Clock) else None
+        self.clock: Clock = inner.clock
         self._faults: list[Fault] = []
         self._calls: Counter[str] = Counter()
         self._injected: Counter[str] = Counter()
@@ -282,10 +280,6 @@ class FaultyStore:
             if isinstance(instant, datetime):
                 if instant.tzinfo is None:
                     raise ValueError(f"use an aware datetime, got naive {instant!r}")
-                if self.clock is None:
-                    raise ValueError(
-                        f"{self.inner!r} has no `clock`: give start/end in Trio seconds"
-                    )
         if (
             start is not None and end is not None and type(start) is type(end) and not start < end  # type: ignore[operator]
         ):

@@ -49,9 +49,10 @@ from ..clock import Clock, TrioClock, ms_to_datetime
 from ..contract import Contract, Event
 from ..drain import DrainResult
 from ..handlers import HandlerSpec
+from ..push import ValidatePush
 from ..scheduler import Scheduler
 from ..schedulers import LocalScheduler
-from ..server import Server, ValidatePush
+from ..server import Server
 from ..session import Session
 from ..stores.base import Store, StoredEvent
 from ..stores.memory import memory
@@ -352,7 +353,7 @@ class Harness:
 
     async def _row(self, session: str | Session, event: int | str | Event[Any]) -> StoredEvent:
         session_id = self.session(session).id
-        key = self.server._key(session_id)
+        key = self.server.key(session_id)
         rows = await self.store.inner.read(key)
         for row in rows:
             if (isinstance(event, int) and row.index == event) or (

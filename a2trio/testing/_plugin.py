@@ -13,7 +13,7 @@ import trio
 
 from ..clock import TrioClock
 from ..contract import Contract
-from ..server import ValidatePush
+from ..push import ValidatePush
 from ..stores.base import Store
 from ..timings import DEFAULT_TIMINGS, Timings
 from ._harness import Handlers, Harness, SchedulerFactory, local_scheduler, open_harness

@@ -34,13 +34,8 @@ from typing import Final
 import trio
 
 from ..errors import A2Error, ErrorCode
-from ..server import (
-    MAX_DATE_MS,
-    RESERVED_PARTICIPANTS,
-    PushedEvent,
-    PushedPresence,
-    Server,
-)
+from ..push import MAX_DATE_MS, RESERVED_PARTICIPANTS, PushedEvent, PushedPresence
+from ..server import Server
 from . import sse, wire
 from ._http import (
     Receive,

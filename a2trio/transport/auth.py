@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 
 from ..errors import A2Error, ErrorCode
-from ..server import PushedEvent, PushedPresence
+from ..push import PushedEvent, PushedPresence
 
 __all__ = [
     "Authorize",

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from ..errors import A2Error, ErrorCode
-from ..server import PushedEvent, PushedPresence, Server
+from ..push import PushedEvent, PushedPresence
+from ..server import Server
 from . import wire
 from ._http import Message, Receive, Send, bad_input, failure, logger, report
 from .auth import (

@@ -40,7 +40,7 @@ async def main(path: str, folder: str) -> None:
     server = a2trio.Server(
         jobs, store=store, handlers={"job": job, "slow": make_slow(folder)}, timings=TIMINGS
     )
-    prefix = server._key("")
+    prefix = f"{jobs.name}\x1f"  # every session key of the contract starts so
 
     async def drain(session_id: str) -> None:
         await server.drain(session_id)

@@ -30,7 +30,7 @@ class _NoScheduler:
         await trio.lowlevel.checkpoint()
 
     @asynccontextmanager
-    async def bind(self, server: a2trio.Server) -> AsyncIterator[None]:
+    async def bind(self, server: a2trio.SchedulerTarget) -> AsyncIterator[None]:
         yield
 
 

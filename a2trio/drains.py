@@ -1,0 +1,244 @@
+"""The write path and the drain registry: one background drain per session per
+process.
+
+An append validates its events (``Engine.validate``), writes them, and hands
+what it left pending to the session's drain: the running one is woken (or
+given the events the append claimed for it), never duplicated; if none runs,
+one starts in the server's nursery. Leaving ``async with server`` cancels
+background drains: their claims lapse and a later drain retries, exactly as
+after a crash. :class:`DrainRegistry` is the only owner of that map and of
+the :class:`~a2trio.drain.DrainSignal` it keeps per running drain.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+import trio
+
+from .contract import AppendInput, Event
+from .core import Engine, Source, WriteMode
+from .drain import DrainResult, DrainSignal, drain_session
+from .errors import A2Error, store_unavailable
+from .handlers import HandlerSpec
+from .push import PushedEvent
+from .stores.base import AppendEvent, AppendResult, ClaimRequest, EventCause, StoredEvent
+
+__all__ = ["DrainRegistry"]
+
+
+class DrainRegistry:
+    """The drains of one server and the appends that feed them (an
+    :class:`~a2trio.core.Appends`)."""
+
+    def __init__(self, engine: Engine, handlers: Mapping[str, HandlerSpec]) -> None:
+        self.engine = engine
+        self.handlers = handlers
+        self._drains: dict[str, DrainSignal] = {}
+
+    @property
+    def running(self) -> int:
+        """Background drains running now."""
+        return len(self._drains)
+
+    # -- append ------------------------------------------------------------------
+
+    async def append(
+        self,
+        session_id: str,
+        events: Sequence[AppendInput | PushedEvent],
+        *,
+        source: Source,
+        mode: WriteMode,
+        causes: Sequence[EventCause] | None = None,
+        require_arm: bool = False,
+    ) -> list[Event[Any]]:
+        """Validate and append ``events``, then get their reaction going.
+
+        ``mode="inline"`` wakes this process's drain (and arms a watchdog for
+        an external append); ``"dispatch"`` arms a scheduler drain instead.
+        ``require_arm`` (a scheduler-delivered append) raises if that arm fails.
+
+        Raises:
+          RuntimeError: the server is not open (checked before writing).
+          TypeError: dispatch without a scheduler; bad inputs.
+          A2Error: validation and store errors (nothing written).
+        """
+        engine = self.engine
+        attributes: dict[str, str | int] = {
+            "a2.contract": engine.contract.name,
+            "a2.session_id": session_id,
+            "a2.append.source": source,
+            "a2.append.mode": mode,
+            "a2.append.types": ",".join(str(getattr(e, "type", "?")) for e in events),
+            "a2.append.count": len(events),
+        }
+        with engine.telemetry.span("a2.append", attributes) as span:
+            # Checked before writing: an append's drain needs the nursery.
+            engine.require_open()
+            if mode == "dispatch" and engine.scheduler is None:
+                raise TypeError("dispatch requires a scheduler: pass Server(scheduler=...)")
+            validated = engine.validate(session_id, events)
+            if causes is not None:
+                validated = [
+                    msgspec.structs.replace(event, cause=cause)
+                    for event, cause in zip(validated, causes, strict=True)
+                ]
+            watchdog_at: int | None = None
+            if engine.scheduler is not None and source == "external" and mode == "inline":
+                ttl_ms = int(engine.timings.claim_ttl_s * 1000)
+                grace_ms = int(engine.timings.watchdog_grace_s * 1000)
+                watchdog_at = engine.slot(engine.clock.now_ms() + ttl_ms + grace_ms)
+            result = await self._store_append(session_id, validated, mode, watchdog_at)
+            appended = [engine.to_public(row) for row in result.events]
+            if not result.has_pending:
+                return appended
+            if mode == "dispatch":
+                await engine.arm_now(session_id, engine.slot_floor(engine.clock.now_ms()))
+                return appended
+            # One arm per slot (the seed's startSchedulerArm), except that a
+            # scheduler-delivered append must see its own arm succeed.
+            if watchdog_at is not None and (
+                engine.claim_slot(session_id, watchdog_at) or require_arm
+            ):
+                try:
+                    with trio.fail_after(engine.timings.scheduler_arm_timeout_s):
+                        await engine.arm_now(session_id, watchdog_at)
+                except (Exception, trio.TooSlowError) as exc:
+                    engine.forget_slot(session_id, watchdog_at)
+                    span.set_attribute("a2.append.armed", False)
+                    span.record_error(exc)
+                    if require_arm:
+                        raise
+            return appended
+
+    async def _store_append(
+        self,
+        session_id: str,
+        events: Sequence[AppendEvent],
+        mode: WriteMode,
+        watchdog_at_ms: int | None,
+    ) -> AppendResult:
+        """Append, and get the pending work of an inline append running.
+
+        An inline append on a server that runs handlers writes its events
+        claimed for this process's drain (``ClaimRequest``): the handler starts
+        one round trip sooner than if the drain claimed, and the row is written
+        once. The drain is woken to claim only if the session held other
+        claimable events. The local lease estimate is taken before the call,
+        as the drain does, so it never outlives the store's stamp. While the
+        append is in flight the running drain knows an answer is coming, so it
+        does not end (or claim against its own holder's fresh claims).
+        """
+        engine = self.engine
+        key = engine.key(session_id)
+        if mode != "inline" or not engine.run_handlers or all(e.settled for e in events):
+            with store_unavailable("append"):
+                result = await engine.store.append(key, events)
+            if result.has_pending and mode == "inline" and engine.run_handlers:
+                self.wake(session_id, watchdog_at_ms)
+            return result
+        ttl_s = engine.timings.claim_ttl_s
+        expires_at = trio.current_time() + ttl_s
+        drain_watchdog_ms = engine.clock.now_ms() + int(
+            (ttl_s + engine.timings.watchdog_grace_s) * 1000
+        )
+        signal = self._drains.get(session_id)
+        if signal is None or signal.closed:
+            signal = None
+            claim = ClaimRequest(str(uuid.uuid4()), int(ttl_s * 1000))
+        else:
+            claim = ClaimRequest(signal.holder, int(ttl_s * 1000))
+            signal.begin_append()
+        try:
+            with store_unavailable("append"):
+                result = await engine.store.append(key, events, claim=claim)
+            if result.claimed:
+                self.adopt(
+                    session_id,
+                    claim.holder,
+                    result.claimed,
+                    expires_at,
+                    drain_watchdog_ms,
+                    watchdog_at_ms,
+                )
+            if result.others_claimable:
+                self.wake(session_id, watchdog_at_ms)
+        finally:
+            if signal is not None:
+                signal.appended()
+        return result
+
+    # -- drains ---------------------------------------------------------------------
+
+    def adopt(
+        self,
+        session_id: str,
+        holder: str,
+        events: list[StoredEvent],
+        expires_at: float,
+        drain_watchdog_ms: int,
+        watchdog_at_ms: int | None,
+    ) -> None:
+        """Hand events an append claimed (for ``holder``, lease estimate
+        ``expires_at``) to the session's drain, starting one."""
+        signal = self._drains.get(session_id)
+        if signal is None or signal.closed:
+            signal = DrainSignal(holder)
+            self._drains[session_id] = signal
+            self.engine.spawn(self._background_drain, session_id, signal, watchdog_at_ms)
+        signal.adopt(holder, events, expires_at, drain_watchdog_ms)
+
+    def wake(self, session_id: str, watchdog_at_ms: int | None = None) -> None:
+        """Wake the session's drain to claim, starting one if none runs."""
+        signal = self._drains.get(session_id)
+        if signal is not None and not signal.closed:
+            signal.notify()
+            return
+        signal = DrainSignal()
+        # Marked woken, so the new drain claims first even if an append hands
+        # it events before it starts (it would otherwise take those as all).
+        signal.notify()
+        self._drains[session_id] = signal
+        self.engine.spawn(self._background_drain, session_id, signal, watchdog_at_ms)
+
+    def wake_key(self, key: str) -> None:
+        """Another process appended to store key ``key``: wake its drain if the
+        key is this contract's and the server is open."""
+        session_id = self.engine.session_of(key)
+        if session_id is not None and self.engine.is_open:
+            self.wake(session_id)
+
+    async def _background_drain(
+        self, session_id: str, signal: DrainSignal, watchdog_at_ms: int | None
+    ) -> None:
+        try:
+            await self.drain(session_id, signal=signal, watchdog_due_at_ms=watchdog_at_ms)
+        except A2Error:
+            # The store is unreachable: claims lapse; the next append or watchdog
+            # retries. The span has recorded the error.
+            pass
+        finally:
+            signal.close()
+            if self._drains.get(session_id) is signal:
+                del self._drains[session_id]
+
+    async def drain(
+        self,
+        session_id: str,
+        *,
+        signal: DrainSignal | None = None,
+        watchdog_due_at_ms: int | None = None,
+    ) -> DrainResult:
+        """Run one drain of ``session_id`` in this task (see ``drain.py``)."""
+        return await drain_session(
+            self.engine,
+            self.handlers,
+            self,
+            session_id,
+            signal=signal,
+            watchdog_due_at_ms=watchdog_due_at_ms,
+        )
