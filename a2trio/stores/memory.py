@@ -21,8 +21,8 @@ import msgspec
 import trio
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..errors import A2Error, ErrorCode
 from ..ids import random_id
+from . import _verdicts as verdicts
 from ._feed import Feed, FeedStatistics, Wakeups, open_pump_feed
 from .base import (
     AppendEvent,
@@ -46,7 +46,6 @@ from .base import (
     StateRead,
     StoredEvent,
     StoredPresencePatch,
-    replay,
 )
 
 __all__ = ["MemoryStore", "memory"]
@@ -114,10 +113,6 @@ class _Register:
     seen: int
     at_ms: int
     expires_at_ms: int
-
-
-def _no_event(session_id: str, index: int) -> ValueError:
-    return ValueError(f"no event at index {index} in session {session_id!r}")
 
 
 class _MemoryPresence:
@@ -336,44 +331,20 @@ class MemoryStore:
         await trio.lowlevel.checkpoint()
         if not events:
             return AppendResult([], self._pending(session_id))
-        supplied = [e.id for e in events if e.id is not None]
-        if len(set(supplied)) != len(supplied):
-            raise A2Error(
-                ErrorCode.PARTIAL_DUPLICATE_BATCH, "batch contains the same event id more than once"
-            )
-        existing = [self._ids[i] for i in supplied if i in self._ids]
+        existing = [self._ids[i].stored() for i in verdicts.supplied_ids(events) if i in self._ids]
         if existing:
-            foreign = next((r for r in existing if r.session_id != session_id), None)
-            if foreign is not None:
-                raise A2Error(
-                    ErrorCode.PARTIAL_DUPLICATE_BATCH,
-                    f"event id {foreign.id!r} already exists in another session",
-                )
-            if len(existing) == len(events):
-                return AppendResult(
-                    replay(events, [r.stored() for r in existing]),
-                    self._pending(session_id),
-                    [],
-                    claim is not None and self._claimable(session_id),
-                )
-            raise A2Error(
-                ErrorCode.PARTIAL_DUPLICATE_BATCH,
-                f"batch mixes {len(existing)} already-appended and "
-                f"{len(events) - len(existing)} fresh events",
+            return AppendResult(
+                verdicts.replayed_batch(session_id, events, existing),
+                self._pending(session_id),
+                [],
+                claim is not None and self._claimable(session_id),
             )
         rows = self._sessions.get(session_id, [])
         for event in events:
-            if event.cause is None:
-                continue
-            if not 1 <= event.cause.index <= len(rows):
-                raise _no_event(session_id, event.cause.index)
-            parent = rows[event.cause.index - 1]
-            if parent.attempt_count != event.cause.attempt or parent.failed_at_ms is not None:
-                raise A2Error(
-                    ErrorCode.SUPERSEDED_ATTEMPT,
-                    f"attempt {event.cause.attempt} no longer owns event {event.cause.index} "
-                    f"in session {session_id!r}",
-                )
+            if event.cause is not None:
+                index = event.cause.index
+                parent = rows[index - 1] if 1 <= index <= len(rows) else None
+                verdicts.check_cause(session_id, event.cause, parent)
         had_pending = self._pending(session_id)
         others_claimable = claim is not None and self._claimable(session_id)
         now = self.clock.now_ms()
@@ -394,7 +365,7 @@ class MemoryStore:
         self._wakeups.notify(session_id, inserted)
         return AppendResult(
             inserted,
-            had_pending or any(not e.settled for e in events),
+            verdicts.has_pending(had_pending, events),
             [row for row in inserted if row.index in claimed],
             others_claimable,
         )
@@ -506,52 +477,25 @@ class MemoryStore:
         events: Sequence[AppendEvent],
     ) -> CompleteResult:
         await trio.lowlevel.checkpoint()
+        ids = verdicts.returned_ids(events)
         rows = self._sessions.get(session_id, [])
         if not 1 <= index <= len(rows):
-            raise _no_event(session_id, index)
+            raise verdicts.no_event(session_id, index)
         parent = rows[index - 1]
-        ids = [e.id for e in events]
-        if any(i is None for i in ids):
-            raise ValueError("returned events need ids (the server derives them)")
-        if len(set(ids)) != len(ids):
-            raise A2Error(
-                ErrorCode.PARTIAL_DUPLICATE_BATCH,
-                "returned event batch contains the same event id more than once",
-            )
         if parent.processed_at_ms is not None:
-            if parent.processed_by_attempt != attempt:
-                return CompleteResult("superseded")
-            if parent.returned_event_ids != ids:
-                raise A2Error(
-                    ErrorCode.PARTIAL_DUPLICATE_BATCH,
-                    "completed attempt does not match the returned event batch",
-                )
-            stored = [self._ids.get(i) for i in ids if i is not None]
-            if any(
-                r is None
-                or r.session_id != session_id
-                or r.cause is None
-                or (r.cause.index, r.cause.attempt) != (index, attempt)
-                for r in stored
+            if not verdicts.replays_completion(
+                attempt, ids, parent.processed_by_attempt, parent.returned_event_ids
             ):
-                raise A2Error(
-                    ErrorCode.PARTIAL_DUPLICATE_BATCH,
-                    "returned event retry does not match the committed batch",
-                )
+                return CompleteResult("superseded")
+            stored = [self._ids[i].stored() for i in ids if i in self._ids]
             return CompleteResult(
-                "completed", replay(events, [r.stored() for r in stored if r is not None])
+                "completed",
+                verdicts.replayed_completion(session_id, index, attempt, events, stored),
             )
-        if (
-            parent.attempt_count != attempt
-            or parent.claim_holder is None
-            or parent.failed_at_ms is not None
-        ):
+        if not verdicts.holds_claim(parent, attempt):
             return CompleteResult("superseded")
-        if any(i in self._ids for i in ids if i is not None):
-            raise A2Error(
-                ErrorCode.PARTIAL_DUPLICATE_BATCH,
-                "returned event batch contains an already-appended event id",
-            )
+        if any(i in self._ids for i in ids):
+            raise verdicts.returned_id_taken()
         now = self.clock.now_ms()
         cause = EventCause(index, attempt)
         inserted = [
@@ -562,7 +506,7 @@ class MemoryStore:
         open_rows = self._open[session_id]
         del open_rows[parent.index]
         parent.processed_by_attempt = attempt
-        parent.returned_event_ids = [i for i in ids if i is not None]
+        parent.returned_event_ids = ids
         parent.lane_ready = False
         parent.claim_holder = None
         parent.claim_expires_at_ms = None
@@ -587,33 +531,20 @@ class MemoryStore:
         await trio.lowlevel.checkpoint()
         rows = self._sessions.get(session_id, [])
         if not 1 <= index <= len(rows):
-            raise _no_event(session_id, index)
+            raise verdicts.no_event(session_id, index)
         row = rows[index - 1]
-        if (
-            row.processed_at_ms is None
-            and row.failed_at_ms is None
-            and row.attempt_count == attempt
-            and row.claim_holder is not None
-        ):
+        verdict = verdicts.fail_verdict(row, attempt, max_failures)
+        if verdict.record:
             now = self.clock.now_ms()
-            row.failure_count += 1
+            row.failure_count = verdict.result.failure_count
             row.last_error = error
             row.last_failed_at_ms = now
             row.last_failed_attempt = attempt
-            if row.failure_count >= max_failures:
+            if verdict.result.outcome == "dead_lettered":
                 row.failed_at_ms = now
             row.claim_holder = None
             row.claim_expires_at_ms = None
-            if row.failed_at_ms is not None:
-                return FailResult("dead_lettered", row.failure_count)
-            return FailResult("failed", row.failure_count)
-        if row.processed_at_ms is not None or row.attempt_count != attempt:
-            return FailResult("superseded", row.failure_count)
-        if row.failed_at_ms is not None:
-            return FailResult("dead_lettered", row.failure_count)
-        if row.claim_holder is None and row.last_failed_attempt == attempt:
-            return FailResult("failed", row.failure_count)
-        return FailResult("superseded", row.failure_count)
+        return verdict.result
 
     def _state_read(self, session_id: str, reducer: str) -> StateRead:
         snap = self._snapshots.get((session_id, reducer))

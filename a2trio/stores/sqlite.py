@@ -29,15 +29,16 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import Any, Final, TypeVar
+from typing import Any, Final, NamedTuple, TypeVar
 
 import msgspec
 import trio
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..errors import A2Error, ErrorCode, store_unavailable
+from ..errors import store_unavailable
 from ..ids import random_id
 from ..timings import DEFAULT_TIMINGS, Timings
+from . import _verdicts as verdicts
 from ._feed import Feed, FeedStatistics, Wakeups, adaptive_poll, open_pump_feed
 from ._sqlite_conn import ConnectionPool
 from .base import (
@@ -62,7 +63,6 @@ from .base import (
     StateRead,
     StoredEvent,
     StoredPresencePatch,
-    replay,
 )
 
 __all__ = ["DEFAULT_PATH", "SqliteStore", "sqlite"]
@@ -98,6 +98,21 @@ values (
 )
 """
 
+# What the attempt fences read (`_verdicts.Bookkeeping`), in `_Bookkeeping` order.
+_BOOKKEEPING: Final = (
+    "processed_at, failed_at, attempt_count, claim_holder, failure_count, last_failed_attempt"
+)
+
+
+class _Bookkeeping(NamedTuple):
+    processed_at_ms: int | None
+    failed_at_ms: int | None
+    attempt_count: int
+    claim_holder: str | None
+    failure_count: int
+    last_failed_attempt: int | None
+
+
 _PENDING: Final = (
     "select exists(select 1 from a2_events where session_id = ? and processed_at is null)"
 )
@@ -115,10 +130,6 @@ def _stored(row: tuple[Any, ...]) -> StoredEvent:
     if fields[10] is not None:
         fields[10] = _decode_ids(fields[10])
     return StoredEvent(*fields)
-
-
-def _no_event(session_id: str, index: int) -> ValueError:
-    return ValueError(f"no event at index {index} in session {session_id!r}")
 
 
 def _claimable(conn: sqlite3.Connection, session_id: str, now: int) -> bool:
@@ -155,6 +166,8 @@ def _has_pending(conn: sqlite3.Connection, session_id: str) -> bool:
 
 
 def _rows_by_ids(conn: sqlite3.Connection, ids: Sequence[str]) -> list[StoredEvent]:
+    if not ids:
+        return []  # no query for the common batch, which supplies none
     rows = conn.execute(
         f"select {_COLS} from a2_events where event_id in (select value from json_each(?)) "
         "order by idx",
@@ -288,52 +301,28 @@ class SqliteStore:
                 return AppendResult([], _has_pending(conn, session_id))
 
             return await self._read("append", pending)
-        supplied = [e.id for e in events if e.id is not None]
-        if len(set(supplied)) != len(supplied):
-            raise A2Error(
-                ErrorCode.PARTIAL_DUPLICATE_BATCH, "batch contains the same event id more than once"
-            )
-
+        supplied = verdicts.supplied_ids(events)
         now = self.clock.now_ms()
 
         def work(conn: sqlite3.Connection) -> tuple[AppendResult, bool]:
-            existing = _rows_by_ids(conn, supplied) if supplied else []
+            existing = _rows_by_ids(conn, supplied)
             if existing:
-                foreign = next((r for r in existing if r.session_id != session_id), None)
-                if foreign is not None:
-                    raise A2Error(
-                        ErrorCode.PARTIAL_DUPLICATE_BATCH,
-                        f"event id {foreign.id!r} already exists in another session",
-                    )
-                if len(existing) == len(events):
-                    return AppendResult(
-                        replay(events, existing),
-                        _has_pending(conn, session_id),
-                        [],
-                        claim is not None and _claimable(conn, session_id, now),
-                    ), False
-                raise A2Error(
-                    ErrorCode.PARTIAL_DUPLICATE_BATCH,
-                    f"batch mixes {len(existing)} already-appended and "
-                    f"{len(events) - len(existing)} fresh events",
-                )
+                return AppendResult(
+                    verdicts.replayed_batch(session_id, events, existing),
+                    _has_pending(conn, session_id),
+                    [],
+                    claim is not None and _claimable(conn, session_id, now),
+                ), False
             # Attempt-currency fence (store-postgres.ts `append`): the write
             # lock held since BEGIN IMMEDIATE stands in for `for update`.
             for event in events:
-                if event.cause is None:
-                    continue
-                parent = conn.execute(
-                    "select attempt_count, failed_at from a2_events "
-                    "where session_id = ? and idx = ?",
-                    (session_id, event.cause.index),
-                ).fetchone()
-                if parent is None:
-                    raise _no_event(session_id, event.cause.index)
-                if parent[0] != event.cause.attempt or parent[1] is not None:
-                    raise A2Error(
-                        ErrorCode.SUPERSEDED_ATTEMPT,
-                        f"attempt {event.cause.attempt} no longer owns event "
-                        f"{event.cause.index} in session {session_id!r}",
+                if event.cause is not None:
+                    parent = conn.execute(
+                        f"select {_BOOKKEEPING} from a2_events where session_id = ? and idx = ?",
+                        (session_id, event.cause.index),
+                    ).fetchone()
+                    verdicts.check_cause(
+                        session_id, event.cause, None if parent is None else _Bookkeeping(*parent)
                     )
             # One statement for both, as the seed's `maxRows` query.
             top, had_pending = conn.execute(
@@ -356,7 +345,7 @@ class SqliteStore:
                 inserted = [by_index.get(row.index, row) for row in inserted]
             return AppendResult(
                 inserted,
-                bool(had_pending) or any(not e.settled for e in events),
+                verdicts.has_pending(bool(had_pending), events),
                 claimed,
                 others_claimable,
             ), True
@@ -498,59 +487,31 @@ class SqliteStore:
         Cancellation: committed entirely or not at all; a retry by the same
         attempt with the same ids replays.
         """
-        ids = [e.id for e in events]
-        if any(i is None for i in ids):
-            raise ValueError("returned events need ids (the server derives them)")
-        if len(set(ids)) != len(ids):
-            raise A2Error(
-                ErrorCode.PARTIAL_DUPLICATE_BATCH,
-                "returned event batch contains the same event id more than once",
-            )
-        returned_ids = [i for i in ids if i is not None]
-
+        returned_ids = verdicts.returned_ids(events)
         now = self.clock.now_ms()
 
         def work(conn: sqlite3.Connection) -> tuple[CompleteResult, bool]:
-            parent = conn.execute(
-                "select processed_at, processed_by_attempt, returned_event_ids, "
-                "attempt_count, claim_holder, failed_at, lane "
+            row = conn.execute(
+                f"select {_BOOKKEEPING}, processed_by_attempt, returned_event_ids, lane "
                 "from a2_events where session_id = ? and idx = ?",
                 (session_id, index),
             ).fetchone()
-            if parent is None:
-                raise _no_event(session_id, index)
-            processed_at, by_attempt, stored_ids, attempts, holder, failed_at, lane = parent
-            if processed_at is not None:
-                if by_attempt != attempt:
+            if row is None:
+                raise verdicts.no_event(session_id, index)
+            parent = _Bookkeeping(*row[:6])
+            by_attempt, stored_ids, lane = row[6:]
+            if parent.processed_at_ms is not None:
+                stored = None if stored_ids is None else _decode_ids(stored_ids)
+                if not verdicts.replays_completion(attempt, returned_ids, by_attempt, stored):
                     return CompleteResult("superseded"), False
-                if stored_ids is None or _decode_ids(stored_ids) != returned_ids:
-                    raise A2Error(
-                        ErrorCode.PARTIAL_DUPLICATE_BATCH,
-                        "completed attempt does not match the returned event batch",
-                    )
-                by_id = {r.id: r for r in _rows_by_ids(conn, returned_ids)}
-                ordered = [by_id.get(i) for i in returned_ids]
-                committed = [
-                    r
-                    for r in ordered
-                    if r is not None
-                    and r.session_id == session_id
-                    and r.cause is not None
-                    and (r.cause.index, r.cause.attempt) == (index, attempt)
-                ]
-                if len(committed) != len(returned_ids):
-                    raise A2Error(
-                        ErrorCode.PARTIAL_DUPLICATE_BATCH,
-                        "returned event retry does not match the committed batch",
-                    )
-                return CompleteResult("completed", replay(events, committed)), False
-            if attempts != attempt or holder is None or failed_at is not None:
-                return CompleteResult("superseded"), False
-            if returned_ids and _rows_by_ids(conn, returned_ids):
-                raise A2Error(
-                    ErrorCode.PARTIAL_DUPLICATE_BATCH,
-                    "returned event batch contains an already-appended event id",
+                committed = verdicts.replayed_completion(
+                    session_id, index, attempt, events, _rows_by_ids(conn, returned_ids)
                 )
+                return CompleteResult("completed", committed), False
+            if not verdicts.holds_claim(parent, attempt):
+                return CompleteResult("superseded"), False
+            if _rows_by_ids(conn, returned_ids):
+                raise verdicts.returned_id_taken()
             base = _next_index(conn, session_id)
             cause = EventCause(index, attempt)
             inserted = [
@@ -604,21 +565,15 @@ class SqliteStore:
 
         def work(conn: sqlite3.Connection) -> FailResult:
             row = conn.execute(
-                "select processed_at, failed_at, attempt_count, claim_holder, failure_count, "
-                "last_failed_attempt from a2_events where session_id = ? and idx = ?",
+                f"select {_BOOKKEEPING} from a2_events where session_id = ? and idx = ?",
                 (session_id, index),
             ).fetchone()
             if row is None:
-                raise _no_event(session_id, index)
-            processed_at, failed_at, attempts, holder, failures, last_failed = row
-            if (
-                processed_at is None
-                and failed_at is None
-                and attempts == attempt
-                and holder is not None
-            ):
-                failures += 1
-                dead = failures >= max_failures
+                raise verdicts.no_event(session_id, index)
+            verdict = verdicts.fail_verdict(_Bookkeeping(*row), attempt, max_failures)
+            if verdict.record:
+                failures = verdict.result.failure_count
+                dead = verdict.result.outcome == "dead_lettered"
                 conn.execute(
                     """
                     update a2_events set
@@ -637,14 +592,7 @@ class SqliteStore:
                         index,
                     ),
                 )
-                return FailResult("dead_lettered" if dead else "failed", failures)
-            if processed_at is not None or attempts != attempt:
-                return FailResult("superseded", failures)
-            if failed_at is not None:
-                return FailResult("dead_lettered", failures)
-            if holder is None and last_failed == attempt:
-                return FailResult("failed", failures)
-            return FailResult("superseded", failures)
+            return verdict.result
 
         return await self._write("fail", work)
 
