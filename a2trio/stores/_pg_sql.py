@@ -229,7 +229,6 @@ parents as materialized (
 verdict as (
   select
     (select count(*) from existing) as n_existing,
-    (select min(event_id) from existing where session_id <> $1::text) as foreign_id,
     (select min((b.cause->>'index')::bigint) from batch b
       where b.cause is not null and not exists (
         select 1 from parents p where p.idx = (b.cause->>'index')::bigint)) as missing_parent,
@@ -240,7 +239,7 @@ verdict as (
 ),"""
         clean = "\n   where v.n_existing = 0 and v.missing_parent is null and v.superseded is null"
         tail = f"""
-select v.n_existing, v.foreign_id, v.missing_parent, v.superseded, v.had_pending, v.base,
+select v.n_existing, v.missing_parent, v.superseded, v.had_pending, v.base,
        {{claimed}}, v.others_claimable,
        {_cols("e")}
   from verdict v left join existing e on true

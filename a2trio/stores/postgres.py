@@ -77,10 +77,11 @@ import trio
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..errors import A2Error, ErrorCode, store_unavailable
+from ..errors import store_unavailable
 from ..ids import random_id
 from ..timings import DEFAULT_TIMINGS, Timings
 from . import _pg_sql as sql
+from . import _verdicts as verdicts
 from ._feed import Feed, FeedStatistics, Wakeups, adaptive_poll, open_pump_feed
 from ._pg_conn import Param, PgError, PgPool, Row, Statement
 from ._pg_group import LOCKING, GroupCommitter, GroupStatistics, Kind, Request
@@ -106,7 +107,6 @@ from .base import (
     StateRead,
     StoredEvent,
     StoredPresencePatch,
-    replay,
 )
 
 __all__ = ["PostgresStore", "postgres"]
@@ -193,68 +193,19 @@ def _stored(row: Row, at: int = 0) -> StoredEvent:
     )
 
 
-def _no_event(session_id: str, index: int) -> ValueError:
-    return ValueError(f"no event at index {index} in session {session_id!r}")
-
-
-def _replay_completion(
+def _check_fence(
     session_id: str,
-    index: int,
-    attempt: int,
     events: Sequence[AppendEvent],
-    processed_by_attempt: int | None,
-    returned_event_ids: list[str] | None,
-    stored: list[StoredEvent],
-) -> CompleteResult:
-    """A completion of an already-processed event: replay it, or say who won."""
-    if processed_by_attempt != attempt:
-        return CompleteResult("superseded")
-    ids = [e.id for e in events]
-    if returned_event_ids != ids:
-        raise A2Error(
-            ErrorCode.PARTIAL_DUPLICATE_BATCH,
-            "completed attempt does not match the returned event batch",
-        )
-    by_id = {r.id: r for r in stored}
-    ordered = [by_id.get(i or "") for i in ids]
-    if any(
-        r is None
-        or r.session_id != session_id
-        or r.cause is None
-        or (r.cause.index, r.cause.attempt) != (index, attempt)
-        for r in ordered
-    ):
-        raise A2Error(
-            ErrorCode.PARTIAL_DUPLICATE_BATCH,
-            "returned event retry does not match the committed batch",
-        )
-    return CompleteResult("completed", replay(events, stored))
-
-
-def _check_verdict(session_id: str, events: Sequence[AppendEvent], rows: list[Row]) -> None:
-    """Raise what ``APPEND``'s verdict refuses; a clean verdict or a whole replay
-    passes."""
-    n_existing, foreign_id, missing_parent, superseded = rows[0][:4]
-    if n_existing:
-        if foreign_id is not None:
-            raise A2Error(
-                ErrorCode.PARTIAL_DUPLICATE_BATCH,
-                f"event id {foreign_id!r} already exists in another session",
-            )
-        if n_existing != len(events):
-            raise A2Error(
-                ErrorCode.PARTIAL_DUPLICATE_BATCH,
-                f"batch mixes {n_existing} already-appended and "
-                f"{len(events) - n_existing} fresh events",
-            )
+    missing_parent: int | None,
+    superseded: int | None,
+) -> None:
+    """Raise what ``APPEND``'s attempt fence refused: the least cause index with
+    no parent, else the least whose attempt lost its parent."""
     if missing_parent is not None:
-        raise _no_event(session_id, missing_parent)
+        raise verdicts.no_event(session_id, missing_parent)
     if superseded is not None:
         cause = next(e.cause for e in events if e.cause and e.cause.index == superseded)
-        raise A2Error(
-            ErrorCode.SUPERSEDED_ATTEMPT,
-            f"attempt {cause.attempt} no longer owns event {superseded} in session {session_id!r}",
-        )
+        raise verdicts.superseded_attempt(session_id, cause)
 
 
 def _index_of(event: StoredEvent) -> int:
@@ -759,12 +710,7 @@ class PostgresStore:
             if not events:
                 [(pending,)] = await self._query(sql.HAS_PENDING, (session_id,))
                 return AppendResult([], pending)
-            supplied = [e.id for e in events if e.id is not None]
-            if len(set(supplied)) != len(supplied):
-                raise A2Error(
-                    ErrorCode.PARTIAL_DUPLICATE_BATCH,
-                    "batch contains the same event id more than once",
-                )
+            supplied = verdicts.supplied_ids(events)
             ids = [e.id or random_id() for e in events]
             batch = [
                 {
@@ -799,11 +745,15 @@ class PostgresStore:
         if fresh:
             had_pending, base, claimed_indexes, others_claimable = rows[0]
         else:
-            _check_verdict(session_id, events, rows)
-            had_pending, base, claimed_indexes, others_claimable = rows[0][4:8]
-            if rows[0][0]:
-                stored = [_stored(r, 8) for r in rows]
-                return AppendResult(replay(events, stored), had_pending, [], others_claimable)
+            n_existing, missing_parent, superseded = rows[0][:3]
+            had_pending, base, claimed_indexes, others_claimable = rows[0][3:7]
+            if n_existing:
+                # The duplicate verdict before the fence, as in the seed.
+                replayed = verdicts.replayed_batch(
+                    session_id, events, [_stored(r, 7) for r in rows]
+                )
+                return AppendResult(replayed, had_pending, [], others_claimable)
+            _check_fence(session_id, events, missing_parent, superseded)
         inserted = [
             StoredEvent(
                 id=event_id,
@@ -837,7 +787,7 @@ class PostgresStore:
         self._wrote(session_id, inserted)
         return AppendResult(
             inserted,
-            had_pending or any(not e.settled for e in events),
+            verdicts.has_pending(had_pending, events),
             [row for row in inserted if row.index in claimed_set],
             others_claimable,
         )
@@ -942,15 +892,7 @@ class PostgresStore:
         """
         if not events:
             return await self._finish(session_id, index, attempt)
-        ids = [e.id for e in events]
-        if any(i is None for i in ids):
-            raise ValueError("returned events need ids (the server derives them)")
-        if len(set(ids)) != len(ids):
-            raise A2Error(
-                ErrorCode.PARTIAL_DUPLICATE_BATCH,
-                "returned event batch contains the same event id more than once",
-            )
-        returned = cast(list[str], ids)
+        returned = verdicts.returned_ids(events)
         batch = [
             {
                 "ord": ord_,
@@ -980,18 +922,18 @@ class PostgresStore:
         outcome, processed_by_attempt, returned_event_ids, drained = rows[0][:4]
         stored = [_stored(row, 4) for row in rows if row[4] is not None]
         if outcome == "missing":
-            raise _no_event(session_id, index)
+            raise verdicts.no_event(session_id, index)
         if outcome == "superseded":
             return CompleteResult("superseded")
         if outcome == "duplicate":
-            raise A2Error(
-                ErrorCode.PARTIAL_DUPLICATE_BATCH,
-                "returned event batch contains an already-appended event id",
-            )
+            raise verdicts.returned_id_taken()
         if outcome == "replay":
-            return _replay_completion(
-                session_id, index, attempt, events, processed_by_attempt, returned_event_ids, stored
-            )
+            if not verdicts.replays_completion(
+                attempt, returned, processed_by_attempt, returned_event_ids
+            ):
+                return CompleteResult("superseded")
+            replayed = verdicts.replayed_completion(session_id, index, attempt, events, stored)
+            return CompleteResult("completed", replayed)
         if stored:
             self._wrote(session_id, stored)
         return CompleteResult("completed", stored, drained)
@@ -1013,13 +955,15 @@ class PostgresStore:
                 rows = await self._groups.submit(self._nursery, "finish", session_id, params)
         [(_, outcome, processed_by_attempt, returned_event_ids, drained)] = rows
         if outcome == "missing":
-            raise _no_event(session_id, index)
+            raise verdicts.no_event(session_id, index)
         if outcome == "superseded":
             return CompleteResult("superseded")
         if outcome == "replay":
-            return _replay_completion(
-                session_id, index, attempt, [], processed_by_attempt, returned_event_ids, []
-            )
+            if not verdicts.replays_completion(
+                attempt, [], processed_by_attempt, returned_event_ids
+            ):
+                return CompleteResult("superseded")
+            return CompleteResult("completed", [])
         return CompleteResult("completed", [], drained)
 
     async def fail_attempt(
@@ -1040,7 +984,7 @@ class PostgresStore:
                 sql.FAIL, (session_id, index, attempt, error, max_failures, self.clock.now_ms())
             )
         if outcome == "missing":
-            raise _no_event(session_id, index)
+            raise verdicts.no_event(session_id, index)
         return FailResult(
             cast(Literal["failed", "dead_lettered", "superseded"], outcome), failure_count
         )
