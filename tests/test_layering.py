@@ -1,0 +1,112 @@
+"""The package's dependencies point one way (``docs/architecture.md``).
+
+Builds the import graph of ``a2trio/`` from the source, imports under
+``TYPE_CHECKING`` included, and asserts it has no cycle; and that no module
+imports another module's private name.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "a2trio"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, modules: set[str]) -> set[tuple[str, str]]:
+    """(module imported, name) pairs; name is "" for a whole module."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[tuple[str, str]] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update((alias.name, "") for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            if node.level > 1:
+                base = base[: len(base) - (node.level - 1)]
+            target = (
+                ".".join([*base, node.module] if node.module else base)
+                if node.level
+                else node.module or ""
+            )
+            for alias in node.names:
+                submodule = f"{target}.{alias.name}"
+                found.add((submodule, "") if submodule in modules else (target, alias.name))
+    return {(module, item) for module, item in found if module in modules}
+
+
+def _graph() -> tuple[dict[str, set[str]], list[str]]:
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    private: list[str] = []
+    for name, path in paths.items():
+        imported = _imports(path, set(paths))
+        graph[name] = {module for module, _ in imported if module != name}
+        private += [
+            f"{name} imports {module}.{item}"
+            for module, item in imported
+            if item.startswith("_") and not item.startswith("__")
+        ]
+    return graph, private
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    visiting: list[str] = []
+    done: set[str] = set()
+
+    def visit(node: str) -> list[str] | None:
+        if node in visiting:
+            return [*visiting[visiting.index(node) :], node]
+        if node in done:
+            return None
+        visiting.append(node)
+        for child in sorted(graph[node]):
+            # A package's __init__ re-exports its modules; they import siblings,
+            # never the package itself, so edges into a package are not cycles.
+            if node.startswith(child + "."):
+                continue
+            found = visit(child)
+            if found is not None:
+                return found
+        visiting.pop()
+        done.add(node)
+        return None
+
+    for start in sorted(graph):
+        found = visit(start)
+        if found is not None:
+            return found
+    return None
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    graph, _ = _graph()
+    assert "a2trio.server" in graph["a2trio.transport.asgi"]
+    assert _cycle(graph) is None
+
+
+def test_the_engine_parts_do_not_import_the_server() -> None:
+    graph, _ = _graph()
+    for part in ("core", "session", "drain", "drains", "presence", "fanout", "scheduler"):
+        assert "a2trio.server" not in graph[f"a2trio.{part}"], part
+    assert (
+        not {f"a2trio.{m}" for m in ("drain", "drains", "session", "presence")}
+        & graph["a2trio.core"]
+    )
+
+
+def test_no_module_imports_another_modules_private_name() -> None:
+    _, private = _graph()
+    assert private == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
