@@ -258,3 +258,24 @@ async def test_asyncio_loop_lets_handlers_call_asyncio_libraries() -> None:
         await session.append(orders.event("ordered", Ordered("book")))
         await server.settle()
         assert [e.payload for e in await session.history()][-1] == Shipped("BOOK")
+
+
+async def test_a_handler_session_reads_like_a_session_and_appends_by_name() -> None:
+    """A handler's session is not a ``Session`` (its ``append`` takes a name
+    first) but shares every read with it."""
+    seen: list[object] = []
+
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> a2trio.Returned:
+        session = ctx.session
+        seen.append(isinstance(session, a2trio.Session))
+        seen.append([e.type for e in await session.history()])
+        seen.append(await session.state(counter()))
+        [note] = await session.append("progress", orders.event("note", Note("packing")))
+        seen.append(note.id == a2trio.ids.handler_event_id(ctx.event.id, "progress", 0))
+        return None
+
+    server = a2trio.Server(orders, store=memory(), handlers={"ordered": ship})
+    async with server:
+        await server.session("s1").append(orders.event("ordered", Ordered("book")))
+        await server.settle()
+    assert seen == [False, ["ordered"], (1, 1), True]
