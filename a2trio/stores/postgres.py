@@ -109,7 +109,7 @@ from .base import (
     StoredPresencePatch,
 )
 
-__all__ = ["PostgresStore", "postgres"]
+__all__ = ["ListenerStatistics", "PostgresStore", "postgres"]
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
@@ -134,6 +134,18 @@ _KEEPALIVE = {
     "keepalives_count": "3",
     "tcp_user_timeout": "30000",
 }
+
+
+class ListenerStatistics(msgspec.Struct, frozen=True):
+    """What the store's LISTEN connection heard on the events channel, over
+    every connection it held: ``notifications`` in all, ``own`` of them this
+    store's own writes (skipped: their rows were handed to local feeds).
+
+    Notifications arrive in commit order, so once one is heard every earlier
+    commit's has been counted (tests use a later write as the sentinel)."""
+
+    notifications: int
+    own: int
 
 
 class _Presence(msgspec.Struct, frozen=True):
@@ -398,6 +410,8 @@ class PostgresStore:
         self._entered = 0
         self._listener_started = False
         self._listening = trio.Event()
+        self._notifications = 0
+        self._own_notifications = 0
         self._closed = False
         self.presence: _PostgresPresence = _PostgresPresence(self)
         self.inspect: _PostgresInspection = _PostgresInspection(self)
@@ -579,6 +593,10 @@ class PostgresStore:
         """How claims and completions were group-committed (tests, benchmarks)."""
         return self._groups.statistics()
 
+    def listener_statistics(self) -> ListenerStatistics:
+        """The event notifications the listener heard (tests, debugging)."""
+        return ListenerStatistics(self._notifications, self._own_notifications)
+
     # -- listener ----------------------------------------------------------
 
     def _start_listener(self) -> None:
@@ -621,8 +639,11 @@ class PostgresStore:
                 await trio.lowlevel.wait_readable(conn.socket)
                 for channel, payload in conn.notifies():
                     if channel == events:
+                        self._notifications += 1
                         origin, _, session_id = payload.partition(" ")
-                        if origin != self._origin:
+                        if origin == self._origin:
+                            self._own_notifications += 1
+                        else:
                             self._wakeups.notify(session_id)
                             self._announce(session_id)
                     elif channel == presence:
