@@ -14,6 +14,8 @@ import secrets
 import trio
 
 import a2trio
+from a2trio.stores.base import AppendEvent
+from a2trio.stores.postgres import ListenerStatistics
 
 from .apps import Ordered, Shipped, orders
 from .backends.postgres import database_dsn
@@ -58,15 +60,28 @@ async def test_a_servers_own_appends_are_not_drained_twice() -> None:
         return await original(*args, **kwargs)  # type: ignore[arg-type]
 
     store.claim_available = counting  # type: ignore[method-assign]
+    # Another process's commit after ours: its notification follows our echo.
+    # Its key is no contract's, so the server wakes no drain for it.
+    other = a2trio.stores.postgres(dsn, schema=schema)
+    sentinel = trio.Event()
+
+    def heard(key: str) -> None:
+        if key == "sentinel":
+            sentinel.set()
 
     async def ship(ctx: a2trio.HandlerContext[Ordered]) -> None:
         return None
 
-    async with a2trio.Server(orders, store=store, handlers={"ordered": ship}) as server:
+    server = a2trio.Server(orders, store=store, handlers={"ordered": ship})
+    async with other, server:
+        store.watch_pending(heard)
         await store.wait_listening()
         await server.session("o1").append(orders.event("ordered", Ordered("a")))
         await server.settle()
-        await trio.sleep(0.3)  # the echo of our own append arrives and is ignored
+        await other.append("sentinel", [AppendEvent("note", {}, settled=True)])
+        with trio.fail_after(5):
+            await sentinel.wait()
+        assert store.listener_statistics() == ListenerStatistics(notifications=2, own=1)
         await server.settle()
     # The append claimed the event itself and the completion said nothing was
     # left, so any claim at all would come from the echo.

@@ -14,6 +14,7 @@ import a2trio
 from a2trio.stores._pg_conn import PgConnectionError
 from a2trio.stores.base import AppendEvent, StoredEvent
 from a2trio.stores.memory import MemoryStore
+from a2trio.stores.postgres import ListenerStatistics
 
 from .backends.postgres import database_dsn
 
@@ -96,13 +97,26 @@ async def test_postgres_feeds_skip_their_own_stores_notifications() -> None:
         return await read(session_id, after_index=after_index, through_index=through_index)
 
     writer.read = counting  # type: ignore[method-assign]
+    sentinel = trio.Event()
+
+    def heard(session_id: str) -> None:
+        if session_id == "sentinel":
+            sentinel.set()
+
     async with writer, other, writer.stream("s") as feed:
+        writer.watch_pending(heard)
         await writer.wait_listening()
         for n in range(3):
             appended = await writer.append("s", [note(n)])
             assert await feed.receive() == appended.events[0]
         caught_up = reads
-        await trio.sleep(0.3)  # the three notifications arrive meanwhile
+        # Notifications arrive in commit order: once the writer hears another
+        # store's later commit, it has heard (and skipped) its own three.
+        await other.append("sentinel", [note(0)])
+        with trio.fail_after(5):
+            await sentinel.wait()
+        assert writer.listener_statistics() == ListenerStatistics(notifications=4, own=3)
+        await trio.testing.wait_all_tasks_blocked()
         assert reads == caught_up
         await other.append("s", [note(3)])
         with trio.fail_after(5):
