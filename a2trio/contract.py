@@ -19,12 +19,17 @@ import msgspec
 from .errors import A2Error, ErrorCode
 from .identifiers import check_event_id
 
-__all__ = ["AppendInput", "Contract", "Event", "Reducer", "contract"]
+__all__ = ["MAX_DEPTH", "AppendInput", "Contract", "Event", "Reducer", "contract"]
 
 P = TypeVar("P")
 S = TypeVar("S")
 
 _NS = "\x1f"
+
+#: The deepest nesting of arrays and objects in a payload or presence value
+#: (serde_json's default; Python's own recursion limit would otherwise decide,
+#: at a depth that varies with the call stack).
+MAX_DEPTH = 128
 
 
 class AppendInput(msgspec.Struct, frozen=True):
@@ -217,7 +222,21 @@ class Contract:
     def _convert(self, schema: Any, payload: Any, what: str) -> tuple[Any, Any]:
         try:
             builtins = msgspec.to_builtins(payload)
+            _check_storable(builtins)
             typed = msgspec.convert(builtins, schema)
+        except _Unstorable as exc:
+            raise A2Error(
+                ErrorCode.INVALID_PAYLOAD,
+                f"invalid payload for {what} on contract '{self.name}': {exc}",
+                {"message": str(exc), "path": exc.path},
+            ) from None
+        except RecursionError:
+            message = f"nested deeper than {MAX_DEPTH} levels"
+            raise A2Error(
+                ErrorCode.INVALID_PAYLOAD,
+                f"invalid payload for {what} on contract '{self.name}': {message}",
+                {"message": message, "path": "$"},
+            ) from None
         except msgspec.ValidationError as exc:
             raise A2Error(
                 ErrorCode.INVALID_PAYLOAD,
@@ -234,6 +253,46 @@ class Contract:
 
     def __repr__(self) -> str:
         return f"Contract({self.name!r}, events={sorted(self.events)})"
+
+
+class _Unstorable(ValueError):
+    def __init__(self, message: str, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+def _check_storable(value: Any) -> None:
+    """Refuse what not every store keeps faithfully: a NUL in a string or a key
+    (PostgreSQL's jsonb cannot hold U+0000), and nesting deeper than
+    :data:`MAX_DEPTH`. Iterative, so depth costs no Python stack; the path is
+    built only for the error."""
+    stack: list[tuple[Any, int, tuple[str | int, ...]]] = [(value, 0, ())]
+    while stack:
+        item, depth, path = stack.pop()
+        if type(item) is str:
+            if "\x00" in item:
+                raise _Unstorable("strings may not contain U+0000", _path(path))
+        elif type(item) is dict:
+            if depth >= MAX_DEPTH:
+                raise _Unstorable(f"nested deeper than {MAX_DEPTH} levels", _path(path))
+            for key, child in item.items():
+                if "\x00" in key:
+                    raise _Unstorable("keys may not contain U+0000", _path(path))
+                if type(child) in (str, dict, list):
+                    stack.append((child, depth + 1, (*path, key)))
+        elif type(item) is list:
+            if depth >= MAX_DEPTH:
+                raise _Unstorable(f"nested deeper than {MAX_DEPTH} levels", _path(path))
+            stack.extend(
+                (child, depth + 1, (*path, n))
+                for n, child in enumerate(item)
+                if type(child) in (str, dict, list)
+            )
+
+
+def _path(parts: tuple[str | int, ...]) -> str:
+    """msgspec's spelling of a location: ``$.groups[1]``."""
+    return "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts)
 
 
 def contract(

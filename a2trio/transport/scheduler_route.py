@@ -105,7 +105,7 @@ async def deliver_signed(
     verify_signature(secret, body, headers, time.time())
     try:
         task = task_decoder().decode(body)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         raise A2Error(ErrorCode.INVALID_PAYLOAD, f"not a scheduler task: {exc}") from None
     server = servers.get(task.contract)
     if server is None:

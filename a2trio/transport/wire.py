@@ -386,7 +386,7 @@ def error_from_wire(body: WireErrorBody | bytes) -> A2Error | None:
     if isinstance(body, bytes):
         try:
             body = _error_envelope.decode(body).error
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             return None
     if body.code not in _KNOWN_CODES:
         return None
@@ -463,7 +463,7 @@ def decode_push_body(data: bytes) -> PushBody:
     """
     try:
         body = _push_body.decode(data)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         raise _invalid(f"malformed push body: {exc}") from None
     if body.events is None and body.presence is None:
         raise _invalid('a push body needs "events" and/or "presence"')
@@ -481,7 +481,7 @@ def decode_up_frame(data: bytes | str) -> UpFrame | BadFrame | None:
     """
     try:
         probe = _probe.decode(data)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         return BadFrame(_invalid(f"malformed frame: {exc}"))
     req = probe.req if type(probe.req) is int else None
     if not isinstance(probe.kind, str):
@@ -490,7 +490,7 @@ def decode_up_frame(data: bytes | str) -> UpFrame | BadFrame | None:
         return None
     try:
         frame: UpFrame = _up.decode(data)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         return BadFrame(_invalid(f"malformed {probe.kind!r} frame: {exc}"), req)
     return frame
 
@@ -505,13 +505,13 @@ def decode_down_frame(data: bytes | str) -> DownFrame | None:
     """
     try:
         probe = _probe.decode(data)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
     if probe.kind not in _DOWN_KINDS:
         return None
     try:
         frame: DownFrame = _down.decode(data)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         frame_or_none = _degraded(probe, data)
         return frame_or_none
     match frame:
@@ -541,7 +541,7 @@ def _unintelligible(message: str) -> WireErrorBody:
 def _degraded(probe: _Probe, data: bytes | str) -> DownFrame | None:
     try:
         loose = _loose.decode(data)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
     session_id = loose.session_id if isinstance(loose.session_id, str) else UNSET
     if probe.kind == "ack" and type(probe.req) is int:
