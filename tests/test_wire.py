@@ -13,7 +13,8 @@ import pytest
 
 import a2trio
 from a2trio import A2Error, ErrorCode
-from a2trio.transport import sse, wire
+from a2trio.transport import scheduler_route, sse, wire
+from a2trio.transport._http import Refusal
 
 
 class Item(msgspec.Struct, frozen=True):
@@ -247,3 +248,20 @@ def test_sse_decoder_bounds_a_line() -> None:
     decoder = sse.SSEDecoder()
     with pytest.raises(ValueError, match="SSE line exceeds"):
         decoder.feed(b"data: " + b"x" * sse.MAX_SSE_LINE_BYTES)
+
+
+def test_sse_decoder_ignores_ids_with_nul_and_unknown_fields() -> None:
+    decoder = sse.SSEDecoder()
+    frames = decoder.feed(b"id: 7\ndata: a\n\nid: 8\x009\nretry: 10\ndata: b\n\n")
+    assert [(f.id, f.data) for f in frames] == [("7", "a"), ("7", "b")]
+
+
+@pytest.mark.parametrize("stamp", ["-5", "1.5", "１２３", "1234567890123"])
+def test_scheduler_signatures_need_an_epoch_seconds_stamp(stamp: str) -> None:
+    body = b"{}"
+    headers = scheduler_route.sign_task("s3cret", body, timestamp=1_000)
+    headers[scheduler_route.TIMESTAMP_HEADER] = stamp
+    with pytest.raises(Refusal, match="must be epoch seconds") as refused:
+        scheduler_route.verify_signature("s3cret", body, headers, now_s=1_000)
+    assert refused.value.status == 403
+    assert refused.value.error.code is ErrorCode.FORBIDDEN

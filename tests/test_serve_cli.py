@@ -1,0 +1,116 @@
+"""``python -m a2trio.serve``'s command line without serving: argument checks,
+the store default, the reloader's configuration and its worker entry point.
+(tests/test_serve.py runs the real command.)"""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import ModuleType
+from typing import Any
+
+import hypercorn.config
+import hypercorn.run
+import msgspec
+import pytest
+
+import a2trio
+import a2trio.serve
+from a2trio.serve import lanes, main
+from a2trio.stores import memory
+from a2trio.transport import App
+
+
+class Note(msgspec.Struct, frozen=True):
+    text: str
+
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``main`` writes os.environ and sys.path: undo it after each test."""
+    for name in ("A2_STORE", "A2_SERVE_TARGET", "A2_SERVE_GC_THRESHOLD"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+
+
+@pytest.fixture
+def target(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    module = ModuleType("cli_target")
+    notes = a2trio.contract("notes", events={"note": Note})
+    module.server = a2trio.Server(notes, store=memory())  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cli_target", module)
+    return module
+
+
+@pytest.fixture
+def reloader(monkeypatch: pytest.MonkeyPatch) -> list[hypercorn.config.Config]:
+    """hypercorn's reloader, replaced by a recorder of the config it gets."""
+    configs: list[hypercorn.config.Config] = []
+
+    def run(config: hypercorn.config.Config) -> int:
+        configs.append(config)
+        return 0
+
+    monkeypatch.setattr(hypercorn.run, "run", run)
+    return configs
+
+
+def test_a_negative_gc_threshold_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit:
+        main(["cli_target", "--gc-threshold", "-1"])
+    assert exit.value.code == 2
+    assert "--gc-threshold must be 0 or more, got -1" in capsys.readouterr().err
+
+
+def test_reload_configures_hypercorns_reloader_and_the_store(
+    target: ModuleType,
+    reloader: list[hypercorn.config.Config],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Run as a console script would: the working directory is not on the path.
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd())])
+    status = main(["cli_target", "--reload", "--port", "8123", "--gc-threshold", "0"])
+    assert status == 0
+    [config] = reloader
+    assert config.application_path == "a2trio.serve:_from_environ()"
+    assert config.use_reloader
+    assert config.bind == ["127.0.0.1:8123"]
+    assert os.environ["A2_SERVE_TARGET"] == "cli_target"
+    assert os.environ["A2_SERVE_GC_THRESHOLD"] == "0"
+    # Development default: the embedded sqlite store, spelled as a URL.
+    assert os.environ["A2_STORE"] == "sqlite:///.a2/dev.db"
+    assert sys.path[0] == os.getcwd()
+    assert "serving cli_target on http://127.0.0.1:8123 (reloading)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("env", ["test", "production"])
+def test_test_and_production_keep_their_own_store_rules(
+    env: str, target: ModuleType, reloader: list[hypercorn.config.Config], monkeypatch: Any
+) -> None:
+    monkeypatch.setenv("A2_ENV", env)
+    assert main(["cli_target", "--reload"]) == 0
+    assert "A2_STORE" not in os.environ
+
+
+def test_the_reloaders_worker_loads_the_target_again(
+    target: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tuned: list[int] = []
+    monkeypatch.setattr(a2trio.serve, "tune_gc", tuned.append)
+    monkeypatch.setenv("A2_SERVE_TARGET", "cli_target")
+    app = a2trio.serve._from_environ()
+    assert isinstance(app, App)
+    assert list(app.servers) == ["notes"]
+    assert tuned == []  # no threshold given: Python's own settings
+    monkeypatch.setenv("A2_SERVE_GC_THRESHOLD", "5000")
+    a2trio.serve._from_environ()
+    assert tuned == [5000]
+
+
+def test_the_banner_names_a_foreign_asgi_app() -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        return None
+
+    assert lanes(app, "http://127.0.0.1:1") == [f"  ASGI app {app!r} at http://127.0.0.1:1"]
