@@ -188,17 +188,18 @@ class Engine:
         return validated
 
     async def check_push(self, validation: PushValidation) -> None:
-        """Ask ``validate_push`` about what came over the wire.
+        """Ask ``validate_push`` about what came over the wire. It fails
+        closed, like ``authorize``: anything but ``True`` refuses.
 
         Raises:
-          A2Error: ``FORBIDDEN`` when it returns ``False`` (or what it raised).
+          A2Error: ``FORBIDDEN`` on a refusal (or what the hook raised).
         """
         if self.validate_push is None:
             return
-        verdict = self.validate_push(validation)
+        verdict: object = self.validate_push(validation)
         if inspect.isawaitable(verdict):
             verdict = await verdict
-        if verdict is False:
+        if verdict is not True:
             raise A2Error(ErrorCode.FORBIDDEN, "validate_push refused the push")
 
     def returned(self, trigger: StoredEvent, result: Any) -> list[AppendEvent]:

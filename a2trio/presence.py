@@ -44,9 +44,13 @@ __all__ = [
     "PresencePatch",
     "PresenceSnapshot",
     "PresenceValue",
+    "ValidatedPatch",
+    "check_pushed_presence",
     "open_presence_feed",
     "read_presence",
     "set_presence",
+    "store_patch",
+    "validate_patch",
 ]
 
 _fingerprint = msgspec.json.Encoder(order="sorted").encode
@@ -88,6 +92,15 @@ def _api(engine: Engine) -> PresenceStore:
     return api
 
 
+class ValidatedPatch(msgspec.Struct, frozen=True):
+    """A validated patch, ready to store."""
+
+    participant: str
+    values: dict[str, Any]
+    seen: int
+    at: int | None
+
+
 async def set_presence(
     engine: Engine,
     session_id: str,
@@ -98,15 +111,43 @@ async def set_presence(
     fallback_seen: int,
 ) -> None:
     """Validate the whole patch, then store it (see ``Session.set_presence``)."""
-    api = _api(engine)
     if isinstance(participant, PushedPresence):
-        pushed = participant
-        # Copy before the hook: authorization must not rewrite what is stored.
-        values = dict(pushed.values)
-        await engine.check_push(
-            PushValidation(session_id, (), msgspec.structs.replace(pushed, values=dict(values)))
-        )
-        participant, seen, at = pushed.participant, pushed.seen, pushed.at
+        patch = await check_pushed_presence(engine, session_id, participant)
+    else:
+        patch = validate_patch(engine, participant, values, seen, at, fallback_seen)
+    await store_patch(engine, session_id, patch)
+
+
+async def check_pushed_presence(
+    engine: Engine, session_id: str, pushed: PushedPresence
+) -> ValidatedPatch | None:
+    """Ask ``validate_push`` about a patch from the wire, then validate it;
+    nothing is stored. None for a patch with no fields."""
+    _api(engine)
+    # Copy before the hook: authorization must not rewrite what is stored.
+    values = dict(pushed.values)
+    await engine.check_push(
+        PushValidation(session_id, (), msgspec.structs.replace(pushed, values=dict(values)))
+    )
+    return validate_patch(engine, pushed.participant, values, pushed.seen, pushed.at, 0)
+
+
+def validate_patch(
+    engine: Engine,
+    participant: str,
+    values: Mapping[str, Any],
+    seen: int | None,
+    at: int | None,
+    fallback_seen: int,
+) -> ValidatedPatch | None:
+    """Validate a patch without I/O; None for a patch with no fields.
+
+    Raises:
+      A2Error: ``UNKNOWN_PRESENCE_FIELD`` or ``INVALID_PAYLOAD``.
+      TypeError / ValueError: a bad participant, ``at`` or ``seen``; a
+        contract without presence.
+    """
+    _api(engine)
     check_participant(participant)
     if participant in RESERVED_PARTICIPANTS:
         raise ValueError(f"presence participant must not be {participant!r}")
@@ -127,14 +168,26 @@ async def set_presence(
         if value is None and field not in engine.contract.presence:
             engine.contract.validate_presence(field, True)  # raises UNKNOWN_PRESENCE_FIELD
     if not validated:
+        return None
+    return ValidatedPatch(
+        participant,
+        validated,
+        seen if seen is not None else fallback_seen,
+        int(at) if at is not None else None,
+    )
+
+
+async def store_patch(engine: Engine, session_id: str, patch: ValidatedPatch | None) -> None:
+    """Store a validated patch (receipt time when it carries no ``at``)."""
+    if patch is None:
         return
     with store_unavailable("presence set"):
-        await api.set(
+        await _api(engine).set(
             engine.key(session_id),
-            participant,
-            validated,
-            seen=seen if seen is not None else fallback_seen,
-            at_ms=int(at) if at is not None else engine.clock.now_ms(),
+            patch.participant,
+            patch.values,
+            seen=patch.seen,
+            at_ms=patch.at if patch.at is not None else engine.clock.now_ms(),
             ttl_ms=engine.presence_ttl_ms,
         )
 

@@ -44,16 +44,16 @@ class PushedPresence(msgspec.Struct, frozen=True):
 
 class PushValidation(msgspec.Struct, frozen=True):
     """What ``validate_push`` is asked about: the pushed events or the presence
-    patch for a session. Refuse by raising ``A2Error(FORBIDDEN, ...)`` or
-    returning ``False``."""
+    patch for a session. Allow by returning ``True``; anything else refuses
+    (``FORBIDDEN``), as does raising ``A2Error``: the hook fails closed."""
 
     session_id: str
     events: tuple[PushedEvent, ...] = ()
     presence: PushedPresence | None = None
 
 
-#: ``validate_push(validation) -> bool`` (or awaitable): ``False`` refuses.
-ValidatePush = Callable[[PushValidation], "bool | Awaitable[bool | None] | None"]
+#: ``validate_push(validation) -> bool`` (or awaitable): only ``True`` allows.
+ValidatePush = Callable[[PushValidation], "bool | Awaitable[bool]"]
 
 PushedEvent.__module__ = "a2trio"
 PushedPresence.__module__ = "a2trio"

@@ -9,7 +9,7 @@ session is not a :class:`Session`: its ``append`` takes a name first.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any, TypeVar
@@ -20,7 +20,14 @@ from .contract import AppendInput, Event, Reducer
 from .core import Appends, Engine, WriteMode
 from .errors import store_unavailable
 from .ids import handler_event_id
-from .presence import PresenceMap, open_presence_feed, read_presence, set_presence
+from .presence import (
+    PresenceMap,
+    check_pushed_presence,
+    open_presence_feed,
+    read_presence,
+    set_presence,
+    store_patch,
+)
 from .push import PushedEvent, PushedPresence, PushValidation
 from .stores._feed import Feed
 from .stores.base import EventCause, StateRead, StoredEvent
@@ -215,6 +222,43 @@ class Session(SessionView):
         the scheduler armed the drain, the next append or watchdog drains it.
         """
         return await self._append_external(events, "dispatch")
+
+    async def push(
+        self, events: Sequence[PushedEvent], presence: PushedPresence | None = None
+    ) -> list[Event[Any]]:
+        """Write what came over the wire, all or nothing: ``validate_push`` on
+        the events and on the presence patch, then every schema, all before
+        anything is written; then the events are appended and the patch set.
+
+        Returns:
+          The stored events, as :meth:`append`.
+
+        Raises:
+          TypeError: neither events nor presence.
+          A2Error / TypeError / ValueError: as :meth:`append` and
+            :meth:`set_presence`; nothing is written on any of them.
+
+        Cancellation: as :meth:`append`. Cancelled, or failing in the store,
+        between the append and the presence write, the events are stored and
+        the patch is not: presence is ephemeral, and repeating the push with
+        the same event ids replays the events and sets the patch.
+        """
+        if not events and presence is None:
+            raise TypeError("push needs events, presence or both")
+        engine = self._engine
+        pushed = tuple(events)
+        if pushed:
+            await engine.check_push(PushValidation(self.id, pushed))
+        patch = (
+            await check_pushed_presence(engine, self.id, presence) if presence is not None else None
+        )
+        appended = (
+            await self._appends.append(self.id, pushed, source="external", mode="inline")
+            if pushed
+            else []
+        )
+        await store_patch(engine, self.id, patch)
+        return appended
 
     async def _append_external(
         self, events: tuple[AppendInput | PushedEvent, ...], mode: WriteMode

@@ -178,10 +178,11 @@ async def test_presence_needs_a_store_with_the_capability() -> None:
 async def test_validate_push_sees_a_frozen_copy_of_pushed_presence() -> None:
     seen: list[a2trio.PushValidation] = []
 
-    def tamper(validation: a2trio.PushValidation) -> None:
+    def tamper(validation: a2trio.PushValidation) -> bool:
         seen.append(validation)
         assert validation.presence is not None
         validation.presence.values["typing"] = False  # must not reach the store
+        return True
 
     clock = ManualClock()
     async with open_server("memory", clock, validate_push=tamper) as server:

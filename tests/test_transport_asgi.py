@@ -285,9 +285,15 @@ async def test_push_limits_and_an_empty_push(autojump_clock: trio.testing.MockCl
 
 
 BAD_PRESENCE = [
-    ({"participant": "", "values": {}}, "presence participant must be a non-empty id, got ''"),
-    ({"participant": "ann", "values": {}, "at": -1}, "presence at is out of range: -1"),
-    ({"participant": "ann", "values": {}, "seen": -2}, "presence seen is negative: -2"),
+    ({"participant": "", "values": {}}, "presence participant must be a non-empty string, got ''"),
+    (
+        {"participant": "ann", "values": {}, "at": -1},
+        "presence at must be epoch milliseconds in range, got -1",
+    ),
+    (
+        {"participant": "ann", "values": {}, "seen": -2},
+        "presence seen must be a non-negative integer, got -2",
+    ),
     (
         {"participant": "ann", "values": {"mood": None}},
         "contract 'rooms' has no presence field 'mood'",

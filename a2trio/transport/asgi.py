@@ -34,7 +34,7 @@ from typing import Final
 import trio
 
 from ..errors import A2Error, ErrorCode
-from ..push import MAX_DATE_MS, RESERVED_PARTICIPANTS, PushedEvent, PushedPresence
+from ..push import PushedEvent, PushedPresence
 from ..server import Server
 from . import sse, wire
 from ._http import (
@@ -227,13 +227,9 @@ class App:
             request,
             PushOperation(server.contract.name, session_id, pushed, presence),
         )
-        if presence is not None:
-            # Check the presence half before appending, so a bad patch writes nothing.
-            _check_presence(server, presence)
         with bad_input():
-            appended = await server.session(session_id).append(*pushed) if pushed else []
-            if presence is not None:
-                await server.session(session_id).set_presence(presence, {})
+            # All or nothing: every check of both halves precedes any write.
+            appended = await server.session(session_id).push(pushed, presence)
         await respond(send, 200, wire.encode_events(appended))
 
     # -- reads -----------------------------------------------------------------------
@@ -349,32 +345,6 @@ class App:
                 authorize=self.authorize,
                 limits=self.limits,
                 presence=presence,
-            )
-
-
-def _check_presence(server: Server, presence: PushedPresence) -> None:
-    """The checks ``set_presence`` makes, made before the events are appended."""
-    if not server.contract.declares_presence:
-        raise A2Error(
-            ErrorCode.INVALID_PAYLOAD,
-            f"contract '{server.contract.name}' declares no presence fields",
-        )
-    if not presence.participant or presence.participant in RESERVED_PARTICIPANTS:
-        raise A2Error(
-            ErrorCode.INVALID_PAYLOAD,
-            f"presence participant must be a non-empty id, got {presence.participant!r}",
-        )
-    if presence.at is not None and not 0 <= presence.at <= MAX_DATE_MS:
-        raise A2Error(ErrorCode.INVALID_PAYLOAD, f"presence at is out of range: {presence.at}")
-    if presence.seen is not None and presence.seen < 0:
-        raise A2Error(ErrorCode.INVALID_PAYLOAD, f"presence seen is negative: {presence.seen}")
-    for field, value in presence.values.items():
-        if value is not None:
-            server.contract.validate_presence(field, value)
-        elif field not in server.contract.presence:
-            raise A2Error(
-                ErrorCode.UNKNOWN_PRESENCE_FIELD,
-                f"contract '{server.contract.name}' has no presence field {field!r}",
             )
 
 
