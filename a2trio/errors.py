@@ -26,6 +26,7 @@ HTTP statuses for these codes live in one table, ``a2trio.transport.wire``.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -79,12 +80,24 @@ class store_unavailable:
     are verdicts (a fence, a duplicate batch) or programmer errors, not outages.
     Trio's ``Cancelled`` is a ``BaseException`` and is never caught. A class,
     not a generator: it wraps every store call on the hot path.
+
+    The message names the operation only: the failure (a host, a port, driver
+    or server text, SQL) stays in ``__cause__`` and in the logs, never in what
+    a client is answered.
+
+    Args:
+      what: the operation, for the message (``"append"``).
+      permanent: a store's classifier of failures that will fail again
+        whatever the retry (the data itself is refused): those raise
+        ``INVALID_PAYLOAD`` instead, so clients that retry on 503 do not retry
+        them forever. Each store has one.
     """
 
-    __slots__ = ("what",)
+    __slots__ = ("permanent", "what")
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, permanent: Callable[[Exception], bool] | None = None) -> None:
         self.what = what
+        self.permanent = permanent
 
     def __enter__(self) -> None:
         return None
@@ -99,7 +112,13 @@ class store_unavailable:
             return
         if isinstance(exc, A2Error | TypeError | ValueError):
             return
-        raise A2Error(ErrorCode.STORE_UNAVAILABLE, f"{self.what} failed: {exc}") from exc
+        if self.permanent is not None and self.permanent(exc):
+            raise A2Error(
+                ErrorCode.INVALID_PAYLOAD, f"{self.what} failed: the store refused the data"
+            ) from exc
+        raise A2Error(
+            ErrorCode.STORE_UNAVAILABLE, f"{self.what} failed: the store is unavailable"
+        ) from exc
 
 
 A2Error.__module__ = "a2trio"

@@ -158,9 +158,10 @@ async def test_connection_attempts_time_out() -> None:
         store = postgres(
             f"postgresql://root@127.0.0.1:{port}/x?sslmode=disable", connect_timeout_s=0.3
         )
-        with trio.fail_after(10), pytest.raises(A2Error, match=r"timed out") as caught:
+        with trio.fail_after(10), pytest.raises(A2Error) as caught:
             await store.append("s", [_event()])
         assert caught.value.code is ErrorCode.STORE_UNAVAILABLE
+        assert "timed out" in str(caught.value.__cause__)
         assert held
         await store.aclose()
         nursery.cancel_scope.cancel()

@@ -126,6 +126,9 @@ _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 # deadlock_detected: the transaction rolled back, so running it again is safe.
 _RETRYABLE = frozenset({"23505", "40P01"})
 _ATTEMPTS = 3
+#: SQLSTATE classes that refuse the data itself (22: data exception, 54: a
+#: program limit such as NOTIFY's payload): a retry fails the same way.
+_REFUSED_DATA = ("22", "54")
 _LISTENER_BACKOFF_S = (0.05, 2.0)
 _KEEPALIVE = {
     "keepalives": "1",
@@ -161,6 +164,18 @@ class _Presence(msgspec.Struct, frozen=True):
 
 
 _decode_presence = msgspec.json.Decoder(_Presence).decode
+
+
+def _refused_data(exc: Exception) -> bool:
+    return isinstance(exc, PgError) and exc.sqlstate.startswith(_REFUSED_DATA)
+
+
+def _errors(what: str) -> store_unavailable:
+    """The Postgres store's one error translation (see ``store_unavailable``):
+    data the server refuses for what it is is ``INVALID_PAYLOAD``; anything
+    else, a lost connection, a timeout, a serialization failure, is
+    ``STORE_UNAVAILABLE``."""
+    return store_unavailable(what, permanent=_refused_data)
 
 
 def _cause_json(cause: EventCause) -> dict[str, int]:
@@ -256,7 +271,7 @@ class _PostgresPresence:
             await trio.lowlevel.checkpoint()
             return None
         store = self._store
-        with store_unavailable("presence set"):
+        with _errors("presence set"):
             # Expiry anchors on the store's clock; `at` only orders writes.
             expires_at = store.clock.now_ms() + ttl_ms
             rows = await store._transaction(
@@ -283,7 +298,7 @@ class _PostgresPresence:
 
         Cancellation: a checkpoint; the sweep is idempotent.
         """
-        with store_unavailable("presence read"):
+        with _errors("presence read"):
             rows = await self._store._query(
                 sql.PRESENCE_READ, (session_id, self._store.clock.now_ms())
             )
@@ -319,7 +334,7 @@ class _PostgresInspection:
         self, *, prefix: str, limit: int, cursor: str | None = None
     ) -> SessionPage:
         """Sessions by id (the seed's ``listSessions``). Cancellation: a read."""
-        with store_unavailable("list sessions"):
+        with _errors("list sessions"):
             rows = await self._store._query(sql.LIST_SESSIONS, (prefix, cursor, limit + 1))
         sessions = [SessionSummary(*row) for row in rows[:limit]]
         more = len(rows) > limit
@@ -329,7 +344,7 @@ class _PostgresInspection:
         self, session_id: str, *, after_index: int, limit: int, through_index: int | None = None
     ) -> EventPage:
         """A page bounded by the frontier, read in one snapshot. Cancellation: a read."""
-        with store_unavailable("read events"):
+        with _errors("read events"):
             rows = await self._store._query(
                 sql.READ_EVENTS, (session_id, after_index, through_index, limit)
             )
@@ -338,7 +353,7 @@ class _PostgresInspection:
 
     async def list_snapshots(self, session_id: str) -> list[SnapshotInfo]:
         """The session's snapshots by reducer name. Cancellation: a read."""
-        with store_unavailable("list snapshots"):
+        with _errors("list snapshots"):
             rows = await self._store._query(sql.LIST_SNAPSHOTS, (session_id,))
         return [SnapshotInfo(*row) for row in rows]
 
@@ -626,7 +641,7 @@ class PostgresStore:
             backoff = min(backoff * 2, _LISTENER_BACKOFF_S[1])
 
     async def _listen_once(self) -> None:
-        with store_unavailable("listen"):
+        with _errors("listen"):
             pool = await self._ready()
         assert self._channels is not None
         events, presence = self._channels
@@ -727,7 +742,7 @@ class PostgresStore:
         Cancellation: committed entirely or not at all; retry with the same ids
         replays.
         """
-        with store_unavailable("append"):
+        with _errors("append"):
             if not events:
                 [(pending,)] = await self._query(sql.HAS_PENDING, (session_id,))
                 return AppendResult([], pending)
@@ -821,7 +836,7 @@ class PostgresStore:
         through_index: int | None = None,
     ) -> list[StoredEvent]:
         """Events in ``(after_index, through_index]``. Cancellation: a read."""
-        with store_unavailable("read"):
+        with _errors("read"):
             rows = await self._query(
                 sql.READ,
                 (
@@ -846,7 +861,7 @@ class PostgresStore:
         Cancellation: the claim committed or not; an orphaned claim expires and
         a later drain takes the next attempt.
         """
-        with store_unavailable("claim"):
+        with _errors("claim"):
             now = self.clock.now_ms()
             expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
             params = (session_id, now, holder, expires_at, list(exclude))
@@ -876,7 +891,7 @@ class PostgresStore:
         if not claims:
             await trio.lowlevel.checkpoint()
             return RenewResult([], [])
-        with store_unavailable("renew"):
+        with _errors("renew"):
             now = self.clock.now_ms()
             expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
             attempts = {c.index: c.attempt for c in claims}
@@ -935,7 +950,7 @@ class PostgresStore:
             _encode(_cause_json(EventCause(index, attempt))),
             _encode(returned),
         )
-        with store_unavailable("complete"), self._inserting(session_id):
+        with _errors("complete"), self._inserting(session_id):
             if self._nursery is None:
                 [rows] = await self._transaction([(sql.COMPLETE, params)], lock=session_id)
             else:
@@ -962,7 +977,7 @@ class PostgresStore:
     async def _finish(self, session_id: str, index: int, attempt: int) -> CompleteResult:
         """``complete_attempt`` without returned events, through ``FINISH``."""
         now = self.clock.now_ms()
-        with store_unavailable("complete"):
+        with _errors("complete"):
             if self._nursery is None:
                 [_, rows] = await self._transaction(
                     [
@@ -1000,7 +1015,7 @@ class PostgresStore:
 
         Cancellation: recorded or not; a repeat by the same attempt is idempotent.
         """
-        with store_unavailable("fail"):
+        with _errors("fail"):
             [(outcome, failure_count)] = await self._query(
                 sql.FAIL, (session_id, index, attempt, error, max_failures, self.clock.now_ms())
             )
@@ -1020,7 +1035,7 @@ class PostgresStore:
         if not session_ids:
             await trio.lowlevel.checkpoint()
             return []
-        with store_unavailable("read state"):
+        with _errors("read state"):
             rows = await self._query(sql.READ_STATES, (list(session_ids), reducer))
         snapshots: dict[str, Snapshot] = {}
         events: dict[str, list[StoredEvent]] = {}
@@ -1036,7 +1051,7 @@ class PostgresStore:
 
         Cancellation: written or not; rewriting is harmless.
         """
-        with store_unavailable("put snapshot"):
+        with _errors("put snapshot"):
             await self._query(
                 sql.PUT_SNAPSHOT, (session_id, reducer, index, _encode(state), self.clock.now_ms())
             )

@@ -1,0 +1,70 @@
+"""Store failures are classified once per store, and say nothing internal (issue 17).
+
+An outage is ``STORE_UNAVAILABLE`` (503, retryable) whose message names the
+operation only; data the store refuses for what it is is ``INVALID_PAYLOAD``
+(400), so a client that retries on 503 does not retry it forever. The cause
+stays in ``__cause__``.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+import pytest
+
+import a2trio
+from a2trio.stores.base import AppendEvent
+from tests.backends import postgres as pg_backend
+from tests.test_transport import (
+    collect_client_garbage,
+    guarded,
+    ordered,
+    orders,
+    push_body,
+    pytestmark,
+    serving,
+)
+
+__all__ = ["collect_client_garbage", "pytestmark"]  # the transport tests' client hygiene
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_postgres_refusing_the_data_is_invalid_payload_not_an_outage() -> None:
+    async with pg_backend.open_store(a2trio.SYSTEM_CLOCK) as store:
+        # Below the surface checks: jsonb cannot hold U+0000 (SQLSTATE 22P05).
+        with pytest.raises(a2trio.A2Error) as info:
+            await store.append("k", [AppendEvent("t", {"text": "a\x00b"})])
+        assert info.value.code == a2trio.ErrorCode.INVALID_PAYLOAD
+        assert info.value.message == "append failed: the store refused the data"
+        assert "22P05" in str(info.value.__cause__)
+        assert await store.read("k") == []
+
+
+@guarded(30)
+async def test_an_outage_answers_503_without_hosts_ports_or_driver_text() -> None:
+    port = closed_port()
+    dsn = f"postgresql://root@127.0.0.1:{port}/nowhere?connect_timeout=1"
+    store = a2trio.stores.postgres(dsn)
+    server = a2trio.Server(orders, store=store)
+    async with serving(a2trio.transport.asgi(server)) as base:
+        async with httpx.AsyncClient(base_url=base) as c:
+            for response in (
+                await c.post("/orders/s1", json=push_body(ordered("x"))),
+                await c.get("/orders/s1"),
+            ):
+                assert response.status_code == 503
+                error = response.json()["error"]
+                assert error["code"] == "STORE_UNAVAILABLE"
+                for leak in (str(port), "127.0.0.1", "nowhere", "root", "connect", "SQL"):
+                    assert leak not in error["message"], error
+    with pytest.raises(a2trio.A2Error) as info:
+        async with a2trio.Server(orders, store=a2trio.stores.postgres(dsn)) as direct:
+            await direct.session("s1").history()
+    assert info.value.message == "read failed: the store is unavailable"
+    assert info.value.__cause__ is not None
