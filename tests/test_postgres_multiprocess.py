@@ -3,14 +3,14 @@
 2,000 ``job`` events over 50 sessions are appended by two writer processes
 while three worker processes drain them. Mid-run, the worker holding the
 ``stall`` job is SIGKILLed inside its handler, then the Postgres server is
-restarted. Writers retry appends that failed with ``STORE_UNAVAILABLE`` with
+restarted: a throwaway server of the test's own (``backends/throwaway_pg.py``),
+never the machine's shared one. Writers retry appends that failed with ``STORE_UNAVAILABLE`` with
 the same ids; workers recover on their own. Afterwards: every job completed
 exactly once with exactly one returned ``done`` event, every session's indexes
 run 1..n without gaps, and no id appears twice.
 
-The restart uses ``pg_ctlcluster``; when the local cluster is not manageable
-from here the test skips with the reason (and fails under
-``A2_TEST_POSTGRES_REQUIRED=1``).
+Without PostgreSQL's binaries (``initdb``) the test skips with the reason (and
+fails under ``A2_TEST_POSTGRES_REQUIRED=1``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -26,28 +25,19 @@ from functools import partial
 from pathlib import Path
 
 import psycopg
-import pytest
 import trio
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.backends.postgres import REQUIRED, database_dsn, run_sql  # noqa: E402
+from tests.backends.postgres import run_sql  # noqa: E402
+from tests.backends.throwaway_pg import throwaway_postgres  # noqa: E402
 
 WORKERS = 2 + 1
 WRITERS = 2
 EVENTS_PER_WRITER = 1000
 TOTAL = WRITERS * EVENTS_PER_WRITER
-RESTART = ["pg_ctlcluster", "--skip-systemctl-redirect", "15", "main", "restart"]
-
-
-def _cluster_manageable() -> str | None:
-    if shutil.which("pg_ctlcluster") is None:
-        return "pg_ctlcluster is not installed"
-    if not Path("/etc/postgresql/15/main").is_dir():
-        return "no local PostgreSQL 15 'main' cluster"
-    return None
 
 
 async def _retrying(dsn: str, statement: str) -> list[tuple[object, ...]]:
@@ -74,12 +64,11 @@ async def _count(dsn: str, statement: str) -> int:
 async def test_exactly_once_across_processes_through_a_kill_and_a_restart(
     tmp_path: Path,
 ) -> None:
-    reason = _cluster_manageable()
-    if reason is not None:
-        if REQUIRED:
-            pytest.fail(reason)
-        pytest.skip(reason)
-    dsn = await database_dsn()
+    async with throwaway_postgres() as server:
+        await _run(server.dsn, server.restart, tmp_path)
+
+
+async def _run(dsn: str, restart: Callable[[], Awaitable[None]], tmp_path: Path) -> None:
     schema = f"mp_{secrets.token_hex(6)}"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     python = sys.executable
@@ -123,7 +112,7 @@ async def test_exactly_once_across_processes_through_a_kill_and_a_restart(
                     return await _count(dsn, f"select count(*) from {table}") >= TOTAL // 3
 
                 await _poll_until(third_appended, 0.05)
-                await trio.run_process(RESTART, capture_stdout=True, capture_stderr=True)
+                await restart()
 
                 await writers_done.wait()
                 processed = (
