@@ -39,23 +39,29 @@ import hypercorn.typing
 import trio
 
 from .server import Server
-from .transport import DEFAULT_LIMITS, App, asgi
+from .transport import DEFAULT_LIMITS, App, Limits, asgi
 from .tuning import GC_THRESHOLD, tune_gc
 
-__all__ = ["SHUTDOWN_GRACE_S", "lanes", "load_target", "main"]
+__all__ = ["KEEP_ALIVE_S", "SHUTDOWN_GRACE_S", "lanes", "load_target", "main"]
 
 #: How long open requests (streams, sockets) get to finish on shutdown before
 #: they are cancelled; streams never finish on their own, so keep it short.
 SHUTDOWN_GRACE_S: Final = 2.0
+#: Seconds an idle keep-alive connection stays open between requests
+#: (hypercorn's own default).
+KEEP_ALIVE_S: Final = 5.0
 _TARGET_ENV: Final = "A2_SERVE_TARGET"
 _GC_ENV: Final = "A2_SERVE_GC_THRESHOLD"
+_BODY_TIMEOUT_ENV: Final = "A2_SERVE_BODY_TIMEOUT"
 
 
-def load_target(target: str) -> App | Any:
+def load_target(target: str, *, limits: Limits = DEFAULT_LIMITS) -> App | Any:
     """Import ``module:attribute`` and make it an ASGI app.
 
     Args:
       target: ``module:attribute``; the attribute defaults to ``server``.
+      limits: the network limits of the app built over a server (an app the
+        module built itself keeps its own).
 
     Returns:
       :func:`a2trio.transport.asgi` over a server or a list of servers, or the
@@ -73,9 +79,9 @@ def load_target(target: str) -> App | Any:
     except AttributeError:
         raise ValueError(f"module {module_name!r} has no attribute {attribute!r}") from None
     if isinstance(value, Server):
-        return asgi(value)
+        return asgi(value, limits=limits)
     if isinstance(value, list | tuple) and value and all(isinstance(s, Server) for s in value):
-        return asgi(*value)
+        return asgi(*value, limits=limits)
     if callable(value):
         return value
     raise ValueError(
@@ -85,7 +91,8 @@ def load_target(target: str) -> App | Any:
 
 def _from_environ() -> App | Any:
     """The reloader's entry point: each fresh worker loads the target again."""
-    app = load_target(os.environ[_TARGET_ENV])
+    body_timeout_s = float(os.environ.get(_BODY_TIMEOUT_ENV, DEFAULT_LIMITS.body_timeout_s))
+    app = load_target(os.environ[_TARGET_ENV], limits=Limits(body_timeout_s=body_timeout_s))
     threshold = int(os.environ.get(_GC_ENV, "0"))
     if threshold:
         tune_gc(threshold)
@@ -120,10 +127,11 @@ def _development_store() -> str | None:
     return "sqlite:///.a2/dev.db"
 
 
-def _config(host: str, port: int) -> hypercorn.config.Config:
+def _config(host: str, port: int, keep_alive_s: float) -> hypercorn.config.Config:
     config = hypercorn.config.Config()
     config.bind = [f"{host}:{port}"]
     config.graceful_timeout = SHUTDOWN_GRACE_S
+    config.keep_alive_timeout = keep_alive_s
     # hypercorn buffers a whole message before the app sees it: bound it by ours.
     config.websocket_max_message_size = DEFAULT_LIMITS.max_frame_bytes
     config.worker_class = "trio"
@@ -178,24 +186,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="N",
         help=f"young-generation GC threshold (default {GC_THRESHOLD}; 0: Python's own settings)",
     )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=DEFAULT_LIMITS.body_timeout_s,
+        metavar="S",
+        help="seconds a request body may take to arrive before a 408 "
+        f"(default {DEFAULT_LIMITS.body_timeout_s:g})",
+    )
+    parser.add_argument(
+        "--keep-alive-timeout",
+        type=float,
+        default=KEEP_ALIVE_S,
+        metavar="S",
+        help=f"seconds an idle keep-alive connection stays open (default {KEEP_ALIVE_S:g})",
+    )
     args = parser.parse_args(argv)
     if args.gc_threshold < 0:
         parser.error(f"--gc-threshold must be 0 or more, got {args.gc_threshold}")
+    for flag, value in (
+        ("--body-timeout", args.body_timeout),
+        ("--keep-alive-timeout", args.keep_alive_timeout),
+    ):
+        if not value > 0:
+            parser.error(f"{flag} must be positive seconds, got {value}")
     store = args.store or os.environ.get("A2_STORE") or _development_store()
     if store:
         os.environ["A2_STORE"] = store
     # `python -m` puts the working directory on the path; a console script does not.
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    config = _config(args.host, args.port)
+    config = _config(args.host, args.port, args.keep_alive_timeout)
     if args.reload:
         os.environ[_TARGET_ENV] = args.target
         os.environ[_GC_ENV] = str(args.gc_threshold)
+        os.environ[_BODY_TIMEOUT_ENV] = str(args.body_timeout)
         config.application_path = "a2trio.serve:_from_environ()"
         config.use_reloader = True
         print(f"a2trio serving {args.target} on http://{args.host}:{args.port} (reloading)")
         return hypercorn.run.run(config)
-    app = load_target(args.target)
+    app = load_target(args.target, limits=Limits(body_timeout_s=args.body_timeout))
     if args.gc_threshold:
         tune_gc(args.gc_threshold)
     trio.run(_serve, app, config)

@@ -192,21 +192,26 @@ class App:
     # -- push --------------------------------------------------------------------------
 
     async def _body(self, request: Request, receive: Receive) -> bytes:
-        """The request body, refused (413) as soon as it passes ``max_body_bytes``."""
+        """The request body, refused (413) as soon as it passes ``max_body_bytes``
+        and (408) when it has not arrived within ``body_timeout_s``."""
         limit = self.limits.max_body_bytes
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             raise Refusal(413, f"request bodies are limited to {limit} bytes")
         body = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _Disconnected
-            body += message.get("body", b"")
-            if len(body) > limit:
-                raise Refusal(413, f"request bodies are limited to {limit} bytes")
-            if not message.get("more_body", False):
-                return bytes(body)
+        with trio.move_on_after(self.limits.body_timeout_s):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise _Disconnected
+                body += message.get("body", b"")
+                if len(body) > limit:
+                    raise Refusal(413, f"request bodies are limited to {limit} bytes")
+                if not message.get("more_body", False):
+                    return bytes(body)
+        raise Refusal(
+            408, f"the request body did not arrive within {self.limits.body_timeout_s:g} s"
+        )
 
     async def _push(
         self, server: Server, session_id: str, request: Request, receive: Receive, send: Send

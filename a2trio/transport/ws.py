@@ -57,6 +57,7 @@ CLOSE_GRACE_S: Final = 5.0
 
 _GOING_AWAY: Final = 1001
 _INVALID_DATA: Final = 1007
+_POLICY: Final = 1008
 _TOO_BIG: Final = 1009
 _INTERNAL: Final = 1011
 
@@ -157,8 +158,18 @@ class _Socket:
                 if self.lanes.get(session_id) is scope:
                     del self.lanes[session_id]
 
-    async def _subscribe(self, nursery: trio.Nursery, frame: wire.SubscribeFrame) -> None:
-        for entry in frame.sessions:
+    async def _subscribe(self, nursery: trio.Nursery, frame: wire.SubscribeFrame) -> bool:
+        """Open the frame's lanes; False if the frame closed the socket."""
+        # Duplicates collapse (the last entry for a session wins), so naming one
+        # session 30,000 times is one subscription, not 30,000 restarts.
+        entries = {entry.id: entry for entry in frame.sessions}
+        if len(entries) > self.limits.max_frame_sessions:
+            await self.close(
+                _POLICY,
+                f"a subscribe frame names at most {self.limits.max_frame_sessions} sessions",
+            )
+            return False
+        for entry in entries.values():
             old = self.lanes.pop(entry.id, None)
             if old is not None:
                 # The old lane stops before its replacement is authorized.
@@ -188,6 +199,7 @@ class _Socket:
                 await self.put(wire.encode_unsubscribed(entry.id, reason, exc))
                 continue
             await nursery.start(self._lane, entry.id, start_after)
+        return True
 
     async def _unsubscribe(self, frame: wire.UnsubscribeFrame) -> None:
         for session_id in frame.sessions:
@@ -232,7 +244,8 @@ class _Socket:
                 case wire.PresenceUpFrame():
                     await self._presence(frame)
                 case wire.SubscribeFrame() if self.multiplexed:
-                    await self._subscribe(lanes, frame)
+                    if not await self._subscribe(lanes, frame):
+                        return
                 case wire.UnsubscribeFrame() if self.multiplexed:
                     await self._unsubscribe(frame)
 
