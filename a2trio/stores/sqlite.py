@@ -12,6 +12,20 @@ cancelled task never leaves a transaction open. Timestamps are read from the
 injected clock on the Trio side, before the thread call, as the seed reads
 ``clock.now()`` before its query: a ``Clock`` need not work from a thread.
 
+Index-bounded statements (issue 17). No statement on the append, claim or
+completion path reads a session's history: each seeks an index by its key and
+stops after the rows it needs, so an append costs the same at 60,000 events
+as at 1,000 and holds the write lock no longer. The session's last index is
+the end of the ``(session_id, idx)`` key (``order by idx desc limit 1``);
+"pending", "claimable" and "first in its lane" read the partial indexes that
+hold only live rows, which a long history never enters. SQLite's planner,
+without ``ANALYZE`` statistics, prefers the primary key's ``session_id``
+prefix (a walk of the whole session) to those indexes, so the statements name
+them with ``INDEXED BY``: SQLite's way to pin a plan, which fails loudly
+rather than silently scanning if an index ever goes missing.
+``tests/test_sqlite_plans.py`` counts the virtual-machine steps of each
+operation at two session lengths and requires them equal.
+
 Live feeds. A commit that adds events notifies this store's feeds at once.
 Appends by other processes are found by adaptive polling: ``poll_active_s``
 (25 ms) after a read found rows, doubling on every empty read up to
@@ -92,9 +106,80 @@ insert into a2_events
 values (
   ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8,
   ?8 is null or not exists (
-    select 1 from a2_events where session_id = ?1 and lane = ?8 and processed_at is null
+    select 1 from a2_events indexed by a2_events_lane_pending
+    where session_id = ?1 and lane = ?8 and processed_at is null
   ),
   ?9
+)
+"""
+
+#: Events after ``?2`` through ``?3`` (None: the end). The upper bound is one
+#: the key range stops at, where ``(?3 is null or idx <= ?3)`` would walk on
+#: to the session's end.
+_READ: Final = f"""
+select {_COLS} from a2_events
+where session_id = ?1 and idx > ?2 and idx <= coalesce(?3, {2**63 - 1})
+order by idx
+"""
+
+#: The session's last index, off the end of its primary key: a seek, where
+#: ``max(idx)`` beside other columns walks the whole session.
+_TOP: Final = "select idx from a2_events where session_id = ?1 order by idx desc limit 1"
+
+#: Whether any row of the session is unprocessed: the first entry of the
+#: partial index that holds only those.
+_ANY_PENDING: Final = """exists(
+  select 1 from a2_events indexed by a2_events_unprocessed
+  where session_id = ?1 and processed_at is null
+)"""
+
+_PENDING: Final = f"select {_ANY_PENDING}"
+
+_NEXT_INDEX: Final = f"select coalesce(({_TOP}), 0) + 1"
+
+#: Both at once, as the seed's `maxRows` query.
+_TOP_AND_PENDING: Final = f"select coalesce(({_TOP}), 0), {_ANY_PENDING}"
+
+#: Whether a claim would take any event now: the live, ready rows only.
+_CLAIMABLE: Final = """
+select exists(
+  select 1 from a2_events indexed by a2_events_dispatch_ready
+  where session_id = ?1 and lane_ready and processed_at is null and failed_at is null
+    and (claim_expires_at is null or claim_expires_at <= ?2)
+)
+"""
+
+#: The seed's `claimAvailable` update, over the ready rows only.
+_CLAIM: Final = f"""
+update a2_events indexed by a2_events_dispatch_ready set
+  attempt_count = attempt_count + 1,
+  first_claimed_at = coalesce(first_claimed_at, ?2),
+  last_claimed_at = ?2,
+  claim_holder = ?3,
+  claim_expires_at = ?4
+where session_id = ?1
+  and processed_at is null
+  and failed_at is null
+  and lane_ready
+  and (claim_expires_at is null or claim_expires_at <= ?2)
+  and idx not in (select value from json_each(?5))
+returning {_COLS}
+"""
+
+#: When the earliest live claim lapses (nothing claimable now).
+_RETRY_AT: Final = """
+select min(claim_expires_at) from a2_events indexed by a2_events_dispatch_ready
+where session_id = ?1 and processed_at is null and failed_at is null
+  and lane_ready and claim_expires_at > ?2
+"""
+
+#: Readies the first unprocessed event of a lane whose head was completed.
+_READY_LANE: Final = """
+update a2_events set lane_ready = 1
+where session_id = ?1 and idx = (
+  select idx from a2_events indexed by a2_events_lane_pending
+  where session_id = ?1 and lane = ?2 and processed_at is null
+  order by idx limit 1
 )
 """
 
@@ -113,11 +198,6 @@ class _Bookkeeping(NamedTuple):
     last_failed_attempt: int | None
 
 
-_PENDING: Final = (
-    "select exists(select 1 from a2_events where session_id = ? and processed_at is null)"
-)
-
-
 def _text(value: Any) -> str:
     return _encode(value).decode()
 
@@ -134,12 +214,7 @@ def _stored(row: tuple[Any, ...]) -> StoredEvent:
 
 def _claimable(conn: sqlite3.Connection, session_id: str, now: int) -> bool:
     """Whether a claim would take any of the session's events now."""
-    (found,) = conn.execute(
-        "select exists(select 1 from a2_events where session_id = ? and lane_ready"
-        " and processed_at is null and failed_at is null"
-        " and (claim_expires_at is null or claim_expires_at <= ?))",
-        (session_id, now),
-    ).fetchone()
+    (found,) = conn.execute(_CLAIMABLE, (session_id, now)).fetchone()
     return bool(found)
 
 
@@ -213,11 +288,127 @@ def _insert(
     )
 
 
-def _next_index(conn: sqlite3.Connection, session_id: str) -> int:
-    (top,) = conn.execute(
-        "select coalesce(max(idx), 0) from a2_events where session_id = ?", (session_id,)
+def _append_rows(
+    conn: sqlite3.Connection,
+    session_id: str,
+    events: Sequence[AppendEvent],
+    supplied: Sequence[str],
+    claim: ClaimRequest | None,
+    now: int,
+) -> tuple[AppendResult, bool]:
+    """The append transaction's statements; whether it wrote, beside the result."""
+    existing = _rows_by_ids(conn, supplied)
+    if existing:
+        return AppendResult(
+            verdicts.replayed_batch(session_id, events, existing),
+            _has_pending(conn, session_id),
+            [],
+            claim is not None and _claimable(conn, session_id, now),
+        ), False
+    # Attempt-currency fence (store-postgres.ts `append`): the write
+    # lock held since BEGIN IMMEDIATE stands in for `for update`.
+    for event in events:
+        if event.cause is not None:
+            parent = conn.execute(
+                f"select {_BOOKKEEPING} from a2_events where session_id = ? and idx = ?",
+                (session_id, event.cause.index),
+            ).fetchone()
+            verdicts.check_cause(
+                session_id, event.cause, None if parent is None else _Bookkeeping(*parent)
+            )
+    top, had_pending = conn.execute(_TOP_AND_PENDING, (session_id,)).fetchone()
+    base = top + 1
+    others_claimable = claim is not None and _claimable(conn, session_id, now)
+    inserted = [
+        _insert(conn, session_id, base + i, e, e.id or random_id(), e.cause, now)
+        for i, e in enumerate(events)
+    ]
+    claimed: list[StoredEvent] = []
+    if claim is not None:
+        # Claimed as they are written: a claim in the same transaction.
+        claimed = _claim_range(conn, session_id, base, base + len(events) - 1, now, claim)
+        by_index = {row.index: row for row in claimed}
+        inserted = [by_index.get(row.index, row) for row in inserted]
+    return AppendResult(
+        inserted,
+        verdicts.has_pending(bool(had_pending), events),
+        claimed,
+        others_claimable,
+    ), True
+
+
+def _claim_rows(
+    conn: sqlite3.Connection,
+    session_id: str,
+    now: int,
+    holder: str,
+    expires_at: int,
+    exclude: Sequence[int],
+) -> ClaimResult:
+    """The claim transaction's statements."""
+    rows = conn.execute(
+        _CLAIM, (session_id, now, holder, expires_at, _text(list(exclude)))
+    ).fetchall()
+    if rows:
+        return Claimed(sorted((_stored(r) for r in rows), key=_index_of))
+    (retry_at,) = conn.execute(_RETRY_AT, (session_id, now)).fetchone()
+    return Settled() if retry_at is None else Busy(retry_at)
+
+
+def _complete_rows(
+    conn: sqlite3.Connection,
+    session_id: str,
+    index: int,
+    attempt: int,
+    events: Sequence[AppendEvent],
+    returned_ids: list[str],
+    now: int,
+) -> tuple[CompleteResult, bool]:
+    """The completion transaction's statements; whether it wrote, beside the result."""
+    row = conn.execute(
+        f"select {_BOOKKEEPING}, processed_by_attempt, returned_event_ids, lane "
+        "from a2_events where session_id = ? and idx = ?",
+        (session_id, index),
     ).fetchone()
-    return int(top) + 1
+    if row is None:
+        raise verdicts.no_event(session_id, index)
+    parent = _Bookkeeping(*row[:6])
+    by_attempt, stored_ids, lane = row[6:]
+    if parent.processed_at_ms is not None:
+        stored = None if stored_ids is None else _decode_ids(stored_ids)
+        if not verdicts.replays_completion(attempt, returned_ids, by_attempt, stored):
+            return CompleteResult("superseded"), False
+        committed = verdicts.replayed_completion(
+            session_id, index, attempt, events, _rows_by_ids(conn, returned_ids)
+        )
+        return CompleteResult("completed", committed), False
+    if not verdicts.holds_claim(parent, attempt):
+        return CompleteResult("superseded"), False
+    if _rows_by_ids(conn, returned_ids):
+        raise verdicts.returned_id_taken()
+    base = _next_index(conn, session_id)
+    cause = EventCause(index, attempt)
+    inserted = [
+        _insert(conn, session_id, base + i, e, returned_ids[i], cause, now)
+        for i, e in enumerate(events)
+    ]
+    conn.execute(
+        """
+        update a2_events set
+          processed_at = ?, processed_by_attempt = ?, returned_event_ids = ?,
+          lane_ready = 0, claim_holder = null, claim_expires_at = null
+        where session_id = ? and idx = ?
+        """,
+        (now, attempt, _text(returned_ids), session_id, index),
+    )
+    if lane is not None:
+        conn.execute(_READY_LANE, (session_id, lane))
+    return CompleteResult("completed", inserted), bool(inserted)
+
+
+def _next_index(conn: sqlite3.Connection, session_id: str) -> int:
+    (following,) = conn.execute(_NEXT_INDEX, (session_id,)).fetchone()
+    return int(following)
 
 
 class SqliteStore:
@@ -305,50 +496,7 @@ class SqliteStore:
         now = self.clock.now_ms()
 
         def work(conn: sqlite3.Connection) -> tuple[AppendResult, bool]:
-            existing = _rows_by_ids(conn, supplied)
-            if existing:
-                return AppendResult(
-                    verdicts.replayed_batch(session_id, events, existing),
-                    _has_pending(conn, session_id),
-                    [],
-                    claim is not None and _claimable(conn, session_id, now),
-                ), False
-            # Attempt-currency fence (store-postgres.ts `append`): the write
-            # lock held since BEGIN IMMEDIATE stands in for `for update`.
-            for event in events:
-                if event.cause is not None:
-                    parent = conn.execute(
-                        f"select {_BOOKKEEPING} from a2_events where session_id = ? and idx = ?",
-                        (session_id, event.cause.index),
-                    ).fetchone()
-                    verdicts.check_cause(
-                        session_id, event.cause, None if parent is None else _Bookkeeping(*parent)
-                    )
-            # One statement for both, as the seed's `maxRows` query.
-            top, had_pending = conn.execute(
-                "select coalesce(max(idx), 0), exists(select 1 from a2_events "
-                "where session_id = ?1 and processed_at is null) "
-                "from a2_events where session_id = ?1",
-                (session_id,),
-            ).fetchone()
-            base = top + 1
-            others_claimable = claim is not None and _claimable(conn, session_id, now)
-            inserted = [
-                _insert(conn, session_id, base + i, e, e.id or random_id(), e.cause, now)
-                for i, e in enumerate(events)
-            ]
-            claimed: list[StoredEvent] = []
-            if claim is not None:
-                # Claimed as they are written: a claim in the same transaction.
-                claimed = _claim_range(conn, session_id, base, base + len(events) - 1, now, claim)
-                by_index = {row.index: row for row in claimed}
-                inserted = [by_index.get(row.index, row) for row in inserted]
-            return AppendResult(
-                inserted,
-                verdicts.has_pending(bool(had_pending), events),
-                claimed,
-                others_claimable,
-            ), True
+            return _append_rows(conn, session_id, events, supplied, claim, now)
 
         appended, wrote = await self._write("append", work)
         if wrote:
@@ -365,11 +513,7 @@ class SqliteStore:
         """See :meth:`Store.read`. Cancellation: a read; nothing to undo."""
 
         def work(conn: sqlite3.Connection) -> list[StoredEvent]:
-            rows = conn.execute(
-                f"select {_COLS} from a2_events where session_id = ?1 and idx > ?2 "
-                "and (?3 is null or idx <= ?3) order by idx",
-                (session_id, after_index or 0, through_index),
-            ).fetchall()
+            rows = conn.execute(_READ, (session_id, after_index or 0, through_index)).fetchall()
             return [_stored(row) for row in rows]
 
         return await self._read("read", work)
@@ -395,35 +539,7 @@ class SqliteStore:
 
         def work(conn: sqlite3.Connection) -> ClaimResult:
             expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
-            rows = conn.execute(
-                f"""
-                update a2_events set
-                  attempt_count = attempt_count + 1,
-                  first_claimed_at = coalesce(first_claimed_at, ?2),
-                  last_claimed_at = ?2,
-                  claim_holder = ?3,
-                  claim_expires_at = ?4
-                where session_id = ?1
-                  and processed_at is null
-                  and failed_at is null
-                  and lane_ready
-                  and (claim_expires_at is null or claim_expires_at <= ?2)
-                  and idx not in (select value from json_each(?5))
-                returning {_COLS}
-                """,
-                (session_id, now, holder, expires_at, _text(list(exclude))),
-            ).fetchall()
-            if rows:
-                return Claimed(sorted((_stored(r) for r in rows), key=_index_of))
-            (retry_at,) = conn.execute(
-                """
-                select min(claim_expires_at) from a2_events
-                where session_id = ? and processed_at is null and failed_at is null
-                  and lane_ready and claim_expires_at > ?
-                """,
-                (session_id, now),
-            ).fetchone()
-            return Settled() if retry_at is None else Busy(retry_at)
+            return _claim_rows(conn, session_id, now, holder, expires_at, exclude)
 
         return await self._write("claim", work)
 
@@ -491,55 +607,7 @@ class SqliteStore:
         now = self.clock.now_ms()
 
         def work(conn: sqlite3.Connection) -> tuple[CompleteResult, bool]:
-            row = conn.execute(
-                f"select {_BOOKKEEPING}, processed_by_attempt, returned_event_ids, lane "
-                "from a2_events where session_id = ? and idx = ?",
-                (session_id, index),
-            ).fetchone()
-            if row is None:
-                raise verdicts.no_event(session_id, index)
-            parent = _Bookkeeping(*row[:6])
-            by_attempt, stored_ids, lane = row[6:]
-            if parent.processed_at_ms is not None:
-                stored = None if stored_ids is None else _decode_ids(stored_ids)
-                if not verdicts.replays_completion(attempt, returned_ids, by_attempt, stored):
-                    return CompleteResult("superseded"), False
-                committed = verdicts.replayed_completion(
-                    session_id, index, attempt, events, _rows_by_ids(conn, returned_ids)
-                )
-                return CompleteResult("completed", committed), False
-            if not verdicts.holds_claim(parent, attempt):
-                return CompleteResult("superseded"), False
-            if _rows_by_ids(conn, returned_ids):
-                raise verdicts.returned_id_taken()
-            base = _next_index(conn, session_id)
-            cause = EventCause(index, attempt)
-            inserted = [
-                _insert(conn, session_id, base + i, e, returned_ids[i], cause, now)
-                for i, e in enumerate(events)
-            ]
-            conn.execute(
-                """
-                update a2_events set
-                  processed_at = ?, processed_by_attempt = ?, returned_event_ids = ?,
-                  lane_ready = 0, claim_holder = null, claim_expires_at = null
-                where session_id = ? and idx = ?
-                """,
-                (now, attempt, _text(returned_ids), session_id, index),
-            )
-            if lane is not None:
-                conn.execute(
-                    """
-                    update a2_events set lane_ready = 1
-                    where session_id = ?1 and idx = (
-                      select idx from a2_events
-                      where session_id = ?1 and lane = ?2 and processed_at is null
-                      order by idx limit 1
-                    )
-                    """,
-                    (session_id, lane),
-                )
-            return CompleteResult("completed", inserted), bool(inserted)
+            return _complete_rows(conn, session_id, index, attempt, events, returned_ids, now)
 
         completed, wrote = await self._write("complete", work)
         if wrote:
