@@ -8,6 +8,7 @@ client of the multiplexed socket.
 
 from __future__ import annotations
 
+from .access import RevokePredicate
 from .asgi import App, asgi
 from .auth import (
     Authorize,
@@ -35,6 +36,7 @@ __all__ = [
     "Operation",
     "PushOperation",
     "Request",
+    "RevokePredicate",
     "StreamOperation",
     "SubscribeOperation",
     "asgi",

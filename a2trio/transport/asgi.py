@@ -50,6 +50,7 @@ from ._http import (
     request_of,
     respond,
 )
+from .access import Grants, RevokePredicate, reauthorize
 from .auth import (
     Authorize,
     HistoryOperation,
@@ -106,9 +107,24 @@ class App:
         self.authorize = authorize
         self.limits = limits
         self.scheduler_secret = scheduler_secret
+        self.grants = Grants()
 
     def __repr__(self) -> str:
         return f"App({', '.join(self.servers)})"
+
+    def revoke(self, predicate: RevokePredicate, message: str = "access was withdrawn") -> int:
+        """End, at once, every open SSE stream and socket lane whose
+        ``(request, operation)`` ``predicate`` matches (the operation it was
+        authorized for: a :class:`~a2trio.transport.StreamOperation` or
+        :class:`~a2trio.transport.SubscribeOperation`).
+
+        Each ends resumably, with ``FORBIDDEN`` and ``message``: see
+        ``transport/access.py``. Does no I/O; the streams end in their own tasks.
+
+        Returns:
+          How many streams and lanes were ended.
+        """
+        return self.grants.revoke(predicate, message)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI entry point: ``lifespan``, ``http`` and ``websocket`` scopes.
@@ -264,13 +280,11 @@ class App:
                 ErrorCode.INVALID_PAYLOAD,
                 f"contract '{server.contract.name}' declares no presence: drop presence=1",
             )
-        await check_authorized(
-            self.authorize,
-            request,
-            StreamOperation(server.contract.name, session_id, start_after, presence),
-        )
+        operation = StreamOperation(server.contract.name, session_id, start_after, presence)
+        await check_authorized(self.authorize, request, operation)
         session = server.session(session_id)
         heartbeat = self.limits.heartbeat_s
+        revoked: list[A2Error] = []
 
         async def body(chunk: bytes) -> None:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -280,21 +294,41 @@ class App:
             # An immediate comment: the client sees the stream open before any event.
             await body(sse.encode_comment("ok"))
             async with trio.open_nursery() as nursery:
+
+                def end(error: A2Error) -> None:
+                    if not revoked:
+                        revoked.append(error)
+                        nursery.cancel_scope.cancel(reason="access withdrawn")
+
                 nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
-                try:
-                    while True:
-                        with trio.move_on_after(heartbeat) as idle:
-                            item = await feed.receive()
-                        if idle.cancelled_caught:
-                            await body(sse.encode_comment("ping"))
-                        else:
-                            await body(sse.encode_item(item))
-                except StopAsyncIteration:
-                    pass
-                except Exception as exc:
-                    report(exc)
-                    await body(sse.encode_error_frame(exc))
+                if self.authorize is not None and self.limits.reauthorize_s is not None:
+                    nursery.start_soon(
+                        reauthorize,
+                        self.authorize,
+                        request,
+                        operation,
+                        self.limits.reauthorize_s,
+                        end,
+                    )
+                with self.grants.holding(request, operation, end):
+                    try:
+                        while True:
+                            with trio.move_on_after(heartbeat) as idle:
+                                item = await feed.receive()
+                            if idle.cancelled_caught:
+                                await body(sse.encode_comment("ping"))
+                            else:
+                                await body(sse.encode_item(item))
+                    except StopAsyncIteration:
+                        pass
+                    except Exception as exc:
+                        report(exc)
+                        await body(sse.encode_error_frame(exc))
                 nursery.cancel_scope.cancel(reason="stream ended")
+        if revoked:
+            # The resumable end: the client reconnects with Last-Event-ID and
+            # is asked again.
+            await body(sse.encode_error_frame(revoked[0]))
         await send({"type": "http.response.body", "body": b""})
 
     # -- sockets --------------------------------------------------------------------
@@ -340,6 +374,7 @@ class App:
                 limits=self.limits,
                 start_after=start_after,
                 presence=presence,
+                grants=self.grants,
             )
         else:
             await serve_multiplexed_socket(
@@ -350,6 +385,7 @@ class App:
                 authorize=self.authorize,
                 limits=self.limits,
                 presence=presence,
+                grants=self.grants,
             )
 
 

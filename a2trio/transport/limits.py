@@ -47,6 +47,10 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
         this ends them. 30 s is a megabyte at 35 KB/s. Headers are bounded by
         the server (hypercorn), idle keep-alive connections by its
         ``keep_alive_timeout`` (``python -m a2trio.serve --keep-alive-timeout``).
+      reauthorize_s: how often an open SSE stream or socket lane asks
+        ``authorize`` again, ending it when refused (``None``: only at open;
+        see ``transport/access.py``). A minute bounds how long withdrawn access
+        keeps reading; ``App.revoke`` ends lanes at once.
     """
 
     max_body_bytes: int = 1024 * 1024
@@ -57,6 +61,7 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     heartbeat_s: float = 15.0
     ping_s: float = 15.0
     body_timeout_s: float = 30.0
+    reauthorize_s: float | None = 60.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -73,6 +78,9 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"`{name}` must be positive seconds, got {value!r}")
+        value = self.reauthorize_s
+        if value is not None and (not isinstance(value, int | float) or not value > 0):
+            raise ValueError(f"`reauthorize_s` must be positive seconds or None, got {value!r}")
 
 
 DEFAULT_LIMITS: Final = Limits()

@@ -31,10 +31,13 @@ import trio
 from ..errors import A2Error, ErrorCode
 from ..push import PushedEvent, PushedPresence
 from ..server import Server
+from ..stores._feed import own_tasks
 from . import wire
 from ._http import Message, Receive, Send, bad_input, failure, logger, report
+from .access import Grants, reauthorize
 from .auth import (
     Authorize,
+    Operation,
     PushOperation,
     Request,
     StreamOperation,
@@ -74,8 +77,10 @@ class _Socket:
         limits: Limits,
         presence: bool,
         session_id: str | None,
+        grants: Grants,
     ) -> None:
         self.server = server
+        self.grants = grants
         self.request = request
         self.receive = receive
         self.authorize = authorize
@@ -134,20 +139,35 @@ class _Socket:
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         tag = session_id if self.multiplexed else None
+        contract = self.server.contract.name
+        operation: Operation = (
+            SubscribeOperation(contract, session_id, start_after)
+            if self.multiplexed
+            else StreamOperation(contract, session_id, start_after, self.presence)
+        )
+        revoked: list[A2Error] = []
         with trio.CancelScope() as scope:
+
+            def end(error: A2Error) -> None:
+                if not revoked:
+                    revoked.append(error)
+                    scope.cancel(reason="access withdrawn")
+
             self.lanes[session_id] = scope
             task_status.started()
             try:
-                session = self.server.session(session_id)
-                async with session.stream(start_after, presence=self.presence) as feed:
-                    if self.multiplexed:
-                        await self.put(wire.encode_subscribed(session_id))
-                    async for item in feed:
-                        await self.put(wire.encode_item_frame(item, tag))
-                if self.multiplexed:
-                    await self.put(wire.encode_unsubscribed(session_id))
-                else:
-                    await self.close(_GOING_AWAY, "stream ended")
+                with self.grants.holding(self.request, operation, end):
+                    async with own_tasks() as nursery:
+                        if self.authorize is not None and self.limits.reauthorize_s is not None:
+                            nursery.start_soon(
+                                reauthorize,
+                                self.authorize,
+                                self.request,
+                                operation,
+                                self.limits.reauthorize_s,
+                                end,
+                            )
+                        await self._follow(session_id, start_after, tag)
             except Exception as exc:
                 status, _ = failure(exc)
                 if self.multiplexed:
@@ -157,6 +177,24 @@ class _Socket:
             finally:
                 if self.lanes.get(session_id) is scope:
                     del self.lanes[session_id]
+        if revoked:
+            # The resumable end (transport/access.py).
+            if self.multiplexed:
+                await self.put(wire.encode_unsubscribed(session_id, "forbidden", revoked[0]))
+            else:
+                await self.close(_POLICY, f"forbidden: {revoked[0].message}")
+
+    async def _follow(self, session_id: str, start_after: int, tag: str | None) -> None:
+        session = self.server.session(session_id)
+        async with session.stream(start_after, presence=self.presence) as feed:
+            if self.multiplexed:
+                await self.put(wire.encode_subscribed(session_id))
+            async for item in feed:
+                await self.put(wire.encode_item_frame(item, tag))
+        if self.multiplexed:
+            await self.put(wire.encode_unsubscribed(session_id))
+        else:
+            await self.close(_GOING_AWAY, "stream ended")
 
     async def _subscribe(self, nursery: trio.Nursery, frame: wire.SubscribeFrame) -> bool:
         """Open the frame's lanes; False if the frame closed the socket."""
@@ -347,6 +385,7 @@ async def serve_session_socket(
     limits: Limits,
     start_after: int,
     presence: bool,
+    grants: Grants,
 ) -> None:
     """Serve ``GET /{contract}/{session}/ws`` until the client leaves.
 
@@ -369,7 +408,7 @@ async def serve_session_socket(
         await _refuse_handshake(send, exc)
         return
     await send({"type": "websocket.accept"})
-    socket = _Socket(server, request, receive, authorize, limits, presence, session.id)
+    socket = _Socket(server, request, receive, authorize, limits, presence, session.id, grants)
     await socket.run(send, (session.id, start_after))
 
 
@@ -382,6 +421,7 @@ async def serve_multiplexed_socket(
     authorize: Authorize | None,
     limits: Limits,
     presence: bool,
+    grants: Grants,
 ) -> None:
     """Serve ``GET /{contract}/ws``: lanes open and close with ``subscribe`` /
     ``unsubscribe`` frames; each is authorized as a
@@ -392,5 +432,5 @@ async def serve_multiplexed_socket(
     if not await _accept(receive):
         return
     await send({"type": "websocket.accept"})
-    socket = _Socket(server, request, receive, authorize, limits, presence, None)
+    socket = _Socket(server, request, receive, authorize, limits, presence, None, grants)
     await socket.run(send, None)
