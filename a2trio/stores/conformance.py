@@ -38,7 +38,9 @@ import trio
 import trio.testing
 
 from ..clock import Clock
+from ..contract import MAX_DEPTH
 from ..errors import A2Error, ErrorCode
+from ..identifiers import MAX_ID_LENGTH
 from .base import (
     AppendEvent,
     AppendResult,
@@ -422,6 +424,31 @@ async def check_append_payload_round_trip(open_store: StoreFactory) -> None:
         assert all(type(f) is float for f in floats), f"floats came back as {floats!r}"
         state = (await store.read_state(sid, "r")).events
         assert [e.payload for e in state] == payloads
+
+
+async def check_identifiers_and_values_at_the_limits(open_store: StoreFactory) -> None:
+    """What the engine admits is kept exactly (issue 17): session keys and event
+    ids of ``MAX_ID_LENGTH`` four-byte characters (live feeds included: a
+    Postgres NOTIFY carries the key), and payloads with every control character
+    but NUL, in strings and keys, nested ``MAX_DEPTH - 1`` levels deep."""
+    wide = "\U0001f642"  # four bytes in UTF-8
+    suffix = uuid4().hex
+    key = "contract\x1f" + wide * (MAX_ID_LENGTH - len(suffix)) + suffix
+    event_id = wide * (MAX_ID_LENGTH - len(suffix)) + suffix
+    controls = "".join(map(chr, [*range(1, 0x20), *range(0x7F, 0xA0)]))
+    deep: Any = "bottom"
+    for n in range(MAX_DEPTH - 2):
+        deep = [deep] if n % 2 else {"k": deep}
+    payload = {"text": controls, controls: "a key of controls", "deep": deep}
+    async with open_store(ManualClock()) as store, store.stream(key) as feed:
+        [stored] = (await store.append(key, [_ev("limits", payload, id=event_id)])).events
+        assert (stored.session_id, stored.id) == (key, event_id)
+        [read] = await store.read(key)
+        assert (read.session_id, read.id, read.payload) == (key, event_id, payload)
+        [live] = await _receive(feed, 1)
+        assert (live.id, live.payload) == (event_id, payload)
+        replayed = await store.append(key, [_ev("limits", payload, id=event_id)])
+        assert [e.index for e in replayed.events] == [1], "the long id did not replay"
 
 
 async def check_read_bounds(open_store: StoreFactory) -> None:
@@ -1296,6 +1323,7 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_append_stores_settled_events_processed,
     check_append_cause_fence,
     check_append_payload_round_trip,
+    check_identifiers_and_values_at_the_limits,
     check_append_with_claim,
     check_append_concurrent_writers,
     check_cancelled_calls_commit_all_or_nothing,
