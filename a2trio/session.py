@@ -336,6 +336,22 @@ class HandlerSession(SessionView):
         Raises:
           TypeError: ``name`` is not a non-empty string.
         """
+        return await self._write(name, events, "inline")
+
+    async def dispatch(self, name: str, *events: AppendInput) -> list[Event[Any]]:
+        """Append as :meth:`append` does (the same ids and fence: a retried
+        attempt replays), then hand the drain to the scheduler instead of
+        running it in this process.
+
+        Raises:
+          TypeError: ``name`` is not a non-empty string; the server has no
+            scheduler.
+        """
+        return await self._write(name, events, "dispatch")
+
+    async def _write(
+        self, name: str, events: tuple[AppendInput, ...], mode: WriteMode
+    ) -> list[Event[Any]]:
         if not isinstance(name, str) or not name:
             raise TypeError(f"handler append name must be a non-empty string, got {name!r}")
         trigger = self._trigger
@@ -350,13 +366,8 @@ class HandlerSession(SessionView):
         batched = EventCause(trigger.index, self._attempt, len(events))
         causes = [batched if g else base for g in generated]
         return await self._appends.append(
-            self.id, with_ids, source="handler", mode="inline", causes=causes
+            self.id, with_ids, source="handler", mode=mode, causes=causes
         )
-
-    async def dispatch(self, *events: AppendInput) -> list[Event[Any]]:
-        """As :meth:`Session.dispatch`: an external append, neither fenced by the
-        attempt nor idempotent per trigger (issue 16 settles what it should be)."""
-        return await self._appends.append(self.id, events, source="external", mode="dispatch")
 
     async def schedule(self, name: str, timing: str | datetime, *events: AppendInput) -> None:
         """Like :meth:`Session.schedule`, but the id includes the trigger's id and a

@@ -125,7 +125,7 @@ async def test_a_handlers_session_appends_by_name_dispatches_and_sets_presence(
             await ctx.session.append("", rooms.event("note", Note("never")))
         except TypeError as exc:
             errors.append(str(exc))
-        await ctx.session.dispatch(rooms.event("note", Note("dispatched")))
+        await ctx.session.dispatch("handed", rooms.event("note", Note("dispatched")))
         await ctx.session.set_presence("bot", {"typing": True})
 
     async with open_harness(rooms, handlers={"note": note}) as app:
