@@ -59,7 +59,14 @@ from .session import HandlerSession
 from .stores.base import Busy, Claimed, ClaimRef, StoredEvent
 from .telemetry import NOOP_TELEMETRY, Span
 
-__all__ = ["DrainOutcome", "DrainResult", "DrainSignal", "drain_session"]
+__all__ = [
+    "MAX_ERROR_CHARS",
+    "DrainOutcome",
+    "DrainResult",
+    "DrainSignal",
+    "drain_session",
+    "stored_error",
+]
 
 DrainOutcome = Literal["settled", "busy", "stalled"]
 EventStatus = Literal["processed", "failed", "dead_lettered", "superseded", "surrendered"]
@@ -486,7 +493,7 @@ class _Drain:
                 self.key,
                 index=event.index,
                 attempt=event.attempt_count,
-                error="".join(traceback.format_exception(error)),
+                error=stored_error(error),
                 max_failures=self.timings.max_failures,
             )
         except Exception as exc:
@@ -549,6 +556,22 @@ class _Drain:
                     entry.fence("superseded: a newer attempt owns this event")
                     self.poke()
             return
+
+
+#: The most characters of a traceback a failure stores (``last_error``). The
+#: tail is kept: it holds the exception and the frames nearest to it; a deep
+#: recursion's traceback would otherwise be megabytes per attempt.
+MAX_ERROR_CHARS = 8_192
+
+
+def stored_error(error: BaseException) -> str:
+    """The traceback of ``error`` as stored: its last :data:`MAX_ERROR_CHARS`
+    characters, marked when cut."""
+    text = "".join(traceback.format_exception(error))
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    cut = len(text) - MAX_ERROR_CHARS
+    return f"[{cut} characters cut]\n" + text[cut:]
 
 
 async def drain_session(

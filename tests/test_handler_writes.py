@@ -9,6 +9,7 @@ import trio
 import trio.testing
 
 import a2trio
+from a2trio.drain import MAX_ERROR_CHARS, stored_error
 from a2trio.testing import open_harness
 
 from .apps import Note, Ordered, orders
@@ -71,3 +72,23 @@ async def test_dispatch_in_a_handler_needs_a_name() -> None:
         await server.session("s1").append(orders.event("ordered", Ordered("book")))
         await server.settle()
     assert seen == ["handler append name must be a non-empty string, got ''"]
+
+
+async def test_stored_errors_keep_the_tail_of_a_long_traceback(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> None:
+        raise RuntimeError("a response body: " + "x" * 20_000 + " at the end")
+
+    async with open_harness(orders, handlers={"ordered": ship}) as app:
+        session = app.session("s1")
+        [event] = await session.append(orders.event("ordered", Ordered("book")))
+        await app.settle()
+        outcome = await app.outcome(session, event)
+    assert outcome.last_error is not None
+    assert len(outcome.last_error) <= MAX_ERROR_CHARS + 40
+    assert outcome.last_error.startswith("[")
+    assert " characters cut]\n" in outcome.last_error
+    assert outcome.last_error.endswith("x at the end\n")
+    short = stored_error(ValueError("short"))
+    assert short == "ValueError: short\n"
