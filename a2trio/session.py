@@ -32,9 +32,22 @@ from .push import PushedEvent, PushedPresence, PushValidation
 from .stores._feed import Feed
 from .stores.base import EventCause, StateRead, StoredEvent
 
-__all__ = ["HandlerSession", "Session", "SessionView"]
+__all__ = ["MAX_HISTORY_EVENTS", "HandlerSession", "Session", "SessionView"]
 
 S = TypeVar("S")
+
+
+#: The most events one ``history()`` read returns (and the HTTP history lane
+#: answers): a read holds every row in memory at once.
+MAX_HISTORY_EVENTS = 10_000
+
+
+def _too_long(after: int, lte: int | None) -> str:
+    span = f"gte={after + 1}" + ("" if lte is None else f", lte={lte}")
+    return (
+        f"history reads at most {MAX_HISTORY_EVENTS:,} events at once and {span} holds more: "
+        "page through it with gte and lte"
+    )
 
 
 def _check_index(name: str, value: object) -> int | None:
@@ -60,10 +73,13 @@ class SessionView:
         return f"{type(self).__name__}({self._engine.contract.name!r}, {self.id!r})"
 
     async def history(self, *, gte: int | None = None, lte: int | None = None) -> list[Event[Any]]:
-        """Events with ``gte <= index <= lte`` (both optional), in order.
+        """Events with ``gte <= index <= lte`` (both optional), in order: at most
+        :data:`MAX_HISTORY_EVENTS` of them.
 
         Raises:
-          ValueError: a bound that is not a non-negative int, or ``gte > lte``.
+          ValueError: a bound that is not a non-negative int, ``gte > lte``, or
+            a range holding more than ``MAX_HISTORY_EVENTS`` events (page
+            through it with ``gte`` and ``lte``).
 
         Cancellation: a read; nothing to undo.
         """
@@ -73,13 +89,21 @@ class SessionView:
             raise ValueError(f"gte ({gte}) must be less than or equal to lte ({lte})")
         if lte == 0:
             return []
+        after = 0 if gte is None else max(0, gte - 1)
+        # Indexes are contiguous, so a bounded range's size is known; an open
+        # one reads one row past the cap to tell.
+        if lte is not None and lte - after > MAX_HISTORY_EVENTS:
+            raise ValueError(_too_long(after, lte))
+        through = lte if lte is not None else after + MAX_HISTORY_EVENTS + 1
         engine = self._engine
         with store_unavailable("read"):
             rows = await engine.store.read(
                 engine.key(self.id),
-                after_index=None if gte is None else max(0, gte - 1),
-                through_index=lte,
+                after_index=None if gte is None else after,
+                through_index=through,
             )
+        if len(rows) > MAX_HISTORY_EVENTS:
+            raise ValueError(_too_long(after, None))
         return [engine.to_public(row) for row in rows]
 
     async def state(self, reducer: Reducer[S]) -> tuple[S, int]:

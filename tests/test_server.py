@@ -279,3 +279,21 @@ async def test_a_handler_session_reads_like_a_session_and_appends_by_name() -> N
         await server.session("s1").append(orders.event("ordered", Ordered("book")))
         await server.settle()
     assert seen == [False, ["ordered"], (1, 1), True]
+
+
+async def test_history_reads_are_capped_with_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(a2trio.session, "MAX_HISTORY_EVENTS", 5)
+    async with a2trio.Server(orders, store=memory()) as server:
+        session = server.session("s1")
+        await session.append(*(orders.event("note", Note(str(n))) for n in range(7)))
+        assert [e.index for e in await session.history(gte=1, lte=5)] == [1, 2, 3, 4, 5]
+        assert [e.index for e in await session.history(gte=3)] == [3, 4, 5, 6, 7]
+        for bounds, span in [({}, "gte=1"), ({"gte": 2}, "gte=2"), ({"lte": 6}, "gte=1, lte=6")]:
+            with pytest.raises(ValueError, match=r"^history reads at most 5 events") as info:
+                await session.history(**bounds)
+            assert str(info.value) == (
+                f"history reads at most 5 events at once and {span} holds more: "
+                "page through it with gte and lte"
+            )
