@@ -2,16 +2,17 @@
 
 Each test run creates its own database, ``a2trio_test_<epoch>_<random>``, on
 the server at ``A2_TEST_POSTGRES_URL`` (default: the local trust-auth server)
-and drops it when the interpreter exits (and sweeps unused ones older than an
-hour, left by killed runs); each store gets a fresh schema in it, dropped on
-exit. If the server is unreachable the checks skip with the reason, unless
+and drops it when the interpreter exits, failed tests or not; each store gets a
+fresh schema in it, dropped on exit. Nothing is dropped by age or name pattern:
+another run on the same server may own it (a run killed with SIGKILL leaves its
+database behind, named by the epoch it started at). If the server is
+unreachable the checks skip with the reason, unless
 ``A2_TEST_POSTGRES_REQUIRED=1`` (CI), where they fail.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import secrets
 import time
@@ -33,8 +34,6 @@ __all__ = ["admin_dsn", "database_dsn", "open_store", "run_sql"]
 # Read at import: the autouse fixture clears A2_* variables before each test.
 SERVER_DSN = os.environ.get("A2_TEST_POSTGRES_URL", "postgresql://root@127.0.0.1:5432/postgres")
 REQUIRED = os.environ.get("A2_TEST_POSTGRES_REQUIRED") == "1"
-#: A test database this old (seconds, by the epoch in its name) is a leftover.
-STALE_AFTER_S = 3600
 
 _database: str | None = None
 
@@ -44,26 +43,12 @@ def admin_dsn() -> str:
     return make_conninfo(SERVER_DSN, connect_timeout=3)
 
 
-def _sweep_stale(conn: psycopg.Connection[tuple[object, ...]]) -> None:
-    """Drop test databases a killed run left behind (a ``timeout`` or SIGKILL
-    skips ``atexit``). A database still in use cannot be dropped: skipped."""
-    cutoff = time.time() - STALE_AFTER_S
-    for (name,) in conn.execute(
-        r"select datname from pg_database where datname like 'a2trio\_test\_%'"
-    ).fetchall():
-        created = str(name).split("_")[2]
-        if created.isdigit() and int(created) < cutoff:
-            with contextlib.suppress(psycopg.Error):
-                conn.execute(f'drop database if exists "{name}"')
-
-
 def _create_database() -> str:
     global _database
     if _database is None:
         name = f"a2trio_test_{int(time.time())}_{secrets.token_hex(4)}"
         try:
             with psycopg.connect(admin_dsn(), autocommit=True) as conn:
-                _sweep_stale(conn)
                 conn.execute(f'create database "{name}"')
         except psycopg.OperationalError as exc:
             if REQUIRED:
