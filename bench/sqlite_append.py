@@ -19,9 +19,11 @@ clock, one store and no server:
   keeps other writers, in this process or another, waiting.
 
 Each measurement has its own session, so the length it names is the length
-it ran at (plus at most a few hundred events). The last row divides the
-longest length's figures by the shortest's: constant time in the session's
-length means about 1x.
+it ran at (plus at most a few hundred events). ``--rounds`` repeats the whole
+set (every length, a fresh file each time) and prints each figure's median
+over the rounds, which irons out a busy neighbour on a shared machine. The
+last row divides the last length's figures by the first's: constant time in
+the session's length means about 1x.
 
 Running it against an older checkout (``git worktree add /tmp/old <commit>``,
 then ``python bench/sqlite_append.py --source /tmp/old``) measures that
@@ -137,6 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pushes", type=int, default=10, help="timed multi-event appends")
     parser.add_argument("--batch", type=int, default=100, help="events per push")
     parser.add_argument("--fill", type=int, default=1000, help="events per append when filling")
+    parser.add_argument("--rounds", type=int, default=3, help="medians over this many runs")
     parser.add_argument("--source", default=None, help="the a2trio checkout to measure")
     parser.add_argument("--versions", action="store_true", help="print versions and exit")
     args = parser.parse_args(argv)
@@ -148,12 +151,19 @@ def main(argv: list[str] | None = None) -> None:
         print(versions)
         return
     lengths = [int(n) for n in args.lengths.split(",") if n.strip()]
-    rows = {length: trio.run(measure, length, args) for length in lengths}
+    runs: dict[int, list[dict[str, float]]] = {length: [] for length in lengths}
+    for _ in range(args.rounds):
+        for length in lengths:
+            runs[length].append(trio.run(measure, length, args))
+    rows = {
+        length: {key: statistics.median(run[key] for run in found) for key, _ in COLUMNS}
+        for length, found in runs.items()
+    }
     heads = [head.format(batch=args.batch) for _, head in COLUMNS]
     source = os.path.dirname(os.path.abspath(a2trio.__file__))
     print(
-        f"# bench/sqlite_append.py: {args.samples} samples, {args.pushes} pushes of "
-        f"{args.batch}; a2trio from {source}; {versions}"
+        f"# bench/sqlite_append.py: medians of {args.rounds} rounds of {args.samples} samples "
+        f"and {args.pushes} pushes of {args.batch}; a2trio from {source}; {versions}"
     )
     print("| session length | " + " | ".join(heads) + " |")
     print("| ---: | " + " | ".join("---:" for _ in heads) + " |")
