@@ -6,6 +6,12 @@ shell and ``json_extract``), booleans are 0/1, and epoch milliseconds are
 integers. Each entry of :data:`MIGRATIONS` moves a database from version ``n``
 to ``n + 1``; a later release appends an entry instead of editing one, so a
 developer's ``.a2/dev.db`` is migrated rather than refused.
+
+The store's statements name the three partial indexes (``a2_events_unprocessed``,
+``a2_events_lane_pending``, ``a2_events_dispatch_ready``) with ``INDEXED BY``,
+so that no append reads a session's history (issue 17): a migration that drops
+or renames one must change those statements in the same release, or they fail
+with "no such index".
 """
 
 from __future__ import annotations
