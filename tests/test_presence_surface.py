@@ -12,7 +12,7 @@ import trio.testing
 
 import a2trio
 
-from .apps import Cursor, Note, rooms
+from .apps import Cursor, Note, orders, rooms
 from .breaking_feeds import BreakingFeeds
 
 
@@ -77,3 +77,14 @@ async def test_a_presence_feed_ends_with_its_event_plane(
                 with pytest.raises(a2trio.A2Error, match="the feed's connection dropped"):
                     await feed.receive()
     assert store.broke_at == [0.0]
+
+
+async def test_a_contract_without_presence_has_no_presence_plane(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with a2trio.Server(orders, store=a2trio.stores.memory()) as server:
+        session = server.session("s1")
+        with pytest.raises(TypeError, match=r"^contract 'orders' declares no presence fields$"):
+            await session.set_presence("ann", {"typing": True})
+        with pytest.raises(TypeError, match=r"^contract 'orders' declares no presence fields$"):
+            await session.presence()
