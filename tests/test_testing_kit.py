@@ -587,3 +587,35 @@ def test_every_example_is_run_and_shown_verbatim_in_the_guide() -> None:
     for name in sorted(run):
         source = (EXAMPLES / f"{name}.py").read_text()
         assert f"```python\n{source}```" in guide, f"docs/testing.md is missing {name}.py"
+
+
+async def test_faults_describe_themselves_and_wait_idle_waits_for_real_calls(
+    autojump_clock: Any,
+) -> None:
+    release = trio.Event()
+
+    class Slow(a2trio.stores.MemoryStore):
+        async def read_states(self, session_ids: Any, reducer: str) -> Any:
+            await release.wait()
+            return await super().read_states(session_ids, reducer)
+
+    store = FaultyStore(Slow(clock=TrioClock()))
+    fault = store.delay("read", "read_state", seconds=2, times=3)
+    assert repr(fault) == "Fault(delay read,read_state, fired=0, times=3)"
+    idle: list[float] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.read_states, ["s"], "count")
+        await trio.testing.wait_all_tasks_blocked()
+        assert store.statistics().in_flight == 1
+
+        async def waiter() -> None:
+            await store.wait_idle()
+            idle.append(trio.current_time())
+
+        nursery.start_soon(waiter)
+        await trio.sleep(5)
+        assert idle == []  # still waiting: the real call has not returned
+        release.set()
+    assert idle == [5.0]
+    assert store.statistics().calls == {"read_states": 1}
+    await store.aclose()
