@@ -25,9 +25,19 @@ from .drain import DrainResult, DrainSignal, drain_session
 from .errors import A2Error, store_unavailable
 from .handlers import HandlerSpec
 from .push import PushedEvent
-from .stores.base import AppendEvent, AppendResult, ClaimRequest, EventCause, StoredEvent
+from .stores.base import (
+    AppendEvent,
+    AppendResult,
+    ClaimRequest,
+    EventCause,
+    StoredEvent,
+    SweepsClaimable,
+)
 
-__all__ = ["DrainRegistry"]
+__all__ = ["SWEEP_LIMIT", "DrainRegistry"]
+
+#: Sessions one sweep pass wakes at most; the rest wait for the next pass.
+SWEEP_LIMIT = 1_000
 
 
 class DrainRegistry:
@@ -211,6 +221,27 @@ class DrainRegistry:
         session_id = self.engine.session_of(key)
         if session_id is not None and self.engine.is_open:
             self.wake(session_id)
+
+    async def sweep(self, store: SweepsClaimable) -> None:
+        """Run forever: at once and every ``sweep_s``, wake the drain of each
+        session of this contract that the store says holds claimable work (a
+        crashed process's expired claims, work appended while no worker ran,
+        failures due for a retry). One index-bounded query per pass; a store
+        that fails is asked again at the next pass."""
+        engine = self.engine
+        prefix = engine.key("")
+        while True:
+            try:
+                keys = await store.claimable_sessions(prefix, limit=SWEEP_LIMIT)
+            except Exception:
+                keys = []  # unreachable: the drains it would wake could not claim
+            for key in keys:
+                session_id = engine.session_of(key)
+                signal = self._drains.get(session_id) if session_id is not None else None
+                # A running drain claims again by itself before it ends.
+                if session_id is not None and (signal is None or signal.closed):
+                    self.wake(session_id)
+            await trio.sleep(engine.timings.sweep_s)
 
     async def _background_drain(
         self, session_id: str, signal: DrainSignal, watchdog_at_ms: int | None

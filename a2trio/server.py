@@ -40,7 +40,7 @@ from .push import ValidatePush
 from .scheduler import DrainTask, Scheduler, SchedulerTask
 from .session import Session
 from .stores import default_store
-from .stores.base import Store, WatchesPending
+from .stores.base import Store, SweepsClaimable, WatchesPending
 from .telemetry import NOOP_TELEMETRY, Telemetry
 from .timings import DEFAULT_TIMINGS, Timings
 
@@ -78,6 +78,11 @@ class Server:
         processes on a store with cross-process wake-up (Postgres) run the
         handlers at once. Explicit ``drain()`` and scheduler-delivered drains
         still run them here.
+      sweep: on a store that can tell (``SweepsClaimable``: memory, SQLite,
+        Postgres), a server that runs handlers asks it for claimable work when
+        it opens and every ``timings.sweep_s``, so nothing a crashed process
+        left stays stranded without a scheduler or a further append. False
+        leaves that to appends and watchdogs.
       asyncio_loop: open a trio-asyncio loop for the server's lifetime, so
         handlers can call asyncio-only libraries through
         ``trio_asyncio.aio_as_trio`` (needs the ``asyncio`` extra).
@@ -103,6 +108,7 @@ class Server:
         clock: Clock | None = None,
         asyncio_loop: bool = False,
         run_handlers: bool = True,
+        sweep: bool = True,
     ) -> None:
         if not isinstance(contract, Contract):
             raise TypeError(f"Server expects a contract from a2trio.contract(), got {contract!r}")
@@ -158,6 +164,7 @@ class Server:
         )
         self._drains = DrainRegistry(self._engine, specs)
         self.asyncio_loop = asyncio_loop
+        self.sweep = sweep
         self._stack: AsyncExitStack | None = None
         self._nursery: trio.Nursery | None = None
         self._closed = False
@@ -231,14 +238,14 @@ class Server:
                 await stack.enter_async_context(self.scheduler.bind(self))
             self._nursery = await stack.enter_async_context(trio.open_nursery())
             self._engine.attach(self._nursery)
-            if (
-                self._drains.handlers
-                and self.run_handlers
-                and isinstance(self.store, WatchesPending)
-            ):
-                # Cross-process wake-up: work appended by another process
-                # starts here at once (stores that can tell, e.g. Postgres).
-                stack.callback(self.store.watch_pending(self._drains.wake_key))
+            if self._drains.handlers and self.run_handlers:
+                if isinstance(self.store, WatchesPending):
+                    # Cross-process wake-up: work appended by another process
+                    # starts here at once (stores that can tell, e.g. Postgres).
+                    stack.callback(self.store.watch_pending(self._drains.wake_key))
+                if self.sweep and isinstance(self.store, SweepsClaimable):
+                    # Nothing stays stranded: not counted by settle(), it never ends.
+                    self._nursery.start_soon(self._drains.sweep, self.store)
         except BaseException:
             self._engine.attach(None)
             await stack.aclose()

@@ -26,6 +26,11 @@ class Timings(msgspec.Struct, frozen=True, kw_only=True):
         lost notification delays a feed but never loses an event.
       presence_ttl_s: how long a presence value lives without a refreshing set.
       max_failures: failures before an event is dead-lettered.
+      sweep_s: how often a server that runs handlers asks its store for
+        sessions with claimable work (pending, claims expired, failures due),
+        so work a crashed process left is taken up within ``claim_ttl_s +
+        sweep_s`` with no scheduler and no further append. The watchdog grace:
+        a scheduler's watchdog and the sweep rescue in the same time.
     """
 
     claim_ttl_s: float = 30.0
@@ -38,6 +43,7 @@ class Timings(msgspec.Struct, frozen=True, kw_only=True):
     notify_safety_s: float = 10.0
     presence_ttl_s: float = 60.0
     max_failures: int = 10
+    sweep_s: float = 5.0
 
     def __post_init__(self) -> None:
         for name in self.__struct_fields__:

@@ -50,7 +50,11 @@ def make_server(
     scheduler: a2trio.Scheduler | None,
     handlers: dict[str, a2trio.HandlerSpec | Callable[..., Awaitable[Any]]] | None = None,
 ) -> a2trio.Server:
-    return a2trio.Server(shop, store=store, handlers=handlers or {}, scheduler=scheduler)
+    # sweep=False: these tests watch the scheduler's watchdogs and retries,
+    # which the sweep would pre-empt (it has tests of its own).
+    return a2trio.Server(
+        shop, store=store, handlers=handlers or {}, scheduler=scheduler, sweep=False
+    )
 
 
 async def notes(server: a2trio.Server) -> list[a2trio.Event[Any]]:

@@ -133,7 +133,11 @@ def make_server(
     scheduler: DurableScheduler,
     handlers: dict[str, Callable[..., Awaitable[Any]]] | None = None,
 ) -> a2trio.Server:
-    return a2trio.Server(shop, store=store, handlers=handlers or {}, scheduler=scheduler)
+    # sweep=False: these tests watch the scheduler's watchdogs and retries,
+    # which the sweep would pre-empt (it has tests of its own).
+    return a2trio.Server(
+        shop, store=store, handlers=handlers or {}, scheduler=scheduler, sweep=False
+    )
 
 
 async def next_event(server: a2trio.Server, after: int = 0) -> a2trio.Event[Any]:

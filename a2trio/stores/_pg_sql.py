@@ -323,6 +323,24 @@ READ = Statement(
     " where session_id = $1::text and idx > $2::bigint and idx <= $3::bigint order by idx"
 )
 
+# Sessions with work a claim would take now (`claimable_sessions`, the sweep):
+# the partial index `a2_events_claim_expiry` holds only dispatch-ready rows, so
+# the cost is the pending work, never the history. `starts_with` rather than a
+# key range: under a linguistic collation a range of keys holding U+001F is not
+# the set of keys with the prefix. A failed row waits out
+# `_verdicts.retry_backoff_ms`, spelled here in SQL.
+#   $1 key prefix, $2 now, $3 limit
+CLAIMABLE_SESSIONS = Statement(
+    """
+select distinct session_id from a2_events
+ where lane_ready and processed_at is null and failed_at is null
+   and starts_with(session_id, $1::text)
+   and (claim_expires_at is null or claim_expires_at <= $2::bigint)
+   and (failure_count = 0
+        or last_failed_at + least(1000 << least(failure_count - 1, 6), 60000) <= $2::bigint)
+ order by session_id limit $3::bigint"""
+)
+
 # store-postgres.ts `claimAvailable`: the materialized eligible set locked
 # `for update`, claimed in one update; the earliest live foreign claim rides
 # along for the busy answer, so the claim is one autocommit statement.

@@ -31,6 +31,7 @@ __all__ = [
     "replayed_batch",
     "replayed_completion",
     "replays_completion",
+    "retry_backoff_ms",
     "returned_id_taken",
     "returned_ids",
     "superseded_attempt",
@@ -66,6 +67,16 @@ class FailVerdict(msgspec.Struct, frozen=True):
 
     result: FailResult
     record: bool
+
+
+def retry_backoff_ms(failure_count: int) -> int:
+    """How long after its last failure an event waits for a sweep's retry:
+    1 s after the first, doubling, at most a minute (``1000 << min(n - 1, 6)``
+    capped at 60,000, the same expression in every store's SQL). A drain
+    running anyway (an append, a watchdog) retries it sooner."""
+    if failure_count <= 0:
+        return 0
+    return min(1000 << min(failure_count - 1, 6), 60_000)
 
 
 def no_event(session_id: str, index: int) -> ValueError:

@@ -73,6 +73,7 @@ __all__ = [
     "Store",
     "StoredEvent",
     "StoredPresencePatch",
+    "SweepsClaimable",
     "WatchesPending",
     "replay",
 ]
@@ -495,6 +496,26 @@ class WatchesPending(Protocol):
         """Call ``on_session(key)`` when another process appends to the session
         stored under ``key``; return the function that stops it. Only inside
         ``async with store``; echoes of this store's own writes are skipped."""
+        ...
+
+
+@runtime_checkable
+class SweepsClaimable(Protocol):
+    """The optional sweep capability: which sessions hold work a claim would
+    take now, so work stranded by a crashed process is found without an append
+    or a scheduler (memory, SQLite and Postgres have it).
+    """
+
+    async def claimable_sessions(self, prefix: str, *, limit: int) -> list[str]:
+        """Up to ``limit`` session keys starting with ``prefix``, in key order,
+        holding an event that is unprocessed, not dead-lettered, lane-ready,
+        with no live claim, and, after a failure, past its retry backoff
+        (:func:`a2trio.stores._verdicts.retry_backoff_ms`).
+
+        Obligation: bounded by the work pending, not by the history (an index
+        over pending events). A key returned may hold nothing to claim by the
+        time a drain looks: the drain's claim decides.
+        """
         ...
 
 

@@ -61,6 +61,7 @@ from .base import (
     Store,
     StoredEvent,
     StoredPresencePatch,
+    SweepsClaimable,
 )
 
 __all__ = [
@@ -121,7 +122,7 @@ class CapabilityMissing(Exception):
 
 async def capabilities(open_store: StoreFactory) -> frozenset[str]:
     """The optional capabilities of the factory's stores, named as in
-    :data:`REQUIRES`: ``presence``, ``presence push``, ``inspect``.
+    :data:`REQUIRES`: ``presence``, ``presence push``, ``inspect``, ``sweep``.
 
     Lets a runner skip checks before running them. Opens one store.
     """
@@ -133,6 +134,8 @@ async def capabilities(open_store: StoreFactory) -> frozenset[str]:
                 found.add("presence push")
         if store.inspect is not None:
             found.add("inspect")
+        if isinstance(store, SweepsClaimable):
+            found.add("sweep")
         return frozenset(found)
 
 
@@ -753,6 +756,41 @@ async def check_claim_dead_letters_block_their_lane(open_store: StoreFactory) ->
         assert (await store.append(sid, [])).has_pending, "a stalled lane is still pending"
 
 
+async def check_claimable_sessions(open_store: StoreFactory) -> None:
+    """The sweep finds exactly the sessions a claim would take work from now:
+    pending, claims expired, failures past their backoff; not live claims,
+    processed or dead-lettered sessions, nor another prefix's."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        if not isinstance(store, SweepsClaimable):
+            raise CapabilityMissing("sweep")
+        prefix = f"sweep-{uuid4().hex[:8]}\x1f"
+        pending, claimed, done, failed, dead = (prefix + n for n in "abcde")
+        for key in (pending, claimed, done, failed, dead, f"other-{prefix}a"):
+            await store.append(key, [_ev("work")])
+        await store.append(done, [_ev("settled", settled=True)])
+        _claimed(await _claim(store, claimed, ttl_ms=10_000))
+        _claimed(await _claim(store, done))
+        await store.complete_attempt(done, index=1, attempt=1, events=[])
+        _claimed(await _claim(store, failed))
+        await store.fail_attempt(failed, index=1, attempt=1, error="boom", max_failures=10)
+        _claimed(await _claim(store, dead))
+        await store.fail_attempt(dead, index=1, attempt=1, error="boom", max_failures=1)
+        sweep = await store.claimable_sessions(prefix, limit=10)
+        assert sweep == [pending], f"at once: {sweep!r}"
+        clock.advance(1_000)  # the first failure's backoff has passed
+        assert await store.claimable_sessions(prefix, limit=10) == [pending, failed]
+        clock.advance(9_000)  # and the live claim has expired
+        assert await store.claimable_sessions(prefix, limit=10) == [pending, claimed, failed]
+        assert await store.claimable_sessions(prefix, limit=2) == [pending, claimed]
+        _claimed(await _claim(store, failed))
+        await store.fail_attempt(failed, index=1, attempt=2, error="boom", max_failures=10)
+        clock.advance(1_000)  # the second failure waits 2 s
+        assert failed not in await store.claimable_sessions(prefix, limit=10)
+        clock.advance(1_000)
+        assert failed in await store.claimable_sessions(prefix, limit=10)
+
+
 async def check_renew_claims(open_store: StoreFactory) -> None:
     """Live claims of this holder renew; newer attempts supersede; expired ones neither."""
     clock = ManualClock()
@@ -1335,6 +1373,7 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_claim_lanes,
     check_claim_lane_hand_off_to_returned_events,
     check_claim_dead_letters_block_their_lane,
+    check_claimable_sessions,
     check_renew_claims,
     check_complete_attempt,
     check_complete_attempt_rejects_a_different_batch,
@@ -1363,4 +1402,5 @@ REQUIRES: dict[str, frozenset[str]] = {
     check_presence_subscribe.__name__: frozenset({"presence", "presence push"}),
     check_inspect_list_sessions.__name__: frozenset({"inspect"}),
     check_inspect_read_events_and_snapshots.__name__: frozenset({"inspect"}),
+    check_claimable_sessions.__name__: frozenset({"sweep"}),
 }

@@ -54,6 +54,18 @@ _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 
 
+def _sweepable(row: _Row, now: int) -> bool:
+    return (
+        row.failed_at_ms is None
+        and row.lane_ready
+        and (row.claim_expires_at_ms is None or row.claim_expires_at_ms <= now)
+        and (
+            row.failure_count == 0
+            or (row.last_failed_at_ms or 0) + verdicts.retry_backoff_ms(row.failure_count) <= now
+        )
+    )
+
+
 @dataclasses.dataclass(slots=True)
 class _Row:
     id: str
@@ -432,6 +444,18 @@ class MemoryStore:
             if r.claim_expires_at_ms is not None and r.claim_expires_at_ms > now
         ]
         return Busy(min(held)) if held else Settled()
+
+    async def claimable_sessions(self, prefix: str, *, limit: int) -> list[str]:
+        """See :meth:`SweepsClaimable.claimable_sessions`: a pass over the
+        sessions with unprocessed rows, never the history."""
+        await trio.lowlevel.checkpoint()
+        now = self.clock.now_ms()
+        found = [
+            key
+            for key, rows in self._open.items()
+            if key.startswith(prefix) and any(_sweepable(row, now) for row in rows.values())
+        ]
+        return sorted(found)[:limit]
 
     async def renew_claims(
         self,

@@ -847,6 +847,13 @@ class PostgresStore:
             )
         return [_stored(row) for row in rows]
 
+    async def claimable_sessions(self, prefix: str, *, limit: int) -> list[str]:
+        """See :meth:`SweepsClaimable.claimable_sessions`: one statement over
+        the partial index of dispatch-ready rows. Cancellation: a read."""
+        with _errors("sweep"):
+            rows = await self._query(sql.CLAIMABLE_SESSIONS, (prefix, self.clock.now_ms(), limit))
+        return [str(session_id) for (session_id,) in rows]
+
     async def claim_available(
         self,
         session_id: str,

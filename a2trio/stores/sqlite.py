@@ -183,6 +183,26 @@ where session_id = ?1 and idx = (
 )
 """
 
+# Sessions with work a claim would take now (`claimable_sessions`). The index
+# holds only dispatch-ready rows, so the cost is the pending work; a failed
+# row waits out `_verdicts.retry_backoff_ms`, spelled here in SQL.
+_CLAIMABLE_SESSIONS = """
+    select distinct session_id from a2_events indexed by a2_events_dispatch_ready
+    where lane_ready and processed_at is null and failed_at is null
+      and session_id >= ? and session_id < ?
+      and (claim_expires_at is null or claim_expires_at <= ?)
+      and (failure_count = 0
+           or last_failed_at + min(1000 << min(failure_count - 1, 6), 60000) <= ?)
+    order by session_id limit ?
+"""
+
+
+def _prefix_end(prefix: str) -> str:
+    """The least string above every string starting with ``prefix`` (binary
+    order, as SQLite compares text)."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
 # What the attempt fences read (`_verdicts.Bookkeeping`), in `_Bookkeeping` order.
 _BOOKKEEPING: Final = (
     "processed_at, failed_at, attempt_count, claim_holder, failure_count, last_failed_attempt"
@@ -519,6 +539,21 @@ class SqliteStore:
         return await self._read("read", work)
 
     # -- claims ----------------------------------------------------------
+
+    async def claimable_sessions(self, prefix: str, *, limit: int) -> list[str]:
+        """See :meth:`SweepsClaimable.claimable_sessions`: a range of the
+        partial index over dispatch-ready rows, never the history.
+
+        Cancellation: a read; nothing to undo.
+        """
+        now = self.clock.now_ms()
+        end = _prefix_end(prefix)
+
+        def work(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute(_CLAIMABLE_SESSIONS, (prefix, end, now, now, limit)).fetchall()
+            return [str(session_id) for (session_id,) in rows]
+
+        return await self._read("sweep", work)
 
     async def claim_available(
         self,
