@@ -18,7 +18,7 @@ from a2trio.stores.conformance import CHECKS, REQUIRES, StoreFactory, capabiliti
 
 _TESTS = Path(__file__).resolve().parent
 
-BACKENDS = ["memory", "sqlite", "postgres"]
+BACKENDS = ["memory", "sqlite", "postgres", "redis"]
 
 #: (backend, check name) pairs that fail because the backend is wrong against
 #: the seed, each with the bug's location. Strict: a fix turns them into errors.

@@ -160,5 +160,5 @@ def test_store_urls() -> None:
     assert isinstance(from_url("sqlite:///:memory:"), SqliteStore)
     for url in ("postgres://u@h/db", "postgresql://u@h/db"):
         assert isinstance(from_url(url), PostgresStore)  # no I/O until opened
-    with pytest.raises(ValueError, match=r"^unknown store URL 'redis://h': use 'memory:'"):
-        from_url("redis://h")
+    with pytest.raises(ValueError, match=r"^unknown store URL 'mysql://h': use 'memory:'"):
+        from_url("mysql://h")

@@ -1,8 +1,9 @@
 """Store backends and the seam they implement.
 
 ``memory()`` and ``sqlite()`` need nothing beyond the core. ``postgres()``
-needs the ``postgres`` extra (psycopg); without it, calling it raises
-``STORE_NOT_CONFIGURED`` naming the extra.
+needs the ``postgres`` extra (psycopg) and ``redis()`` the ``redis`` extra
+(coredis); without it, calling it raises ``STORE_NOT_CONFIGURED`` naming the
+extra.
 """
 
 from __future__ import annotations
@@ -30,22 +31,40 @@ except ImportError as _missing:  # pragma: no cover - the dev extra installs psy
         )
 
 
+try:
+    from .redis import RedisStore, redis
+except ImportError as _missing_redis:  # pragma: no cover - the dev extra installs coredis
+    if not (_missing_redis.name or "").startswith("coredis"):
+        raise
+    _redis_reason = str(_missing_redis)
+
+    def redis(*args: Any, **kwargs: Any) -> NoReturn:  # type: ignore[misc]
+        """Stand-in when coredis is not installed."""
+        raise A2Error(
+            ErrorCode.STORE_NOT_CONFIGURED,
+            f"the Redis store needs coredis: pip install 'a2trio[redis]' ({_redis_reason})",
+        )
+
+
 __all__ = [
     "MemoryStore",
     "PostgresStore",
+    "RedisStore",
     "SqliteStore",
     "Store",
     "default_store",
     "from_url",
     "memory",
     "postgres",
+    "redis",
     "sqlite",
 ]
 
 
 def from_url(url: str) -> Store:
     """Build a store from a URL: ``memory:``, ``sqlite:///relative.db``,
-    ``sqlite:////absolute.db``, ``sqlite:///:memory:``, ``postgresql://...``.
+    ``sqlite:////absolute.db``, ``sqlite:///:memory:``, ``postgresql://...``,
+    ``redis://...`` / ``rediss://...`` (key prefix ``a2``).
 
     Raises:
       ValueError: an unknown scheme.
@@ -58,8 +77,11 @@ def from_url(url: str) -> Store:
         return sqlite(path or ".a2/dev.db")
     if url.startswith(("postgres://", "postgresql://")):
         return postgres(url)
+    if url.startswith(("redis://", "rediss://")):
+        return redis(url)
     raise ValueError(
-        f"unknown store URL {url!r}: use 'memory:', 'sqlite:///path' or 'postgresql://...'"
+        f"unknown store URL {url!r}: use 'memory:', 'sqlite:///path', 'postgresql://...'"
+        " or 'redis://...'"
     )
 
 

@@ -1,0 +1,535 @@
+"""The Redis store's Lua scripts: each multi-key step of a store operation, atomic.
+
+Redis runs a script to completion before any other command, so each script is
+a transaction: it reads, decides and writes with nothing in between, and a
+client that is cancelled or loses its connection either ran it whole or not at
+all. The scripts follow the seed's ``store-postgres.ts`` statements (as
+``_pg_sql`` does); ``redis.py`` turns what they return into records and
+applies ``_verdicts`` to it.
+
+Key layout (``P`` is the store's key prefix; ``S`` a session key; a
+per-session key ends in a suffix without a colon, so ``P:S:suffix`` never
+collides across sessions):
+
+* ``P:S:log``: the session's Redis Stream. Entry id ``<index>-0`` (so
+  ``XRANGE`` reads by index), one field ``r``: the immutable row as JSON,
+  ``[id, type, payload, created_at_ms, cause, lane, settled]``.
+* ``P:S:meta``: hash, index -> the mutable bookkeeping of an unsettled event
+  as a JSON object (``a`` attempts, ``f`` failures, ``h`` holder, ``x`` claim
+  expiry, ``fc``/``lc`` first/last claimed, ``lf``/``la`` last failure time
+  and attempt, ``e`` error, ``d`` dead-lettered at, ``p`` processed at,
+  ``pb`` processed by attempt, ``r`` returned ids as JSON text, ``l`` lane).
+  Settled events have none: they are processed at creation.
+* ``P:S:open``: sorted set of the unprocessed indexes (dead letters
+  included: they stall their lane), scored by index. Lane readiness is
+  computed from it: the oldest open event of a lane is the ready one.
+* ``P:S:head``: hash ``n`` (the frontier), ``first``/``last`` (created at of
+  the first and latest event), ``dead`` (how many open events are dead).
+* ``P:S:snap``: hash, reducer -> ``"<index>:<updated_at>:<state json>"``.
+* ``P:S:presence``: hash, ``participant NUL field`` ->
+  ``"<at>:<seen>:<expires_at>:<value json>"``; the key itself expires (real
+  time) a minute after its last write outlives every row, so abandoned
+  sessions vanish. Row expiry runs on the store's clock.
+* ``P:S:watched``: a marker with a TTL that live feeds refresh; writes to a
+  session publish a wake-up on ``P:S:notify`` only while it exists.
+* ``P:ids``: hash, event id -> ``"<index>:<session key>"`` (ids are unique
+  store-wide). ``P:sessions``: sorted set of session keys (score 0, so
+  ``ZRANGE BYLEX`` pages them by prefix). ``P:pending:watched`` and the
+  ``P:pending`` channel: cross-process wake-ups of drains.
+
+Numbers pass through Lua as doubles; every number the scripts store (epoch
+milliseconds, counters) is an integer below 10^14, which Lua and cjson
+print exactly.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "APPEND",
+    "CLAIM",
+    "COMPLETE",
+    "FAIL_READ",
+    "FAIL_WRITE",
+    "PRESENCE_READ",
+    "PRESENCE_SET",
+    "PUT_SNAPSHOT",
+    "READ",
+    "READ_EVENTS",
+    "READ_STATES",
+    "RENEW",
+    "SUMMARIES",
+]
+
+# Shared helpers, prepended to the scripts that take the session keys as
+# KEYS[1..4] = log, meta, open, head.
+_PRELUDE = r"""
+local LOG, META, OPEN, HEAD = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+
+local function frontier()
+  return tonumber(redis.call('HGET', HEAD, 'n') or '0')
+end
+
+local function entry_of(log, idx)
+  local e = redis.call('XRANGE', log, idx .. '-0', idx .. '-0')
+  return e[1][2][2]
+end
+
+-- HMGET in slices: unpack() of thousands of arguments overflows Lua's stack.
+local function hmget(key, fields)
+  local out = {}
+  for i = 1, #fields, 1000 do
+    local slice = {}
+    for j = i, math.min(i + 999, #fields) do slice[#slice + 1] = fields[j] end
+    local got = redis.call('HMGET', key, unpack(slice))
+    for j = 1, #got do out[#out + 1] = got[j] end
+  end
+  return out
+end
+
+-- The open events in index order: {index, meta, lane_ready}. The oldest open
+-- event of a lane (dead or alive) is its ready one.
+local function open_rows()
+  local out = {}
+  local idxs = redis.call('ZRANGE', OPEN, 0, -1)
+  if #idxs == 0 then return out end
+  local raws = hmget(META, idxs)
+  local seen = {}
+  for i, idx in ipairs(idxs) do
+    local m = cjson.decode(raws[i])
+    local ready = true
+    if m.l then
+      if seen[m.l] then ready = false else seen[m.l] = true end
+    end
+    out[#out + 1] = {tonumber(idx), m, ready}
+  end
+  return out
+end
+
+-- A stored id's location "<index>:<session>", split.
+local function locate(loc)
+  local colon = string.find(loc, ':', 1, true)
+  return tonumber(string.sub(loc, 1, colon - 1)), string.sub(loc, colon + 1)
+end
+
+-- For each stored id among ids: id, session, index, and (same session only)
+-- entry and meta.
+local function stored_rows(ids_key, sid, ids, out)
+  for _, id in ipairs(ids) do
+    local loc = redis.call('HGET', ids_key, id)
+    if loc then
+      local idx, where = locate(loc)
+      out[#out + 1] = id
+      out[#out + 1] = where
+      out[#out + 1] = idx
+      if where == sid then
+        out[#out + 1] = entry_of(LOG, idx)
+        out[#out + 1] = redis.call('HGET', META, idx) or false
+      else
+        out[#out + 1] = false
+        out[#out + 1] = false
+      end
+    end
+  end
+  return out
+end
+
+-- Append one row at idx (the caller maintains the head).
+local function insert(ids_key, sid, idx, id, entry, lane, settled)
+  redis.call('XADD', LOG, idx .. '-0', 'r', entry)
+  redis.call('HSET', ids_key, id, idx .. ':' .. sid)
+  if settled then return nil end
+  local m = {}
+  if lane ~= '' then m.l = string.sub(lane, 2) end
+  redis.call('ZADD', OPEN, idx, idx)
+  return m
+end
+
+local function advance_head(sid, sessions_key, front, n, now)
+  if n == 0 then return end
+  if front == 0 then
+    redis.call('HSET', HEAD, 'first', now)
+    redis.call('ZADD', sessions_key, 0, sid)
+  end
+  redis.call('HSET', HEAD, 'n', front + n, 'last', now)
+end
+
+local function wake(watched, channel, message, pending_watched, pending_channel, sid, unsettled)
+  if redis.call('EXISTS', watched) == 1 then
+    redis.call('PUBLISH', channel, message)
+  end
+  if unsettled and redis.call('EXISTS', pending_watched) == 1 then
+    redis.call('PUBLISH', pending_channel, message .. ' ' .. sid)
+  end
+end
+"""
+
+#: store-postgres.ts ``append``. KEYS: log, meta, open, head, ids, sessions,
+#: watched, pending-watched. ARGV: session, now, origin, holder ('' for
+#: none), claim expiry, notify channel, pending channel, n events, m supplied
+#: ids, the m ids, then per event: id, entry, lane ('' or '=' .. lane),
+#: settled ('1'/'0'), cause index ('' for none), cause attempt.
+#:
+#: Returns ``{'pending', 0|1}`` (empty batch), ``{'replay', pending, others,
+#: stored rows...}`` (``stored_rows``), ``{'missing', index}`` /
+#: ``{'superseded', position}`` (the fence), or ``{'ok', base, had_pending,
+#: others_claimable, {claimed indexes}}``.
+APPEND = (
+    _PRELUDE
+    + r"""
+local sid, now, origin, holder = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local n, m = tonumber(ARGV[8]), tonumber(ARGV[9])
+local pending = redis.call('ZCARD', OPEN) > 0 and 1 or 0
+if n == 0 then return {'pending', pending} end
+
+local function others()
+  if holder == '' then return 0, nil end
+  local found, lanes = 0, {}
+  for _, r in ipairs(open_rows()) do
+    local mm = r[2]
+    if mm.l then lanes[mm.l] = true end
+    if not mm.d and r[3] and (not mm.x or mm.x <= now) then found = 1 end
+  end
+  return found, lanes
+end
+
+local supplied = {}
+for i = 1, m do supplied[i] = ARGV[9 + i] end
+local replay = stored_rows(KEYS[5], sid, supplied, {})
+if #replay > 0 then
+  local found = others()
+  local out = {'replay', pending, found}
+  for _, v in ipairs(replay) do out[#out + 1] = v end
+  return out
+end
+
+local at = 10 + m
+local front = frontier()
+for k = 0, n - 1 do
+  local b = at + k * 6
+  if ARGV[b + 4] ~= '' then
+    local cidx = tonumber(ARGV[b + 4])
+    if cidx < 1 or cidx > front then return {'missing', cidx} end
+    local raw = redis.call('HGET', META, cidx)
+    local pm = raw and cjson.decode(raw) or {}
+    if (pm.a or 0) ~= tonumber(ARGV[b + 5]) or pm.d then return {'superseded', k + 1} end
+  end
+end
+
+local found, lanes = others()
+local claimed = {}
+local unsettled = false
+for k = 0, n - 1 do
+  local b = at + k * 6
+  local idx = front + k + 1
+  local lane = ARGV[b + 2]
+  local mm = insert(KEYS[5], sid, idx, ARGV[b], ARGV[b + 1], lane, ARGV[b + 3] == '1')
+  if mm then
+    unsettled = true
+    if lanes then
+      -- Claimed as it is written: a claim in the same transaction.
+      local ready = (mm.l == nil) or not lanes[mm.l]
+      if mm.l then lanes[mm.l] = true end
+      if ready then
+        mm.a, mm.fc, mm.lc, mm.h, mm.x = 1, now, now, holder, tonumber(ARGV[5])
+        claimed[#claimed + 1] = idx
+      end
+    end
+    redis.call('HSET', META, idx, cjson.encode(mm))
+  end
+end
+advance_head(sid, KEYS[6], front, n, ARGV[2])
+wake(KEYS[7], ARGV[6], origin, KEYS[8], ARGV[7], sid, unsettled)
+return {'ok', front, pending, found, claimed}
+"""
+)
+
+# Rows after an index: {index, entry, meta|false, ...}, at most `count`.
+_RANGE = r"""
+local function read_range(log, meta, after, through, count)
+  local args = {'XRANGE', log, (after + 1) .. '-0', through}
+  if count then args[#args + 1] = 'COUNT'; args[#args + 1] = count end
+  local entries = redis.call(unpack(args))
+  local out = {}
+  if #entries == 0 then return out end
+  local idxs = {}
+  for i, e in ipairs(entries) do
+    idxs[i] = string.sub(e[1], 1, -3)
+  end
+  local metas = {}
+  for i = 1, #idxs, 1000 do
+    local slice = {}
+    for j = i, math.min(i + 999, #idxs) do slice[#slice + 1] = idxs[j] end
+    local got = redis.call('HMGET', meta, unpack(slice))
+    for j = 1, #got do metas[#metas + 1] = got[j] end
+  end
+  for i, e in ipairs(entries) do
+    out[#out + 1] = tonumber(idxs[i])
+    out[#out + 1] = e[2][2]
+    out[#out + 1] = metas[i] or false
+  end
+  return out
+end
+"""
+
+#: ``read``. KEYS: log, meta, watched. ARGV: after index, through ('+' or an
+#: index), watched-marker ttl in ms ('0': leave it). Returns the rows.
+READ = (
+    _RANGE
+    + r"""
+local ttl = tonumber(ARGV[3])
+if ttl > 0 then redis.call('SET', KEYS[3], '1', 'PX', ttl) end
+return read_range(KEYS[1], KEYS[2], tonumber(ARGV[1]), ARGV[2], nil)
+"""
+)
+
+#: Inspection ``read_events``. KEYS: log, meta, head. ARGV: after, through
+#: ('' for the frontier), limit. Returns ``{frontier-bound, {rows}}``.
+READ_EVENTS = (
+    _RANGE
+    + r"""
+local front = tonumber(redis.call('HGET', KEYS[3], 'n') or '0')
+local through = front
+if ARGV[2] ~= '' then through = math.min(tonumber(ARGV[2]), front) end
+local rows = {}
+if through > tonumber(ARGV[1]) and tonumber(ARGV[3]) > 0 then
+  rows = read_range(KEYS[1], KEYS[2], tonumber(ARGV[1]), through .. '-0', tonumber(ARGV[3]))
+end
+return {through, rows}
+"""
+)
+
+#: ``read_states``. KEYS: (snap, log, meta) per session. ARGV: reducer.
+#: Returns per session: the snapshot text or false, and the rows after it.
+READ_STATES = (
+    _RANGE
+    + r"""
+local out = {}
+for s = 0, #KEYS / 3 - 1 do
+  local snap = redis.call('HGET', KEYS[s * 3 + 1], ARGV[1])
+  local after = 0
+  if snap then after = tonumber(string.match(snap, '^(%d+):')) end
+  out[#out + 1] = snap or false
+  out[#out + 1] = read_range(KEYS[s * 3 + 2], KEYS[s * 3 + 3], after, '+', nil)
+end
+return out
+"""
+)
+
+#: store-postgres.ts ``claimAvailable``. KEYS: log, meta, open, head. ARGV:
+#: now, holder, expiry, limit (0: none), excluded indexes... Returns
+#: ``{'claimed', index, entry, meta, ...}``, ``{'busy', retry_at}`` or
+#: ``{'settled'}``.
+CLAIM = (
+    _PRELUDE
+    + r"""
+local now, holder, expires = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local limit = tonumber(ARGV[4])
+local excluded = {}
+for i = 5, #ARGV do excluded[tonumber(ARGV[i])] = true end
+local out = {'claimed'}
+local held = nil
+for _, r in ipairs(open_rows()) do
+  local idx, m = r[1], r[2]
+  if not m.d and r[3] then
+    local live = m.x and m.x > now
+    if live and (not held or m.x < held) then held = m.x end
+    if not live and not excluded[idx] and (limit == 0 or (#out - 1) / 3 < limit) then
+      m.a = (m.a or 0) + 1
+      if not m.fc then m.fc = now end
+      m.lc, m.h, m.x = now, holder, expires
+      local raw = cjson.encode(m)
+      redis.call('HSET', META, idx, raw)
+      out[#out + 1] = idx
+      out[#out + 1] = entry_of(LOG, idx)
+      out[#out + 1] = raw
+    end
+  end
+end
+if #out > 1 then return out end
+if held then return {'busy', held} end
+return {'settled'}
+"""
+)
+
+#: store-postgres.ts ``renewClaims``. KEYS: log, meta, open, head. ARGV: now,
+#: holder, expiry, then (index, attempt) pairs. Returns ``{{renewed},
+#: {superseded}}``.
+RENEW = (
+    _PRELUDE
+    + r"""
+local now, holder, expires = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local front = frontier()
+local renewed, superseded = {}, {}
+for i = 4, #ARGV, 2 do
+  local idx, attempt = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+  if idx >= 1 and idx <= front then
+    local raw = redis.call('HGET', META, idx)
+    local m = raw and cjson.decode(raw) or {p = 0}
+    local count = m.a or 0
+    if count == attempt and not m.p and not m.d and m.h == holder and m.x and m.x > now then
+      m.x = expires
+      redis.call('HSET', META, idx, cjson.encode(m))
+      renewed[#renewed + 1] = idx
+    elseif count > attempt then
+      superseded[#superseded + 1] = idx
+    end
+  end
+end
+return {renewed, superseded}
+"""
+)
+
+#: store-postgres.ts ``completeAttempt``. KEYS: log, meta, open, head, ids,
+#: sessions, watched, pending-watched. ARGV: session, index, attempt, now,
+#: origin, returned ids (JSON text), notify channel, pending channel, n, then
+#: per event: id, entry, lane, settled.
+#:
+#: Returns ``{'missing'}``, ``{'superseded'}``, ``{'duplicate'}``,
+#: ``{'replay', processed_by_attempt, returned ids, stored rows...}`` or
+#: ``{'ok', base, drained}``.
+COMPLETE = (
+    _PRELUDE
+    + r"""
+local sid, idx, attempt, now = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local n = tonumber(ARGV[9])
+local front = frontier()
+if idx < 1 or idx > front then return {'missing'} end
+local raw = redis.call('HGET', META, idx)
+-- A settled event was processed by no attempt: nothing to complete.
+if not raw then return {'superseded'} end
+local m = cjson.decode(raw)
+local ids = {}
+for k = 0, n - 1 do ids[k + 1] = ARGV[10 + k * 4] end
+if m.p then
+  local out = {'replay', m.pb or false, m.r or false}
+  return stored_rows(KEYS[5], sid, ids, out)
+end
+-- _verdicts.holds_claim
+if m.a ~= attempt or m.d or not m.h then return {'superseded'} end
+for _, id in ipairs(ids) do
+  if redis.call('HEXISTS', KEYS[5], id) == 1 then return {'duplicate'} end
+end
+local unsettled = false
+for k = 0, n - 1 do
+  local b = 10 + k * 4
+  local settled = ARGV[b + 3] == '1'
+  local mm = insert(KEYS[5], sid, front + k + 1, ARGV[b], ARGV[b + 1], ARGV[b + 2], settled)
+  if mm then
+    unsettled = true
+    redis.call('HSET', META, front + k + 1, cjson.encode(mm))
+  end
+end
+m.p, m.pb, m.r, m.h, m.x = now, attempt, ARGV[6], nil, nil
+redis.call('HSET', META, idx, cjson.encode(m))
+redis.call('ZREM', OPEN, idx)
+advance_head(sid, KEYS[6], front, n, ARGV[4])
+if n > 0 then wake(KEYS[7], ARGV[7], ARGV[5], KEYS[8], ARGV[8], sid, unsettled) end
+local dead = tonumber(redis.call('HGET', HEAD, 'dead') or '0')
+local drained = redis.call('ZCARD', OPEN) == dead and 1 or 0
+return {'ok', front, drained}
+"""
+)
+
+#: ``failAttempt``, first half: the row the verdict reads. KEYS: log, meta,
+#: open, head. ARGV: index. Returns ``{frontier, meta|false}``.
+FAIL_READ = (
+    _PRELUDE
+    + r"""
+return {frontier(), redis.call('HGET', META, ARGV[1]) or false}
+"""
+)
+
+#: ``failAttempt``, second half: write the verdict if the row is as read.
+#: KEYS: meta, open, head. ARGV: index, meta as read, new meta, dead ('1'
+#: when this failure dead-letters). Returns 1, or 0 if the row moved.
+FAIL_WRITE = r"""
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+if ARGV[4] == '1' then redis.call('HINCRBY', KEYS[3], 'dead', 1) end
+return 1
+"""
+
+#: store-postgres.ts ``putSnapshots``: never backwards. KEYS: snap. ARGV:
+#: reducer, index, now, state JSON. Returns 1 if written.
+PUT_SNAPSHOT = r"""
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+if current and tonumber(string.match(current, '^(%d+):')) >= tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ':' .. ARGV[3] .. ':' .. ARGV[4])
+return 1
+"""
+
+#: Inspection counters. KEYS: (head, meta, open) per session. Returns per
+#: session ``{n, first, updated, pending, failed, attempts, failures}``.
+SUMMARIES = r"""
+local out = {}
+for s = 0, #KEYS / 3 - 1 do
+  local head = redis.call('HMGET', KEYS[s * 3 + 1], 'n', 'first', 'last', 'dead')
+  local updated = tonumber(head[3] or '0')
+  local failed, attempts, failures = 0, 0, 0
+  for _, raw in ipairs(redis.call('HVALS', KEYS[s * 3 + 2])) do
+    local m = cjson.decode(raw)
+    attempts = attempts + (m.a or 0)
+    failures = failures + (m.f or 0)
+    if m.d then failed = failed + 1 end
+    for _, name in ipairs({'fc', 'lc', 'lf', 'p', 'd'}) do
+      local t = m[name]
+      if t and t > updated then updated = t end
+    end
+  end
+  local pending = redis.call('ZCARD', KEYS[s * 3 + 3]) - tonumber(head[4] or '0')
+  out[#out + 1] = {tonumber(head[1] or '0'), tonumber(head[2] or '0'), updated, pending, failed,
+    attempts, failures}
+end
+return out
+"""
+
+#: store-postgres.ts ``presence.set``: field-wise LWW on the sender's ``at``
+#: (ties go to the incoming write), published as one patch. KEYS: presence.
+#: ARGV: now, expires_at, seen, at, key ttl ms, origin, channel, participant,
+#: participant JSON, then (field, field JSON, value JSON or '' to clear)
+#: triples. Returns the applied fields.
+PRESENCE_SET = r"""
+local at = tonumber(ARGV[4])
+local applied, parts = {}, {}
+for i = 10, #ARGV, 3 do
+  local key = ARGV[8] .. '\0' .. ARGV[i]
+  local current = redis.call('HGET', KEYS[1], key)
+  if not current or tonumber(string.match(current, '^(-?%d+):')) <= at then
+    local value = ARGV[i + 2]
+    if value == '' then
+      redis.call('HDEL', KEYS[1], key)
+      value = 'null'
+    else
+      redis.call('HSET', KEYS[1], key, ARGV[4] .. ':' .. ARGV[3] .. ':' .. ARGV[2] .. ':' .. value)
+    end
+    applied[#applied + 1] = ARGV[i]
+    parts[#parts + 1] = ARGV[i + 1] .. ':' .. value
+  end
+end
+if #applied == 0 then return applied end
+local ttl = tonumber(ARGV[5])
+if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl) end
+redis.call('PUBLISH', ARGV[7], '{"o":"' .. ARGV[6] .. '","p":' .. ARGV[9] .. ',"s":' .. ARGV[3]
+  .. ',"a":' .. ARGV[4] .. ',"v":{' .. table.concat(parts, ',') .. '}}')
+return applied
+"""
+
+#: ``presence.read``: live rows, expired ones deleted. KEYS: presence. ARGV:
+#: now. Returns ``{key, value, ...}``.
+PRESENCE_READ = r"""
+local now = tonumber(ARGV[1])
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  local _, _, expires = string.match(all[i + 1], '^(-?%d+):(-?%d+):(-?%d+):')
+  if tonumber(expires) <= now then
+    redis.call('HDEL', KEYS[1], all[i])
+  else
+    out[#out + 1] = all[i]
+    out[#out + 1] = all[i + 1]
+  end
+end
+return out
+"""

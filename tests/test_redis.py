@@ -1,0 +1,383 @@
+"""The Redis store beyond the conformance suite, on a real Redis (never mocked).
+
+Two stores on one key prefix stand for two processes: what one writes, the
+other's shared subscriber hears (feeds, presence, pending work), and each
+skips its own echoes. Waits for pub/sub deliveries use a later write as the
+sentinel (a channel delivers in order), never wall-clock sleeps. The fault
+tests kill and restart a redis-server of their own (``throwaway_redis``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+
+from a2trio.errors import A2Error, ErrorCode
+from a2trio.stores import RedisStore, from_url, redis
+from a2trio.stores._redis_scripts import FAIL_WRITE
+from a2trio.stores.base import AppendEvent, Claimed, StoredEvent, StoredPresencePatch
+from a2trio.stores.conformance import ManualClock, raises
+from a2trio.timings import Timings
+from tests.backends.redis import (
+    REDIS_URL,
+    delete_prefix,
+    new_prefix,
+    reachable,
+    throwaway_redis,
+)
+
+#: Feeds never re-read on their own during a test: deliveries are wake-ups.
+QUIET = Timings(notify_safety_s=600.0)
+
+
+def _ev(type: str = "note", payload: Any = None, **kw: Any) -> AppendEvent:
+    return AppendEvent(type, payload, **kw)
+
+
+@asynccontextmanager
+async def _prefix() -> AsyncIterator[str]:
+    await reachable()
+    prefix = new_prefix()
+    try:
+        yield prefix
+    finally:
+        await delete_prefix(prefix)
+
+
+@asynccontextmanager
+async def _two_stores(**options: Any) -> AsyncIterator[tuple[RedisStore, RedisStore]]:
+    """Two entered stores on one prefix: two processes, as Redis sees them."""
+    async with _prefix() as prefix:
+        a = redis(REDIS_URL, key_prefix=prefix, **options)
+        b = redis(REDIS_URL, key_prefix=prefix, **options)
+        async with a, b:
+            await a.wait_listening()
+            await b.wait_listening()
+            yield a, b
+        await a.aclose()
+        await b.aclose()
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    """Wait (checkpointing) until ``check()``: for deliveries that another
+    task makes, under a deadline so a lost one fails instead of hanging."""
+    with trio.fail_after(5):
+        while not check():  # noqa: ASYNC110 - set by another task's callback
+            await trio.sleep(0.001)
+
+
+def test_urls_and_arguments() -> None:
+    store = from_url("redis://127.0.0.1:6379/0")
+    assert isinstance(store, RedisStore)
+    assert store.key_prefix == "a2"
+    assert repr(store) == "RedisStore(key_prefix='a2')"
+    assert isinstance(from_url("rediss://h:6380"), RedisStore)
+    with pytest.raises(ValueError, match="must start with redis://"):
+        redis("http://h")
+    with pytest.raises(ValueError, match="without ':'"):
+        redis(REDIS_URL, key_prefix="a:b")
+    with pytest.raises(ValueError, match="non-empty"):
+        redis(REDIS_URL, key_prefix="")
+
+
+async def test_operations_outside_async_with_open_their_own_client() -> None:
+    """Without ``async with store`` every call opens a client of its own, and
+    feeds poll: correct, without push."""
+    async with _prefix() as prefix:
+        issued = iter(f"id-{n}" for n in range(10))
+        store = redis(REDIS_URL, key_prefix=prefix, ids=lambda: next(issued))
+        appended = await store.append("s", [_ev(), _ev()])
+        assert [e.id for e in appended.events] == ["id-0", "id-1"]
+        assert isinstance(await store.claim_available("s", holder="h", ttl_ms=1000), Claimed)
+        async with store.stream("s") as feed:
+            assert [(await feed.receive()).index for _ in range(2)] == [1, 2]
+            writer = redis(REDIS_URL, key_prefix=prefix)
+            await writer.append("s", [_ev("later")])
+            with trio.fail_after(5):
+                assert (await feed.receive()).type == "later"
+        assert not store.listening
+        await store.aclose()
+        with raises(ErrorCode.STORE_UNAVAILABLE):
+            await store.read("s")
+        with pytest.raises(trio.ClosedResourceError):
+            await store.__aenter__()
+
+
+async def test_feeds_follow_another_store_and_skip_their_own_echoes() -> None:
+    async with _two_stores(timings=QUIET) as (a, b):
+        await b.append("s", [_ev("zero")])
+        async with a.stream("s") as feed:
+            # Once the feed's first read is in, the session is marked watched.
+            assert (await feed.receive()).type == "zero"
+            first = await a.append("s", [_ev("own")])
+            assert await feed.receive() == first.events[0]
+            await b.append("s", [_ev("theirs")])
+            with trio.fail_after(5):
+                row = await feed.receive()
+            assert (row.index, row.type) == (3, "theirs")
+            # Completion's returned events wake the other store's feed too.
+            claimed = await b.claim_available("s", holder="h", ttl_ms=60_000)
+            assert isinstance(claimed, Claimed)
+            await b.complete_attempt("s", index=1, attempt=1, events=[_ev("out", id="r1")])
+            with trio.fail_after(5):
+                assert (await feed.receive()).id == "r1"
+            # A wake-up may come after the read it caused: wait for all three.
+            await _until(lambda: a.subscriber_statistics().notifications == 3)
+            stats = a.subscriber_statistics()
+            assert stats.own == 1, "the own echo of `first`, skipped"
+            assert stats.notifications == 3
+            assert stats.connections == 1
+            assert stats.channels >= 1
+        await _until(lambda: a.subscriber_statistics().channels == 0)
+        assert a.feed_statistics().listeners == 0
+
+
+async def test_unwatched_sessions_publish_nothing() -> None:
+    """Writes publish a wake-up only while a feed's marker exists."""
+    async with _two_stores(timings=QUIET) as (a, b):
+        await b.append("quiet", [_ev()])
+        await b.append("loud", [_ev()])
+        async with a.stream("loud") as feed:
+            await feed.receive()
+            await b.append("loud", [_ev()])
+            with trio.fail_after(5):
+                await feed.receive()
+        assert a.subscriber_statistics().notifications == 1
+
+
+async def test_presence_is_pushed_across_stores_once() -> None:
+    async with _two_stores() as (a, b):
+        got_a: list[StoredPresencePatch] = []
+        got_b: list[StoredPresencePatch] = []
+        stop_a = a.presence.subscribe("room", got_a.append)
+        stop_b = b.presence.subscribe("room", got_b.append)
+        await _until(lambda: a.subscriber_statistics().channels == 1)
+        await _until(lambda: b.subscriber_statistics().channels == 1)
+        mine = await a.presence.set(
+            "room", "ann", {"cursor": [1, 2]}, seen=1, at_ms=10, ttl_ms=60_000
+        )
+        assert got_a == [mine], "delivered locally as the write returns"
+        theirs = await b.presence.set("room", "bob", {"x": None}, seen=2, at_ms=20, ttl_ms=60_000)
+        await _until(lambda: len(got_a) == 2)
+        await _until(lambda: len(got_b) == 2)
+        assert got_a == [mine, theirs], "own echo skipped"
+        assert got_b == [mine, theirs]
+        # A message this version does not write is ignored.
+        async with b._new_client() as raw:
+            await raw.publish(b._channel("room", "presence"), "not json")
+        stop_a()
+        stop_a()
+        stop_b()
+        await _until(lambda: a.subscriber_statistics().channels == 0)
+        assert a.feed_statistics().listeners == 0
+
+
+async def test_watch_pending_hears_other_stores_unsettled_appends() -> None:
+    async with _two_stores() as (a, b):
+        heard: list[str] = []
+        stop = a.watch_pending(heard.append)
+        await _until(lambda: a.subscriber_statistics().channels == 1)
+        # The marker is set by a task of its own; wait until writes see it.
+        async with a._new_client() as raw:
+            await _until_async(lambda: raw.exists([a._global("pending:watched")]))
+        await a.append("mine", [_ev()])
+        await b.append("settled-only", [_ev(settled=True)])
+        await b.append("theirs", [_ev()])
+        await _until(lambda: bool(heard))
+        assert heard == ["theirs"]
+        stop()
+        stop()
+        await _until(lambda: a.subscriber_statistics().channels == 0)
+
+
+async def _until_async(check: Callable[[], Any]) -> None:
+    with trio.fail_after(5):
+        while not await check():  # noqa: ASYNC110 - state held by Redis
+            await trio.sleep(0.005)
+
+
+async def test_aclose_severs_feeds_with_store_unavailable() -> None:
+    async with _prefix() as prefix:
+        store = redis(REDIS_URL, key_prefix=prefix, timings=QUIET)
+        async with store:
+            await store.append("s", [_ev()])
+            async with store.stream("s") as feed:
+                assert (await feed.receive()).index == 1
+                await store.aclose()
+                with trio.fail_after(5), raises(ErrorCode.STORE_UNAVAILABLE):
+                    await feed.receive()
+            with raises(ErrorCode.STORE_UNAVAILABLE):
+                await store.append("s", [_ev()])
+        await store.aclose()
+
+
+async def test_nested_entries_share_one_client() -> None:
+    async with _prefix() as prefix:
+        store = redis(REDIS_URL, key_prefix=prefix)
+        async with store:
+            client = store._client
+            async with store:
+                assert store._client is client
+            assert store._client is client
+            await store.append("s", [_ev()])
+        assert store._client is None
+        await store.aclose()
+
+
+async def test_a_failure_retries_when_its_row_moves() -> None:
+    """The failure verdict is written by compare-and-set: a row changed
+    between the read and the write is read again."""
+    async with _prefix() as prefix:
+        clock = ManualClock()
+        store = redis(REDIS_URL, key_prefix=prefix, clock=clock)
+        async with store:
+            await store.append("s", [_ev()])
+            await store.claim_available("s", holder="h", ttl_ms=60_000)
+            real = store._eval
+            moves = {"left": 1, "attempt": 1}
+
+            async def racing(source: str, keys: Any, args: Any) -> Any:
+                if source == FAIL_WRITE and moves["left"]:
+                    moves["left"] -= 1
+                    clock.advance(1)
+                    renewed = await store.renew_claims(
+                        "s", holder="h", claims=[_ref(1, moves["attempt"])], ttl_ms=60_000
+                    )
+                    assert renewed.renewed == [1]
+                return await real(source, keys, args)
+
+            store._eval = racing  # type: ignore[method-assign]
+            failed = await store.fail_attempt("s", index=1, attempt=1, error="e", max_failures=3)
+            assert (failed.outcome, failed.failure_count) == ("failed", 1)
+            assert moves["left"] == 0
+            moves["left"], moves["attempt"] = 10_000, 2
+            await store.claim_available("s", holder="h", ttl_ms=60_000)
+            with raises(ErrorCode.STORE_UNAVAILABLE):
+                await store.fail_attempt("s", index=1, attempt=2, error="e", max_failures=3)
+        await store.aclose()
+
+
+def _ref(index: int, attempt: int) -> Any:
+    from a2trio.stores.base import ClaimRef
+
+    return ClaimRef(index, attempt)
+
+
+async def test_inspection_edges() -> None:
+    async with _prefix() as prefix:
+        store = redis(REDIS_URL, key_prefix=prefix)
+        async with store:
+            await store.append("p/a", [_ev(), _ev()])
+            page = await store.inspect.read_events("p/a", after_index=0, limit=0)
+            assert (page.events, page.through_index) == ([], 2)
+            low = await store.inspect.read_events("p/a", after_index=0, limit=5, through_index=-1)
+            assert (low.events, low.through_index) == ([], 0)
+            before = await store.inspect.list_sessions(prefix="p/", limit=5, cursor="a")
+            assert [s.session_id for s in before.sessions] == ["p/a"]
+            assert (await store.inspect.list_sessions(prefix="q/", limit=5)).sessions == []
+            assert await store.read("p/a", through_index=-3) == []
+        await store.aclose()
+
+
+async def test_dispatch_ignores_a_released_channel() -> None:
+    async with _prefix() as prefix:
+        store = redis(REDIS_URL, key_prefix=prefix)
+        store._dispatch(b"gone", b"x")
+        assert store.subscriber_statistics().notifications == 0
+
+
+# -- faults -------------------------------------------------------------------
+
+
+# coredis 6.9 leaves the memory streams of a connection that failed to connect
+# unclosed (a ResourceWarning when collected): harmless, and only while Redis
+# is down.
+_CONNECT_FAILURES_WARN = [
+    pytest.mark.filterwarnings("ignore::ResourceWarning"),
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+]
+
+
+@_CONNECT_FAILURES_WARN[0]
+@_CONNECT_FAILURES_WARN[1]
+async def test_a_redis_restart_is_store_unavailable_then_feeds_catch_up() -> None:
+    """SIGKILL Redis mid-run (AOF always: nothing acknowledged is lost):
+    callers get STORE_UNAVAILABLE, the subscriber reconnects by itself, and
+    parked feeds catch up from their cursors, nothing lost or duplicated;
+    presence subscribers get a repaint."""
+    async with throwaway_redis() as server:
+        prefix = new_prefix()
+        a = redis(server.url, key_prefix=prefix, timings=QUIET, connect_timeout_s=0.5)
+        b = redis(server.url, key_prefix=prefix, timings=QUIET, connect_timeout_s=0.5)
+        painted: list[StoredPresencePatch] = []
+        async with a, b, a.stream("s") as feed:
+            stop = a.presence.subscribe("room", painted.append)
+            await a.wait_listening()
+            await b.presence.set("room", "bob", {"f": 1}, seen=1, at_ms=1, ttl_ms=600_000)
+            await _until(lambda: len(painted) == 1)
+            await b.append("s", [_ev(id="before")])
+            with trio.fail_after(5):
+                assert (await feed.receive()).id == "before"
+
+            await server.kill()
+            with raises(ErrorCode.STORE_UNAVAILABLE):
+                await b.append("s", [_ev(id="during")])
+            await _until(lambda: not a.listening)
+            await server.start()
+
+            await a.wait_listening()
+            assert a.subscriber_statistics().connections == 2
+            await _until(lambda: len(painted) == 2)
+            assert painted[1] == StoredPresencePatch("bob", {"f": 1}, 1, 1), "a repaint"
+            # b's command connection is gone too: its next call reconnects.
+            await _retrying(lambda: b.append("s", [_ev(id="during")]))
+            await b.append("s", [_ev(id="after")])
+            got: list[StoredEvent] = []
+            with trio.fail_after(5):
+                while len(got) < 2:
+                    got.append(await feed.receive())
+            assert [(e.index, e.id) for e in got] == [(2, "during"), (3, "after")]
+            assert [e.id for e in await a.read("s")] == ["before", "during", "after"]
+            stop()
+        await a.aclose()
+        await b.aclose()
+
+
+async def _retrying(call: Callable[[], Any]) -> Any:
+    with trio.fail_after(10):
+        while True:
+            try:
+                return await call()
+            except A2Error as exc:
+                if exc.code is not ErrorCode.STORE_UNAVAILABLE:
+                    raise
+                await trio.sleep(0.05)
+
+
+@_CONNECT_FAILURES_WARN[0]
+@_CONNECT_FAILURES_WARN[1]
+async def test_a_down_redis_is_store_unavailable_with_the_cause() -> None:
+    async with throwaway_redis() as server:
+        await server.kill()
+        store = redis(server.url, key_prefix=new_prefix(), connect_timeout_s=0.5)
+        for call in (
+            lambda: store.append("s", [_ev()]),
+            lambda: store.read("s"),
+            lambda: store.presence.read("s"),
+        ):
+            with pytest.raises(A2Error) as caught:
+                await call()
+            assert caught.value.code is ErrorCode.STORE_UNAVAILABLE
+            assert caught.value.__cause__ is not None
+            assert "127.0.0.1" not in caught.value.message
+        async with store:
+            # The subscriber keeps trying; nothing fails while nobody asks.
+            unwatch = store.watch_pending(lambda key: None)
+            await trio.sleep(0.1)
+            assert not store.listening
+            unwatch()
+        await store.aclose()
