@@ -64,6 +64,7 @@ __all__ = [
     "DrainOutcome",
     "DrainResult",
     "DrainSignal",
+    "HandlerSlots",
     "drain_session",
     "stored_error",
 ]
@@ -165,6 +166,51 @@ class DrainSignal:
             self._listener.take_adopted()
 
 
+class HandlerSlots:
+    """The handlers one server may run at once, shared by its drains.
+
+    A slot is taken for every event claimed (by a drain, or by an append for
+    its drain) and given back when that event's attempt ends, so a server never
+    holds more claims than it can run: the rest stay claimable by other
+    processes (backpressure on claims, not a queue of tasks).
+    """
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self._free = total
+        self._freed = trio.Event()
+
+    @property
+    def free(self) -> int:
+        """Slots free now."""
+        return self._free
+
+    def take(self, count: int) -> bool:
+        """Take ``count`` slots if that many are free; False (none taken) if not."""
+        if count > self._free:
+            return False
+        self._free -= count
+        return True
+
+    async def take_free(self) -> int:
+        """Take every free slot, waiting for one if none is; how many."""
+        await trio.lowlevel.checkpoint()
+        while self._free == 0:
+            if self._freed.is_set():
+                self._freed = trio.Event()
+            await self._freed.wait()
+        # No checkpoint between the check and the take: another drain would
+        # take the slots in between.
+        taken, self._free = self._free, 0
+        return taken
+
+    def give_back(self, count: int) -> None:
+        """Return ``count`` slots (an attempt ended, or a claim took fewer)."""
+        self._free += count
+        if count:
+            self._freed.set()
+
+
 class _Adopted(msgspec.Struct, frozen=True):
     holder: str
     events: list[StoredEvent]
@@ -216,6 +262,7 @@ class _Drain:
         engine: Engine,
         handlers: Mapping[str, HandlerSpec],
         appends: Appends,
+        slots: HandlerSlots,
         session_id: str,
         signal: DrainSignal | None,
         watchdog_due_at_ms: int | None,
@@ -223,6 +270,7 @@ class _Drain:
         self.engine = engine
         self.handlers = handlers
         self.appends = appends
+        self.slots = slots
         self.store = engine.store
         self.timings = engine.timings
         self.session_id = session_id
@@ -235,6 +283,8 @@ class _Drain:
         self.processed = 0
         self.saw_failure = False
         self.claim_again = False
+        # The last claim hit its limit: more may be claimable once slots free.
+        self.limited = False
         # The last finished completion said nothing else is left to claim.
         self.drained = False
         self._dirty = False
@@ -321,6 +371,7 @@ class _Drain:
             if need_claim:
                 need_claim = False
                 version = self._version()
+                room = await self.slots.take_free()
                 window = self._window()
                 try:
                     claim = await self.store.claim_available(
@@ -328,15 +379,24 @@ class _Drain:
                         holder=self.holder,
                         ttl_ms=window.ttl_ms,
                         exclude=sorted(self.excluded),
+                        limit=room,
                     )
                 except Exception:
+                    self.slots.give_back(room)
                     # Let running handlers finish (or lapse) before reporting.
                     while self.active:
                         await self._wait_changed()
                     raise
-                if isinstance(claim, Claimed):
+                except BaseException:
+                    self.slots.give_back(room)
+                    raise
+                claimed = claim.events if isinstance(claim, Claimed) else []
+                # Each claimed event keeps its slot until its attempt ends.
+                self.slots.give_back(room - len(claimed))
+                self.limited = len(claimed) >= room
+                if claimed:
                     self._request_watchdog(window.watchdog_at_ms)
-                    for event in claim.events:
+                    for event in claimed:
                         self._start(event, self.holder, window.expires_at)
                 # Claims handed over meanwhile (they may be why this one came
                 # back Busy: they are ours to run).
@@ -382,7 +442,10 @@ class _Drain:
         self._nursery.start_soon(self._run_event, event, entry)
 
     async def _run_event(self, event: StoredEvent, entry: _Entry) -> None:
-        attempt = await self._attempt(event, entry)
+        try:
+            attempt = await self._attempt(event, entry)
+        finally:
+            self.slots.give_back(1)
         if self.active.get(event.index) is entry:
             del self.active[event.index]
         self.drained = attempt.drained and not entry.fenced
@@ -392,7 +455,9 @@ class _Drain:
             elif attempt.status in ("failed", "dead_lettered"):
                 self.excluded.add(event.index)
                 self.saw_failure = True
-            self.claim_again = self.claim_again or attempt.opens_lane or attempt.appended
+            self.claim_again = (
+                self.claim_again or attempt.opens_lane or attempt.appended or self.limited
+            )
         self.poke()
 
     async def _attempt(self, event: StoredEvent, entry: _Entry) -> _Attempt:
@@ -578,6 +643,7 @@ async def drain_session(
     engine: Engine,
     handlers: Mapping[str, HandlerSpec],
     appends: Appends,
+    slots: HandlerSlots,
     session_id: str,
     *,
     signal: DrainSignal | None = None,
@@ -585,11 +651,12 @@ async def drain_session(
 ) -> DrainResult:
     """Run one drain of ``session_id`` to the end (see the module docstring).
 
-    ``appends`` is the write path the handlers' sessions append through.
+    ``appends`` is the write path the handlers' sessions append through;
+    ``slots`` bounds the handlers running at once across the server's drains.
     """
     attributes = {"a2.contract": engine.contract.name, "a2.session_id": session_id}
     with engine.telemetry.span("a2.drain", attributes) as span:
-        drain = _Drain(engine, handlers, appends, session_id, signal, watchdog_due_at_ms)
+        drain = _Drain(engine, handlers, appends, slots, session_id, signal, watchdog_due_at_ms)
         result = await drain.run()
         span.set_attribute("a2.drain.processed", result.processed)
         span.set_attribute("a2.drain.outcome", result.outcome)

@@ -21,7 +21,7 @@ import trio
 
 from .contract import AppendInput, Event
 from .core import Engine, Source, WriteMode
-from .drain import DrainResult, DrainSignal, drain_session
+from .drain import DrainResult, DrainSignal, HandlerSlots, drain_session
 from .errors import A2Error, store_unavailable
 from .handlers import HandlerSpec
 from .push import PushedEvent
@@ -44,9 +44,12 @@ class DrainRegistry:
     """The drains of one server and the appends that feed them (an
     :class:`~a2trio.core.Appends`)."""
 
-    def __init__(self, engine: Engine, handlers: Mapping[str, HandlerSpec]) -> None:
+    def __init__(
+        self, engine: Engine, handlers: Mapping[str, HandlerSpec], max_handlers: int
+    ) -> None:
         self.engine = engine
         self.handlers = handlers
+        self.slots = HandlerSlots(max_handlers)
         self._drains: dict[str, DrainSignal] = {}
 
     @property
@@ -145,7 +148,16 @@ class DrainRegistry:
         """
         engine = self.engine
         key = engine.key(session_id)
-        if mode != "inline" or not engine.run_handlers or all(e.settled for e in events):
+        pending = sum(not e.settled for e in events)
+        # Claimed at insert only with a slot for each event (taken here, kept
+        # by each claimed event's attempt): past that the drain claims as
+        # slots free (backpressure on claims).
+        if (
+            mode != "inline"
+            or not engine.run_handlers
+            or not pending
+            or not self.slots.take(pending)
+        ):
             with store_unavailable("append"):
                 result = await engine.store.append(key, events)
             if result.has_pending and mode == "inline" and engine.run_handlers:
@@ -163,10 +175,12 @@ class DrainRegistry:
         else:
             claim = ClaimRequest(signal.holder, int(ttl_s * 1000))
             signal.begin_append()
+        adopted = 0
         try:
             with store_unavailable("append"):
                 result = await engine.store.append(key, events, claim=claim)
             if result.claimed:
+                adopted = len(result.claimed)
                 self.adopt(
                     session_id,
                     claim.holder,
@@ -178,6 +192,9 @@ class DrainRegistry:
             if result.others_claimable:
                 self.wake(session_id, watchdog_at_ms)
         finally:
+            # The slots of events written unclaimed (a lane's later events, a
+            # replay), or of a failed append.
+            self.slots.give_back(pending - adopted)
             if signal is not None:
                 signal.appended()
         return result
@@ -194,7 +211,8 @@ class DrainRegistry:
         watchdog_at_ms: int | None,
     ) -> None:
         """Hand events an append claimed (for ``holder``, lease estimate
-        ``expires_at``) to the session's drain, starting one."""
+        ``expires_at``) to the session's drain, starting one. The caller took
+        a slot (``slots.take``) for each event; its attempt gives it back."""
         signal = self._drains.get(session_id)
         if signal is None or signal.closed:
             signal = DrainSignal(holder)
@@ -269,6 +287,7 @@ class DrainRegistry:
             self.engine,
             self.handlers,
             self,
+            self.slots,
             session_id,
             signal=signal,
             watchdog_due_at_ms=watchdog_due_at_ms,

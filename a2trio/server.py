@@ -44,7 +44,12 @@ from .stores.base import Store, SweepsClaimable, WatchesPending
 from .telemetry import NOOP_TELEMETRY, Telemetry
 from .timings import DEFAULT_TIMINGS, Timings
 
-__all__ = ["Server", "ServerStatistics"]
+__all__ = ["DEFAULT_MAX_HANDLERS", "Server", "ServerStatistics"]
+
+#: Handlers running at once per server by default: enough to keep a store's
+#: group commit full (hundreds of completions per round trip), few enough that
+#: a burst of 20,000 events is 256 tasks and the rest rows in the store.
+DEFAULT_MAX_HANDLERS = 256
 
 
 class ServerStatistics(msgspec.Struct, frozen=True):
@@ -83,6 +88,10 @@ class Server:
         it opens and every ``timings.sweep_s``, so nothing a crashed process
         left stays stranded without a scheduler or a further append. False
         leaves that to appends and watchdogs.
+      max_handlers: the most handlers running at once in this server, across
+        its sessions (:data:`DEFAULT_MAX_HANDLERS`). Drains claim no more than
+        the free slots, so work past it stays claimable by other processes;
+        an append claims its events at insert only while there is room.
       asyncio_loop: open a trio-asyncio loop for the server's lifetime, so
         handlers can call asyncio-only libraries through
         ``trio_asyncio.aio_as_trio`` (needs the ``asyncio`` extra).
@@ -109,6 +118,7 @@ class Server:
         asyncio_loop: bool = False,
         run_handlers: bool = True,
         sweep: bool = True,
+        max_handlers: int = DEFAULT_MAX_HANDLERS,
     ) -> None:
         if not isinstance(contract, Contract):
             raise TypeError(f"Server expects a contract from a2trio.contract(), got {contract!r}")
@@ -162,7 +172,9 @@ class Server:
             clock=clock or (store_clock if isinstance(store_clock, Clock) else SYSTEM_CLOCK),
             run_handlers=run_handlers,
         )
-        self._drains = DrainRegistry(self._engine, specs)
+        if isinstance(max_handlers, bool) or not isinstance(max_handlers, int) or max_handlers < 1:
+            raise ValueError(f"max_handlers must be a positive integer, got {max_handlers!r}")
+        self._drains = DrainRegistry(self._engine, specs, max_handlers)
         self.asyncio_loop = asyncio_loop
         self.sweep = sweep
         self._stack: AsyncExitStack | None = None

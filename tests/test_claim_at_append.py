@@ -41,10 +41,16 @@ class CountingStore(MemoryStore):
         ttl_ms: int,
         expires_at_ms: int | None = None,
         exclude: Sequence[int] = (),
+        limit: int | None = None,
     ) -> ClaimResult:
         self.claims += 1
         return await super().claim_available(
-            session_id, holder=holder, ttl_ms=ttl_ms, expires_at_ms=expires_at_ms, exclude=exclude
+            session_id,
+            holder=holder,
+            ttl_ms=ttl_ms,
+            expires_at_ms=expires_at_ms,
+            exclude=exclude,
+            limit=limit,
         )
 
     async def append(
@@ -203,7 +209,7 @@ async def test_a_drain_woken_to_claim_still_claims_when_handed_events_first(
         clock=store.clock,
         run_handlers=True,
     )
-    drains = DrainRegistry(engine, {"ordered": a2trio.handler(ship)})
+    drains = DrainRegistry(engine, {"ordered": a2trio.handler(ship)}, max_handlers=256)
     async with store, trio.open_nursery() as nursery:
         engine.attach(nursery)
         key = engine.key("s1")
@@ -214,6 +220,7 @@ async def test_a_drain_woken_to_claim_still_claims_when_handed_events_first(
             claim=ClaimRequest("h", 30_000),
         )
         drains.wake_key(key)
+        assert drains.slots.take(len(local.claimed))
         drains.adopt("s1", "h", local.claimed, trio.current_time() + 30, 30_000, None)
         await engine.settle()
     # Both at once: "remote" does not wait for "local" to finish first.

@@ -92,3 +92,44 @@ async def test_stored_errors_keep_the_tail_of_a_long_traceback(
     assert outcome.last_error.endswith("x at the end\n")
     short = stored_error(ValueError("short"))
     assert short == "ValueError: short\n"
+
+
+async def test_a_server_runs_at_most_max_handlers_at_once_and_claims_no_more(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    running = 0
+    peak = 0
+    finished: list[float] = []
+
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await trio.sleep(1)
+        running -= 1
+        finished.append(trio.current_time())
+
+    store = a2trio.stores.memory(clock=a2trio.TrioClock())
+    server = a2trio.Server(orders, store=store, handlers={"ordered": ship}, max_handlers=3)
+    async with server:
+        for session in ("s1", "s2"):
+            await server.session(session).append(
+                *(orders.event("ordered", Ordered(str(n))) for n in range(5))
+            )
+        await trio.sleep(0.5)
+        claimed = [
+            row
+            for session in ("s1", "s2")
+            for row in await store.read(server.key(session))
+            if row.claim_holder is not None
+        ]
+        assert len(claimed) == 3  # the rest stay claimable by other processes
+        await server.settle()
+    assert peak == 3
+    assert sorted(finished) == [1.0] * 3 + [2.0] * 3 + [3.0] * 3 + [4.0]
+
+
+def test_max_handlers_must_be_a_positive_integer() -> None:
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match=r"^max_handlers must be a positive integer"):
+            a2trio.Server(orders, max_handlers=bad)  # type: ignore[arg-type]

@@ -194,7 +194,7 @@ def _cases(now: int) -> list[Case]:
         return Step(sql.APPEND_FRESH, params, rows=1)
 
     def claim(exclude: list[int], claimed: int) -> Step:
-        return Step(sql.CLAIM, (SESSION, now, "h2", later, exclude), rows=claimed)
+        return Step(sql.CLAIM, (SESSION, now, "h2", later, exclude, None), rows=claimed)
 
     def finish(indexes: list[int], laned: bool) -> tuple[Step, Step]:
         attempts = [1] * len(indexes)
@@ -220,6 +220,7 @@ def _cases(now: int) -> list[Case]:
         Case("append fresh claimed", (fresh("h3"),)),
         Case("claim", (claim([], len(UNCLAIMED)),)),
         Case("claim with exclusions", (claim(UNCLAIMED[:1], len(UNCLAIMED) - 1),)),
+        Case("claim with a limit", (Step(sql.CLAIM, (SESSION, now, "h2", later, [], 2), rows=2),)),
         Case("finish a lane-less event", finish([FIRST_PENDING], laned=False)),
         Case("finish a lane event", finish([LANED], laned=True)),
         # Group commit finishes a session's events in one statement.

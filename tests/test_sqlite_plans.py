@@ -181,13 +181,17 @@ def _pending(conn: sqlite3.Connection, session_id: str) -> Any:
 
 
 def _claim(conn: sqlite3.Connection, session_id: str) -> Any:
-    return _claim_rows(conn, session_id, NOW, "worker-b", NOW + 30_000, [])
+    return _claim_rows(conn, session_id, NOW, "worker-b", NOW + 30_000, [], None)
+
+
+def _claim_limited(conn: sqlite3.Connection, session_id: str) -> Any:
+    return _claim_rows(conn, session_id, NOW, "worker-b", NOW + 30_000, [], 1)
 
 
 def _claim_none(conn: sqlite3.Connection, session_id: str) -> Any:
     # The only claimable event excluded: the retry-at path.
     exclude = [_tail(session_id) + 4]
-    return _claim_rows(conn, session_id, NOW, "worker-b", NOW + 30_000, exclude)
+    return _claim_rows(conn, session_id, NOW, "worker-b", NOW + 30_000, exclude, None)
 
 
 def _complete(index_in_tail: int, returned: int) -> Work:
@@ -219,6 +223,7 @@ WORK: dict[str, Work] = {
     "append a replay": _replay,
     "append nothing (pending)": _pending,
     "claim": _claim,
+    "claim with a limit": _claim_limited,
     "claim, nothing claimable": _claim_none,
     "complete": _complete(1, 0),
     "complete, returning 3": _complete(1, 3),
@@ -265,7 +270,7 @@ PLANNED = {
     "_PENDING": Planned(_PENDING, (LONG,), "a2_events_unprocessed"),
     "_NEXT_INDEX": Planned(_NEXT_INDEX, (LONG,), None),
     "_CLAIMABLE": Planned(_CLAIMABLE, (LONG, NOW), "a2_events_dispatch_ready"),
-    "_CLAIM": Planned(_CLAIM, (LONG, NOW, "b", NOW + 1, "[]"), "a2_events_dispatch_ready"),
+    "_CLAIM": Planned(_CLAIM, (LONG, NOW, "b", NOW + 1, "[]", 3), "a2_events_dispatch_ready"),
     "_RETRY_AT": Planned(_RETRY_AT, (LONG, NOW), "a2_events_dispatch_ready"),
     "_READY_LANE": Planned(_READY_LANE, (LONG, "L"), "a2_events_lane_pending"),
     "_INSERT": Planned(

@@ -344,7 +344,8 @@ select distinct session_id from a2_events
 # store-postgres.ts `claimAvailable`: the materialized eligible set locked
 # `for update`, claimed in one update; the earliest live foreign claim rides
 # along for the busy answer, so the claim is one autocommit statement.
-#   $1 session, $2 now, $3 holder, $4 expires at, $5 excluded indexes
+#   $1 session, $2 now, $3 holder, $4 expires at, $5 excluded indexes,
+#   $6 the most to claim (null: every eligible event)
 CLAIM = Statement(
     f"""
 with eligible as materialized (
@@ -355,6 +356,8 @@ with eligible as materialized (
      and event.lane_ready
      and (event.claim_expires_at is null or event.claim_expires_at <= $2::bigint)
      and not (event.idx = any($5::bigint[]))
+   order by event.idx
+   limit $6::bigint
    for update of event
 ),
 claimed as (

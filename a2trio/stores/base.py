@@ -420,10 +420,12 @@ class Store(Protocol):
         ttl_ms: int,
         expires_at_ms: int | None = None,
         exclude: Sequence[int] = (),
+        limit: int | None = None,
     ) -> ClaimResult:
         """Claim every eligible event (unprocessed, not dead, lane-ready, claim free
         or expired, not excluded) for ``holder`` until ``now + ttl_ms`` (or
-        ``expires_at_ms``), advancing each ``attempt_count``."""
+        ``expires_at_ms``), advancing each ``attempt_count``: with ``limit``,
+        at most that many, lowest indexes first (the rest stay claimable)."""
         ...
 
     async def renew_claims(

@@ -630,6 +630,19 @@ async def check_claim_available(open_store: StoreFactory) -> None:
         assert not (await store.append(sid, [])).has_pending
 
 
+async def check_claim_limit(open_store: StoreFactory) -> None:
+    """``limit`` claims at most that many, lowest indexes first; the rest stay
+    claimable, and exclusions do not count against it."""
+    async with open_store(ManualClock()) as store:
+        sid = _sid("claim-limit")
+        await _append_n(store, sid, 5)
+        first = _claimed(await store.claim_available(sid, holder="h", ttl_ms=1_000, limit=2))
+        assert _indexes(first) == [1, 2]
+        rest = await store.claim_available(sid, holder="h", ttl_ms=1_000, exclude=[3], limit=1)
+        assert _indexes(_claimed(rest)) == [4]
+        assert _indexes(_claimed(await _claim(store, sid))) == [3, 5]
+
+
 async def check_claim_concurrent_holders(open_store: StoreFactory) -> None:
     """Holders claiming at once never share an event."""
     async with open_store(ManualClock()) as store:
@@ -1368,6 +1381,7 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_aclose_is_idempotent,
     check_read_bounds,
     check_claim_available,
+    check_claim_limit,
     check_claim_concurrent_holders,
     check_claim_exclude_and_busy,
     check_claim_lanes,

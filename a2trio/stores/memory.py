@@ -413,6 +413,7 @@ class MemoryStore:
         ttl_ms: int,
         expires_at_ms: int | None = None,
         exclude: Sequence[int] = (),
+        limit: int | None = None,
     ) -> ClaimResult:
         await trio.lowlevel.checkpoint()
         now = self.clock.now_ms()
@@ -423,8 +424,10 @@ class MemoryStore:
             for r in self._open.get(session_id, {}).values()
             if r.failed_at_ms is None and r.lane_ready
         ]
-        claimed = []
+        claimed: list[StoredEvent] = []
         for row in live:
+            if limit is not None and len(claimed) >= limit:
+                break
             if row.index in excluded:
                 continue
             if row.claim_expires_at_ms is not None and row.claim_expires_at_ms > now:

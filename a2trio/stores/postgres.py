@@ -862,6 +862,7 @@ class PostgresStore:
         ttl_ms: int,
         expires_at_ms: int | None = None,
         exclude: Sequence[int] = (),
+        limit: int | None = None,
     ) -> ClaimResult:
         """Claim the eligible set in one statement (see the module docstring).
 
@@ -871,7 +872,7 @@ class PostgresStore:
         with _errors("claim"):
             now = self.clock.now_ms()
             expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
-            params = (session_id, now, holder, expires_at, list(exclude))
+            params = (session_id, now, holder, expires_at, list(exclude), limit)
             if self._nursery is None:
                 rows = await self._query(sql.CLAIM, params)
             else:

@@ -163,8 +163,18 @@ where session_id = ?1
   and lane_ready
   and (claim_expires_at is null or claim_expires_at <= ?2)
   and idx not in (select value from json_each(?5))
+  and idx <= coalesce((
+    select idx from a2_events indexed by a2_events_dispatch_ready
+    where session_id = ?1 and lane_ready and processed_at is null and failed_at is null
+      and (claim_expires_at is null or claim_expires_at <= ?2)
+      and idx not in (select value from json_each(?5))
+    order by idx limit 1 offset ?6 - 1
+  ), idx)
 returning {_COLS}
 """
+
+#: An offset past any session's end: "no limit" for the claim's bound lookup.
+_NO_LIMIT: Final = 2**62
 
 #: When the earliest live claim lapses (nothing claimable now).
 _RETRY_AT: Final = """
@@ -364,10 +374,13 @@ def _claim_rows(
     holder: str,
     expires_at: int,
     exclude: Sequence[int],
+    limit: int | None,
 ) -> ClaimResult:
-    """The claim transaction's statements."""
+    """The claim transaction's statements. Without a limit the bound lookup
+    finds no row (offset past the end) and every eligible row is claimed."""
     rows = conn.execute(
-        _CLAIM, (session_id, now, holder, expires_at, _text(list(exclude)))
+        _CLAIM,
+        (session_id, now, holder, expires_at, _text(list(exclude)), limit or _NO_LIMIT),
     ).fetchall()
     if rows:
         return Claimed(sorted((_stored(r) for r in rows), key=_index_of))
@@ -563,6 +576,7 @@ class SqliteStore:
         ttl_ms: int,
         expires_at_ms: int | None = None,
         exclude: Sequence[int] = (),
+        limit: int | None = None,
     ) -> ClaimResult:
         """See :meth:`Store.claim_available` (the seed's ``claimAvailable``).
 
@@ -574,7 +588,7 @@ class SqliteStore:
 
         def work(conn: sqlite3.Connection) -> ClaimResult:
             expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
-            return _claim_rows(conn, session_id, now, holder, expires_at, exclude)
+            return _claim_rows(conn, session_id, now, holder, expires_at, exclude, limit)
 
         return await self._write("claim", work)
 

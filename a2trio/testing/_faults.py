@@ -400,6 +400,7 @@ class FaultyStore:
         ttl_ms: int,
         expires_at_ms: int | None = None,
         exclude: Sequence[int] = (),
+        limit: int | None = None,
     ) -> ClaimResult:
         return await self._call(
             "claim_available",
@@ -409,6 +410,7 @@ class FaultyStore:
                 ttl_ms=ttl_ms,
                 expires_at_ms=expires_at_ms,
                 exclude=exclude,
+                limit=limit,
             ),
         )
 
