@@ -3,6 +3,7 @@
     python bench/drain.py                          # memory
     python bench/drain.py --store memory,sqlite    # two columns
     python bench/drain.py --store postgres --dsn postgresql://root@127.0.0.1/postgres
+    python bench/drain.py --store redis --redis-url redis://127.0.0.1:6379/0
 
 Measures, with a no-op handler on the real clock:
 
@@ -22,7 +23,9 @@ Measures, with a no-op handler on the real clock:
 * for Postgres, the raw floor in the same run: single-row insert transactions/s
   over plain psycopg, and a bare NOTIFY -> LISTEN round trip.
 
-Postgres runs in a fresh database created and dropped by the script.
+Postgres runs in a fresh database created and dropped by the script; Redis
+under a fresh key prefix whose keys the script deletes (``--store redis``:
+the other-process rows use a second store instance on the same prefix).
 """
 
 from __future__ import annotations
@@ -61,9 +64,20 @@ bench = a2trio.contract("bench", events={"tick": Tick, "plain": Tick})
 
 
 @asynccontextmanager
-async def open_backend(name: str, dsn: str) -> AsyncIterator[tuple[Store, str | None]]:
-    """The store, and for Postgres the DSN of its fresh database."""
-    if name == "memory":
+async def open_backend(
+    name: str, dsn: str, redis_url: str = "redis://127.0.0.1:6379/0"
+) -> AsyncIterator[tuple[Store, str | None]]:
+    """The store, and for Postgres the DSN of its fresh database (for Redis,
+    its key prefix)."""
+    if name == "redis":
+        prefix = f"a2bench-{secrets.token_hex(4)}"
+        store = a2trio.stores.redis(redis_url, key_prefix=prefix)
+        try:
+            yield store, prefix
+        finally:
+            await store.aclose()
+            await delete_redis_prefix(redis_url, prefix)
+    elif name == "memory":
         yield a2trio.stores.memory(), None
     elif name == "sqlite":
         with tempfile.TemporaryDirectory() as folder:
@@ -94,7 +108,17 @@ async def open_backend(name: str, dsn: str) -> AsyncIterator[tuple[Store, str | 
             await store.aclose()
             await trio.to_thread.run_sync(run, f'drop database "{database}" with (force)')
     else:
-        raise SystemExit(f"unknown store {name!r}: memory, sqlite or postgres")
+        raise SystemExit(f"unknown store {name!r}: memory, sqlite, postgres or redis")
+
+
+async def delete_redis_prefix(url: str, prefix: str) -> None:
+    """Delete the keys under ``prefix:`` (only those)."""
+    import coredis
+
+    async with coredis.Redis.from_url(url) as client:
+        keys = [key async for key in client.scan_iter(match=f"{prefix}:*", count=1000)]
+        for at in range(0, len(keys), 500):
+            await client.unlink(keys[at : at + 500])
 
 
 async def throughput(store: Store, events: int, sessions: int, handled: bool) -> float:
@@ -234,7 +258,7 @@ def postgres_floor(dsn: str, transactions: int, notifies: int) -> tuple[float, f
 
 async def measure(name: str, args: argparse.Namespace) -> dict[str, str]:
     row: dict[str, str] = {}
-    async with open_backend(name, args.dsn) as (store, target):
+    async with open_backend(name, args.dsn, args.redis_url) as (store, target):
         row["appends/s (no handler, 1 session)"] = (
             f"{await throughput(store, args.events, 1, handled=False):,.0f}"
         )
@@ -253,7 +277,21 @@ async def measure(name: str, args: argparse.Namespace) -> dict[str, str]:
         polled = "n/a", "n/a"
         floor = "n/a", "n/a"
         remote = "n/a", "n/a"
-        if target is not None:
+        remote_feed = "n/a", "n/a"
+        if name == "redis" and target is not None:
+            # A second store instance on the prefix: another process's view.
+            for kind in ("handler", "feed"):
+                other = a2trio.stores.redis(args.redis_url, key_prefix=target)
+                try:
+                    if kind == "handler":
+                        p50, p99 = await remote_latency(store, other, args.latency)
+                        remote = f"{p50:.3f}", f"{p99:.3f}"
+                    else:
+                        p50, p99 = await feed_latency(store, other, args.latency)
+                        remote_feed = f"{p50:.3f}", f"{p99:.3f}"
+                finally:
+                    await other.aclose()
+        elif target is not None:
             worker_store = a2trio.stores.postgres(target)
             try:
                 p50, p99 = await remote_latency(store, worker_store, args.latency)
@@ -272,6 +310,8 @@ async def measure(name: str, args: argparse.Namespace) -> dict[str, str]:
             floor = f"{rate:,.0f}", f"{notify:.3f}"
         row["append -> handler start, other process p50 (ms)"] = remote[0]
         row["append -> handler start, other process p99 (ms)"] = remote[1]
+        row["append -> live feed, other process p50 (ms)"] = remote_feed[0]
+        row["append -> live feed, other process p99 (ms)"] = remote_feed[1]
         row["append -> live feed, polling p50 (ms)"] = polled[0]
         row["append -> live feed, polling p99 (ms)"] = polled[1]
         row["floor: bare insert transactions/s"] = floor[0]
@@ -281,7 +321,10 @@ async def measure(name: str, args: argparse.Namespace) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--store", default="memory", help="comma-separated: memory,sqlite,postgres")
+    parser.add_argument(
+        "--store", default="memory", help="comma-separated: memory,sqlite,postgres,redis"
+    )
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--events", type=int, default=5000)
     parser.add_argument("--sessions", type=int, default=100)
     parser.add_argument("--latency", type=int, default=200)

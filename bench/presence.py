@@ -1,13 +1,14 @@
 """Presence set -> subscriber latency per tier, side by side in one run.
 
-    python bench/presence.py --store memory,sqlite,postgres
+    python bench/presence.py --store memory,sqlite,postgres,redis
 
 For each store: one server writes presence (``set_presence``) and a two-plane
 feed on a second server (a second store instance on the same database, i.e.
 another "process" for Postgres) receives the patch; ``--samples`` sequential
 sets, p50/p99 in ms. Memory has one instance (in-process push); SQLite is the
 degraded tier (re-read on the adaptive cadence); Postgres the push tier
-through LISTEN/NOTIFY.
+through LISTEN/NOTIFY; Redis the push tier through pub/sub (two store
+instances on one key prefix, whose keys are deleted afterwards).
 """
 
 from __future__ import annotations
@@ -39,8 +40,22 @@ rooms = a2trio.contract("rooms", events={"note": Note}, presence={"typing": bool
 
 
 @asynccontextmanager
-async def open_pair(name: str, dsn: str) -> AsyncIterator[tuple[Store, Store]]:
-    if name == "memory":
+async def open_pair(
+    name: str, dsn: str, redis_url: str = "redis://127.0.0.1:6379/0"
+) -> AsyncIterator[tuple[Store, Store]]:
+    if name == "redis":
+        from drain import delete_redis_prefix
+
+        prefix = f"a2bench-{secrets.token_hex(4)}"
+        writer = a2trio.stores.redis(redis_url, key_prefix=prefix)
+        reader = a2trio.stores.redis(redis_url, key_prefix=prefix)
+        try:
+            yield writer, reader
+        finally:
+            await writer.aclose()
+            await reader.aclose()
+            await delete_redis_prefix(redis_url, prefix)
+    elif name == "memory":
         store = a2trio.stores.memory()
         yield store, store
     elif name == "sqlite":
@@ -76,9 +91,9 @@ async def open_pair(name: str, dsn: str) -> AsyncIterator[tuple[Store, Store]]:
         raise SystemExit(f"unknown store {name!r}")
 
 
-async def measure(name: str, dsn: str, samples: int) -> tuple[float, float]:
+async def measure(name: str, dsn: str, samples: int, redis_url: str) -> tuple[float, float]:
     gaps: list[float] = []
-    async with open_pair(name, dsn) as (writer_store, reader_store):
+    async with open_pair(name, dsn, redis_url) as (writer_store, reader_store):
         writer = a2trio.Server(rooms, store=writer_store)
         reader = (
             writer if reader_store is writer_store else a2trio.Server(rooms, store=reader_store)
@@ -110,14 +125,20 @@ def main() -> None:
     parser.add_argument("--store", default="memory,sqlite,postgres")
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--dsn", default="postgresql://root@127.0.0.1:5432/postgres")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     args = parser.parse_args()
     names = [n.strip() for n in args.store.split(",") if n.strip()]
     print(f"# bench/presence.py: {args.samples} sequential sets; trio {trio.__version__}")
     print("| store | tier | set -> subscriber p50 (ms) | p99 (ms) |")
     print("| --- | --- | ---: | ---: |")
-    tiers = {"memory": "push (in-process)", "sqlite": "degraded", "postgres": "push (NOTIFY)"}
+    tiers = {
+        "memory": "push (in-process)",
+        "sqlite": "degraded",
+        "postgres": "push (NOTIFY)",
+        "redis": "push (pub/sub, another store instance)",
+    }
     for name in names:
-        p50, p99 = trio.run(measure, name, args.dsn, args.samples)
+        p50, p99 = trio.run(measure, name, args.dsn, args.samples, args.redis_url)
         print(f"| {name} | {tiers[name]} | {p50:.3f} | {p99:.3f} |")
 
 

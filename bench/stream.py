@@ -1,6 +1,8 @@
 """Fan-out: append -> delivery latency to many live subscribers.
 
-Two scenarios against a real hypercorn (trio worker) in a subprocess, memory store:
+Two scenarios against a real hypercorn (trio worker) in a subprocess, on the
+memory store (default) or Redis (``--store redis``: a fresh key prefix, its
+keys deleted afterwards):
 
 * **sse**: one session, ``--subscribers`` concurrent SSE streams (raw TCP
   clients, so the client's own parsing stays out of the figure). Each round
@@ -13,6 +15,7 @@ Two scenarios against a real hypercorn (trio worker) in a subprocess, memory sto
 Run::
 
     .venv/bin/python bench/stream.py [--subscribers 1000] [--rounds 10] [--versions]
+    .venv/bin/python bench/stream.py --store redis [--redis-url redis://127.0.0.1:6379/0]
 
 Figures are wall-clock on a shared machine: compare runs, not absolute values.
 """
@@ -46,9 +49,19 @@ class Tick(msgspec.Struct, frozen=True):
 
 
 bench = a2trio.contract("bench", events={"tick": Tick})
+
+
+def _served_store() -> a2trio.stores.Store:
+    """The memory store, or Redis when the parent asks for it."""
+    url = os.environ.get("A2_BENCH_REDIS_URL")
+    if url:
+        return a2trio.stores.redis(url, key_prefix=os.environ["A2_BENCH_REDIS_PREFIX"])
+    return a2trio.stores.memory()
+
+
 #: The app the subprocess serves (``python -m a2trio.serve bench.stream:server``
 #: cannot import a script, so the script serves itself).
-server = a2trio.Server(bench, store=a2trio.stores.memory())
+server = a2trio.Server(bench, store=_served_store())
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -56,8 +69,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def open_server() -> tuple[trio.Process, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+async def open_server(extra_env: dict[str, str]) -> tuple[trio.Process, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **extra_env}
     process = await trio.lowlevel.open_process(
         [
             sys.executable,
@@ -190,7 +203,23 @@ async def run_ws_mux(url: str, subscribers: int, rounds: int, posters: int) -> l
 
 
 async def main(args: argparse.Namespace) -> None:
-    process, url = await open_server()
+    extra_env: dict[str, str] = {}
+    if args.store == "redis":
+        extra_env = {
+            "A2_BENCH_REDIS_URL": args.redis_url,
+            "A2_BENCH_REDIS_PREFIX": f"a2bench-{os.urandom(4).hex()}",
+        }
+    try:
+        await _run(args, extra_env)
+    finally:
+        if extra_env:
+            from drain import delete_redis_prefix
+
+            await delete_redis_prefix(args.redis_url, extra_env["A2_BENCH_REDIS_PREFIX"])
+
+
+async def _run(args: argparse.Namespace, extra_env: dict[str, str]) -> None:
+    process, url = await open_server(extra_env)
     rows = []
     try:
         t0 = time.perf_counter()
@@ -221,6 +250,8 @@ if __name__ == "__main__":
     parser.add_argument("--mux-rounds", type=int, default=2, help="appends per mux session")
     parser.add_argument("--posters", type=int, default=16, help="concurrent POSTs (mux)")
     parser.add_argument("--versions", action="store_true", help="print versions first")
+    parser.add_argument("--store", choices=["memory", "redis"], default="memory")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     arguments = parser.parse_args()
     if arguments.versions:
         print(
