@@ -23,14 +23,6 @@ TTL = a2trio.Timings().claim_ttl_s
 GRACE = a2trio.Timings().watchdog_grace_s
 
 
-def store_key(server: a2trio.Server, session_id: str) -> str:
-    """The key a session's rows have in the store (``Server.key``; ``_key``
-    before the engine's refactor)."""
-    key = getattr(server, "key", None) or getattr(server, "_key", None)
-    assert callable(key)
-    return str(key(session_id))
-
-
 class Runs:
     """What each handler attempt did, as ``(item, attempt, start, end, how)``."""
 
@@ -107,7 +99,7 @@ async def test_a_predicate_raising_in_the_catch_up_cancels_the_handler_at_its_fi
     handlers = {"ordered": a2trio.handler(runs.handler(5), abort_on={"cancelled": broken})}
     # No scheduler: the retries below are explicit drains.
     async with open_harness(orders, handlers=handlers, scheduler=None) as app:
-        key = store_key(app.server, "s1")
+        key = app.server.key("s1")
         # The abort event is in the log before the handler first runs.
         await app.store.inner.append(
             key,

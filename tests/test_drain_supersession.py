@@ -32,14 +32,6 @@ TTL = a2trio.Timings().claim_ttl_s
 HEARTBEAT = a2trio.Timings().heartbeat_s
 
 
-def store_key(server: a2trio.Server, session_id: str) -> str:
-    """The key a session's rows have in the store (``Server.key``; ``_key``
-    before the engine's refactor)."""
-    key = getattr(server, "key", None) or getattr(server, "_key", None)
-    assert callable(key)
-    return str(key(session_id))
-
-
 def outcomes(telemetry: RecordingTelemetry, index: int) -> list[tuple[Any, Any]]:
     """(attempt, outcome) of each ``a2.event`` span of the event at ``index``."""
     return [
@@ -67,7 +59,7 @@ async def test_a_renewal_reporting_a_newer_attempt_cancels_the_handler_at_once(
 
     async with open_harness(orders, handlers={"ordered": ship}, scheduler=None) as app:
         session = app.session("s1")
-        key = store_key(app.server, "s1")
+        key = app.server.key("s1")
         await session.append(orders.event("ordered", Ordered("a")))
         await app.advance(5)
         app.clock.epoch_ms += int(TTL * 1000) + 1_000
@@ -175,7 +167,7 @@ async def test_another_holder_re_claims_after_the_lease_lapsed_and_the_zombie_is
         ("ordered", Ordered("a")),
         ("shipped", Shipped("second")),
     ]
-    [row, _] = await inner.read(store_key(second, "s1"))
+    [row, _] = await inner.read(second.key("s1"))
     assert (row.attempt_count, row.processed_by_attempt, row.failure_count) == (2, 2, 0)
 
 

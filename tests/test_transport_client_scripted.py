@@ -232,3 +232,11 @@ async def test_a_silent_server_trips_the_watchdog() -> None:
     with pytest.raises(a2trio.A2Error) as after:
         await client.push("s1", {"type": "note", "payload": {"text": "x"}})
     assert after.value is silent.value
+
+
+def test_a_close_reads_as_its_code_and_reason() -> None:
+    from a2trio.transport.client import _closed
+
+    assert _closed(None) == "closed"
+    assert _closed(trio_websocket.CloseReason(1011, "boom")) == "1011 boom"
+    assert _closed(trio_websocket.CloseReason(1001, None)) == "1001 GOING_AWAY"

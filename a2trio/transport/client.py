@@ -44,6 +44,14 @@ def _lost(why: str) -> A2Error:
     return A2Error(ErrorCode.STORE_UNAVAILABLE, f"socket lost: {why}")
 
 
+def _closed(reason: Any) -> str:
+    """A close as a person reads it: ``1011 internal error`` (trio-websocket's
+    ``CloseReason``; its ``str`` is a repr)."""
+    if reason is None:
+        return "closed"
+    return f"{reason.code} {reason.reason or reason.name}"
+
+
 class Lane:
     """One followed session: ``async for frame in lane``.
 
@@ -113,7 +121,7 @@ class Client:
             await self._ws.send_message(wire.encode(frame).decode())
             await arrived.wait()
         except trio_websocket.ConnectionClosed as exc:
-            raise _lost(str(exc.reason)) from None
+            raise _lost(_closed(exc.reason)) from None
         finally:
             del self._acks[req]
         if not slot:
@@ -151,7 +159,7 @@ class Client:
         try:
             await self._ws.send_message(wire.encode(frame).decode())
         except trio_websocket.ConnectionClosed as exc:
-            raise _lost(str(exc.reason)) from None
+            raise _lost(_closed(exc.reason)) from None
 
     @asynccontextmanager
     async def subscribe(self, session_id: str, start_after: int = 0) -> AsyncIterator[Lane]:
@@ -178,7 +186,7 @@ class Client:
                 raise lane._error
             yield lane
         except trio_websocket.ConnectionClosed as exc:
-            raise _lost(str(exc.reason)) from None
+            raise _lost(_closed(exc.reason)) from None
         finally:
             if self._lanes.get(session_id) is lane:
                 del self._lanes[session_id]
@@ -204,7 +212,7 @@ class Client:
                 frame = wire.decode_down_frame(message)
                 await self._route(frame)
         except trio_websocket.ConnectionClosed as exc:
-            why = str(exc.reason)
+            why = _closed(exc.reason)
         finally:
             self._fail_all(_lost(why))
 
