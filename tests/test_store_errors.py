@@ -9,6 +9,7 @@ stays in ``__cause__``.
 from __future__ import annotations
 
 import socket
+import sqlite3
 
 import httpx
 import pytest
@@ -68,3 +69,29 @@ async def test_an_outage_answers_503_without_hosts_ports_or_driver_text() -> Non
             await direct.session("s1").history()
     assert info.value.message == "read failed: the store is unavailable"
     assert info.value.__cause__ is not None
+
+
+@pytest.mark.parametrize(
+    ("failure", "code", "message"),
+    [
+        (
+            sqlite3.DataError("string or blob too big"),
+            "INVALID_PAYLOAD",
+            "the store refused the data",
+        ),
+        (
+            sqlite3.OperationalError("disk I/O error"),
+            "STORE_UNAVAILABLE",
+            "the store is unavailable",
+        ),
+    ],
+)
+def test_sqlite_classifies_its_failures_in_one_place(
+    failure: Exception, code: str, message: str
+) -> None:
+    from a2trio.stores.sqlite import _errors
+
+    with pytest.raises(a2trio.A2Error) as info, _errors("append"):
+        raise failure
+    assert (info.value.code, info.value.message) == (code, f"sqlite append failed: {message}")
+    assert info.value.__cause__ is failure

@@ -207,6 +207,18 @@ _CLAIMABLE_SESSIONS = """
 """
 
 
+def _errors(what: str) -> store_unavailable:
+    """The SQLite store's one error translation (see ``store_unavailable``):
+    data SQLite refuses for what it is (``sqlite3.DataError``: a string or blob
+    over its limits) is ``INVALID_PAYLOAD``; anything else, a locked or full
+    database, an I/O error, is ``STORE_UNAVAILABLE``."""
+    return store_unavailable(f"sqlite {what}", permanent=_refused_data)
+
+
+def _refused_data(exc: Exception) -> bool:
+    return isinstance(exc, sqlite3.DataError)
+
+
 def _prefix_end(prefix: str) -> str:
     """The least string above every string starting with ``prefix`` (binary
     order, as SQLite compares text)."""
@@ -496,12 +508,12 @@ class SqliteStore:
 
     async def _write(self, what: str, work: Callable[[sqlite3.Connection], T]) -> T:
         self._pool.check_open()
-        with store_unavailable(f"sqlite {what}"):
+        with _errors(what):
             return await self._pool.write(work)
 
     async def _read(self, what: str, work: Callable[[sqlite3.Connection], T]) -> T:
         self._pool.check_open()
-        with store_unavailable(f"sqlite {what}"):
+        with _errors(what):
             return await self._pool.read(work)
 
     # -- events ----------------------------------------------------------
