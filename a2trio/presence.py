@@ -54,6 +54,9 @@ __all__ = [
 ]
 
 _fingerprint = msgspec.json.Encoder(order="sorted").encode
+#: The largest log index a client can name (JavaScript's safe integers): a
+#: ``seen`` past it would overflow a store's integer column after validation.
+MAX_SAFE_INDEX = 2**53 - 1
 
 
 class PresenceValue(msgspec.Struct, frozen=True):
@@ -156,8 +159,12 @@ def validate_patch(
             raise TypeError(f"presence at must be epoch milliseconds, got {at!r}")
         if not math.isfinite(at) or not 0 <= at <= MAX_DATE_MS:
             raise ValueError(f"presence at must be epoch milliseconds in range, got {at!r}")
-    if seen is not None and (isinstance(seen, bool) or not isinstance(seen, int) or seen < 0):
-        raise ValueError(f"presence seen must be a non-negative integer, got {seen!r}")
+    if seen is not None and (
+        isinstance(seen, bool) or not isinstance(seen, int) or not 0 <= seen <= MAX_SAFE_INDEX
+    ):
+        raise ValueError(
+            f"presence seen must be a non-negative integer up to 2**53 - 1, got {seen!r}"
+        )
     if not isinstance(values, Mapping):
         raise TypeError(f"presence values must be a mapping of field -> value, got {values!r}")
     validated: dict[str, Any] = {}

@@ -19,8 +19,21 @@ from .breaking_feeds import BreakingFeeds
 @pytest.mark.parametrize(
     ("options", "error", "message"),
     [
-        ({"seen": -1}, ValueError, "presence seen must be a non-negative integer, got -1"),
-        ({"seen": True}, ValueError, "presence seen must be a non-negative integer, got True"),
+        (
+            {"seen": -1},
+            ValueError,
+            "presence seen must be a non-negative integer up to 2\\*\\*53 - 1, got -1",
+        ),
+        (
+            {"seen": True},
+            ValueError,
+            "presence seen must be a non-negative integer up to 2\\*\\*53 - 1, got True",
+        ),
+        (
+            {"seen": 2**63},
+            ValueError,
+            f"presence seen must be a non-negative integer up to 2\\*\\*53 - 1, got {2**63}",
+        ),
         ({"at": "5"}, TypeError, "presence at must be epoch milliseconds, got '5'"),
         ({"at": False}, TypeError, "presence at must be epoch milliseconds, got False"),
     ],

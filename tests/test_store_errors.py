@@ -95,3 +95,22 @@ def test_sqlite_classifies_its_failures_in_one_place(
         raise failure
     assert (info.value.code, info.value.message) == (code, f"sqlite append failed: {message}")
     assert info.value.__cause__ is failure
+
+
+async def test_a_statement_that_fails_leaves_the_postgres_connection_usable() -> None:
+    """A failed pipeline used to forget the statements it prepared while the
+    server kept them, so the next use re-prepared them and failed (42P05): one
+    bad input made its pooled connection answer 503 for good."""
+    async with pg_backend.open_store(a2trio.SYSTEM_CLOCK, max_connections=1) as store:
+        presence = store.presence
+        assert presence is not None
+        with pytest.raises(a2trio.A2Error) as info:
+            # Below the surface checks: seen overflows bigint (SQLSTATE 22003).
+            await presence.set("k", "ann", {"f": 1}, seen=2**63, at_ms=1, ttl_ms=60_000)
+        assert info.value.code == a2trio.ErrorCode.INVALID_PAYLOAD
+        for at in (2, 3):
+            await presence.set("k", "ann", {"f": at}, seen=1, at_ms=at, ttl_ms=60_000)
+        [row] = await presence.read("k")
+        assert row.value == 3
+        await store.append("k", [AppendEvent("t", {"n": 1})])
+        assert len(await store.read("k")) == 1

@@ -292,7 +292,7 @@ BAD_PRESENCE = [
     ),
     (
         {"participant": "ann", "values": {}, "seen": -2},
-        "presence seen must be a non-negative integer, got -2",
+        "presence seen must be a non-negative integer up to 2**53 - 1, got -2",
     ),
     (
         {"participant": "ann", "values": {"mood": None}},

@@ -281,12 +281,20 @@ class PgConnection:
     async def _read(self, kinds: list[bool], fresh: list[bytes]) -> list[list[Row]]:
         error: PgError | None = None
         out: list[list[Row]] = []
+        preparing = iter(fresh)
         for is_execution in kinds:
             result = await self._result()
             if result is None:
                 self._check()
                 raise PgConnectionError("pipeline ended early")
             status = result.status
+            if not is_execution:
+                name = next(preparing)
+                # A named statement outlives its pipeline's failure (prepares
+                # are not transactional): remember each one the server made,
+                # or the next use would prepare it again and fail (42P05).
+                if status == pq.ExecStatus.COMMAND_OK:
+                    self._prepared.add(name)
             if status == pq.ExecStatus.FATAL_ERROR:
                 error = error or _error(result)
             elif is_execution and status == pq.ExecStatus.TUPLES_OK:
@@ -299,9 +307,7 @@ class PgConnection:
             self._check()
             raise PgConnectionError("pipeline lost its sync point")
         if error is not None:
-            # A failed pipeline may have skipped some prepares: forget them all.
             raise error
-        self._prepared.update(fresh)
         return out
 
     async def script(self, sql: bytes) -> None:
