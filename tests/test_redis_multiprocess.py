@@ -56,7 +56,7 @@ async def _sessions(store: RedisStore) -> list[SessionSummary]:
             await trio.sleep(0.1)
 
 
-# Failed connection attempts while Redis is down: see test_redis.py.
+# Unstarted connections while Redis is down: see test_redis.py.
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 async def test_exactly_once_across_processes_through_a_kill_and_a_restart(
@@ -170,4 +170,4 @@ async def test_exactly_once_across_processes_through_a_kill_and_a_restart(
         assert stalled.attempt_count >= 2
         assert (stalled.processed_by_attempt or 0) >= 2
         await checker.aclose()
-    gc.collect()  # connections that failed during the restart, warnings ignored
+    gc.collect()  # unstarted connections, while their warnings are ignored

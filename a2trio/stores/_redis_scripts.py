@@ -34,8 +34,10 @@ collides across sessions):
   session publish a wake-up on ``P:S:notify`` only while it exists.
 * ``P:ids``: hash, event id -> ``"<index>:<session key>"`` (ids are unique
   store-wide). ``P:sessions``: sorted set of session keys (score 0, so
-  ``ZRANGE BYLEX`` pages them by prefix). ``P:pending:watched`` and the
-  ``P:pending`` channel: cross-process wake-ups of drains.
+  ``ZRANGE BYLEX`` pages them by prefix). ``P:open-sessions``: the same for
+  the sessions that have open events (the sweep's index, bounded by the work
+  pending). ``P:pending:watched`` and the ``P:pending`` channel:
+  cross-process wake-ups of drains.
 
 Numbers pass through Lua as doubles; every number the scripts store (epoch
 milliseconds, counters) is an integer below 10^14, which Lua and cjson
@@ -58,6 +60,7 @@ __all__ = [
     "READ_STATES",
     "RENEW",
     "SUMMARIES",
+    "SWEEP",
 ]
 
 # Shared helpers, prepended to the scripts that take the session keys as
@@ -153,6 +156,15 @@ local function advance_head(sid, sessions_key, front, n, now)
   redis.call('HSET', HEAD, 'n', front + n, 'last', now)
 end
 
+-- Keep the session in the sweep's index while it has open events.
+local function index_open(open_sessions, sid)
+  if redis.call('ZCARD', OPEN) > 0 then
+    redis.call('ZADD', open_sessions, 0, sid)
+  else
+    redis.call('ZREM', open_sessions, sid)
+  end
+end
+
 local function wake(watched, channel, message, pending_watched, pending_channel, sid, unsettled)
   if redis.call('EXISTS', watched) == 1 then
     redis.call('PUBLISH', channel, message)
@@ -164,7 +176,7 @@ end
 """
 
 #: store-postgres.ts ``append``. KEYS: log, meta, open, head, ids, sessions,
-#: watched, pending-watched. ARGV: session, now, origin, holder ('' for
+#: watched, pending-watched, open-sessions. ARGV: session, now, origin, holder ('' for
 #: none), claim expiry, notify channel, pending channel, n events, m supplied
 #: ids, the m ids, then per event: id, entry, lane ('' or '=' .. lane),
 #: settled ('1'/'0'), cause index ('' for none), cause attempt.
@@ -238,6 +250,7 @@ for k = 0, n - 1 do
   end
 end
 advance_head(sid, KEYS[6], front, n, ARGV[2])
+if unsettled then index_open(KEYS[9], sid) end
 wake(KEYS[7], ARGV[6], origin, KEYS[8], ARGV[7], sid, unsettled)
 return {'ok', front, pending, found, claimed}
 """
@@ -380,7 +393,7 @@ return {renewed, superseded}
 )
 
 #: store-postgres.ts ``completeAttempt``. KEYS: log, meta, open, head, ids,
-#: sessions, watched, pending-watched. ARGV: session, index, attempt, now,
+#: sessions, watched, pending-watched, open-sessions. ARGV: session, index, attempt, now,
 #: origin, returned ids (JSON text), notify channel, pending channel, n, then
 #: per event: id, entry, lane, settled.
 #:
@@ -422,6 +435,7 @@ end
 m.p, m.pb, m.r, m.h, m.x = now, attempt, ARGV[6], nil, nil
 redis.call('HSET', META, idx, cjson.encode(m))
 redis.call('ZREM', OPEN, idx)
+index_open(KEYS[9], sid)
 advance_head(sid, KEYS[6], front, n, ARGV[4])
 if n > 0 then wake(KEYS[7], ARGV[7], ARGV[5], KEYS[8], ARGV[8], sid, unsettled) end
 local dead = tonumber(redis.call('HGET', HEAD, 'dead') or '0')
@@ -530,6 +544,42 @@ for i = 1, #all, 2 do
     out[#out + 1] = all[i]
     out[#out + 1] = all[i + 1]
   end
+end
+return out
+"""
+
+#: ``claimable_sessions``: for each session, whether a claim would take an
+#: event now (unprocessed, alive, lane-ready, claim free or expired, past its
+#: failure backoff, ``_verdicts.retry_backoff_ms``). KEYS: (open, meta) per
+#: session. ARGV: now. Returns 0/1 per session.
+SWEEP = r"""
+local now = tonumber(ARGV[1])
+local out = {}
+for s = 0, #KEYS / 2 - 1 do
+  local idxs = redis.call('ZRANGE', KEYS[s * 2 + 1], 0, -1)
+  local found = 0
+  local seen = {}
+  for i = 1, #idxs, 1000 do
+    local slice = {}
+    for j = i, math.min(i + 999, #idxs) do slice[#slice + 1] = idxs[j] end
+    local raws = redis.call('HMGET', KEYS[s * 2 + 2], unpack(slice))
+    for j = 1, #raws do
+      local m = cjson.decode(raws[j])
+      local ready = true
+      if m.l then
+        if seen[m.l] then ready = false else seen[m.l] = true end
+      end
+      if ready and not m.d and (not m.x or m.x <= now) then
+        local f = m.f or 0
+        if f == 0 or (m.lf or 0) + math.min(1000 * 2 ^ math.min(f - 1, 6), 60000) <= now then
+          found = 1
+          break
+        end
+      end
+    end
+    if found == 1 then break end
+  end
+  out[#out + 1] = found
 end
 return out
 """

@@ -71,6 +71,7 @@ from typing import Any, cast
 import coredis
 import msgspec
 import trio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from coredis.commands.script import Script
 from coredis.retry import NoRetryPolicy
 
@@ -128,6 +129,8 @@ _PRESENCE_KEY_SLACK_MS = 60_000
 #: Compare-and-set rounds of a failure before giving up (each loses only to
 #: a concurrent write of the same event's row).
 _CAS_ROUNDS = 16
+#: Sessions the sweep checks per script.
+_SWEEP_PAGE = 100
 
 
 class _Cause(msgspec.Struct, frozen=True, array_like=True):
@@ -222,6 +225,25 @@ class SubscriberStatistics(msgspec.Struct, frozen=True):
     channels: int
     notifications: int
     own: int
+
+
+def _closing(connection_class: type[Any]) -> type[Any]:
+    """``connection_class`` whose ``run`` always closes the memory streams
+    the connection made in its constructor. coredis 6.9 closes them only once
+    connected, so a connection that failed (or was cancelled) while connecting
+    leaked them (a ``ResourceWarning`` each, while Redis is down)."""
+
+    class Closing(connection_class):  # type: ignore[misc]
+        async def run(self, **kwargs: Any) -> None:
+            try:
+                await super().run(**kwargs)
+            finally:
+                for value in list(vars(self).values()):
+                    if isinstance(value, MemoryObjectSendStream | MemoryObjectReceiveStream):
+                        value.close()
+
+    Closing.__name__ = Closing.__qualname__ = f"Closing{connection_class.__name__}"
+    return Closing
 
 
 def _errors(what: str) -> store_unavailable:
@@ -512,7 +534,8 @@ _SET_PX = "return redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])"
 
 class RedisStore:
     """A :class:`~a2trio.stores.Store` on Redis, with presence (push tier),
-    inspection and cross-process wake-ups (:class:`~a2trio.stores.base.WatchesPending`).
+    inspection, cross-process wake-ups (:class:`~a2trio.stores.base.WatchesPending`)
+    and the sweep (:class:`~a2trio.stores.base.SweepsClaimable`).
 
     Build it with :func:`redis`. Attributes: ``url``, ``key_prefix``,
     ``clock``, ``timings``, ``presence``, ``inspect``.
@@ -591,18 +614,22 @@ class RedisStore:
             self._global("sessions"),
             self._key(session_id, "watched"),
             self._global("pending:watched"),
+            self._global("open-sessions"),
         ]
 
     # -- lifecycle -------------------------------------------------------------
 
     def _new_client(self) -> coredis.Redis[bytes]:
-        return coredis.Redis.from_url(
+        client: coredis.Redis[bytes] = coredis.Redis.from_url(
             self.url,
             decode_responses=False,
             retry_policy=NoRetryPolicy(),
             connect_timeout=self._connect_timeout_s,
             stream_timeout=self._command_timeout_s,
         )
+        pool = client.connection_pool
+        pool.connection_class = _closing(pool.connection_class)
+        return client
 
     async def __aenter__(self) -> RedisStore:
         """Open the store's nursery and its client on the first entry.
@@ -1092,6 +1119,34 @@ class RedisStore:
         if reply[0] == b"busy":
             return Busy(int(reply[1]))
         return Settled()
+
+    async def claimable_sessions(self, prefix: str, *, limit: int) -> list[str]:
+        """See :meth:`~a2trio.stores.base.SweepsClaimable.claimable_sessions`:
+        a pass over the sessions with open events (``P:open-sessions``, by
+        prefix), each checked by the ``SWEEP`` script, never the history.
+
+        Cancellation: a read.
+        """
+        found: list[str] = []
+        low = b"[" + prefix.encode()
+        high = b"(" + prefix.encode() + b"\xff"
+        with _errors("sweep"):
+            while len(found) < limit:
+                page = [
+                    _text(sid)
+                    for sid in await self._eval(
+                        _LIST, [self._global("open-sessions")], [low, high, _SWEEP_PAGE]
+                    )
+                ]
+                if not page:
+                    break
+                keys = [self._key(sid, s) for sid in page for s in ("open", "meta")]
+                flags = await self._eval(lua.SWEEP, keys, [self.clock.now_ms()])
+                found += [sid for sid, flag in zip(page, flags, strict=True) if flag]
+                if len(page) < _SWEEP_PAGE:
+                    break
+                low = b"(" + page[-1].encode()
+        return found[:limit]
 
     async def renew_claims(
         self,
