@@ -42,6 +42,7 @@ event is retried, and the store's idempotency makes the retry safe.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import traceback
@@ -58,6 +59,11 @@ from .handlers import HandlerContext, HandlerSpec
 from .session import HandlerSession
 from .stores.base import Busy, Claimed, ClaimRef, StoredEvent
 from .telemetry import NOOP_TELEMETRY, Span
+
+#: Handler failures (WARNING, with the traceback), dead letters (ERROR), lapsed
+#: and superseded leases (WARNING); each record carries ``a2_contract``,
+#: ``a2_session``, ``a2_event_type``, ``a2_index``, ``a2_attempt``, ``a2_holder``.
+logger = logging.getLogger("a2trio.drain")
 
 __all__ = [
     "MAX_ERROR_CHARS",
@@ -502,15 +508,28 @@ class _Drain:
                 aborted_caught = abort_scope is not None and abort_scope.cancelled_caught
                 if entry.fenced:
                     span.set_attribute("a2.event.outcome", "superseded")
+                    self._log(
+                        logging.WARNING,
+                        event,
+                        entry,
+                        "%s was superseded: a newer attempt owns the event",
+                    )
                     return _SUPERSEDED
                 if entry.lease.cancelled_caught or (aborted_caught and entry.lease.cancel_called):
                     span.set_attribute("a2.event.outcome", "surrendered")
+                    self._log(
+                        logging.WARNING,
+                        event,
+                        entry,
+                        "%s surrendered: its lease lapsed (renewals failed); "
+                        "it is retried once the claim expires",
+                    )
                     return _SURRENDERED
                 was_aborted = aborted is not None and aborted.is_set()
                 returned = [] if aborted_caught else engine.returned(event, result)
             except Exception as exc:
                 span.record_error(exc)
-                return _Attempt(await self._fail(event, exc, span))
+                return _Attempt(await self._fail(event, entry, exc, span))
             finally:
                 if subscription is not None:
                     subscription.close()
@@ -521,9 +540,23 @@ class _Drain:
             except Exception as exc:
                 span.record_error(exc)
                 span.set_attribute("a2.event.outcome", "surrendered")
+                self._log(
+                    logging.WARNING,
+                    event,
+                    entry,
+                    "%s ran but its completion could not be stored (%s); it is retried "
+                    "once the claim expires",
+                    exc,
+                )
                 return _SURRENDERED
             if completion.outcome == "superseded":
                 span.set_attribute("a2.event.outcome", "superseded")
+                self._log(
+                    logging.WARNING,
+                    event,
+                    entry,
+                    "%s ran but was superseded: its completion was refused",
+                )
                 return _SUPERSEDED
             span.set_attribute("a2.event.outcome", "processed")
             if was_aborted:
@@ -552,7 +585,34 @@ class _Drain:
         with abort_scope:
             return await registration.fn(ctx)
 
-    async def _fail(self, event: StoredEvent, error: BaseException, span: Span) -> EventStatus:
+    def _log(
+        self,
+        level: int,
+        event: StoredEvent,
+        entry: _Entry,
+        message: str,
+        *args: object,
+        error: BaseException | None = None,
+    ) -> None:
+        """One record about an attempt: ``message``'s ``%s`` names it."""
+        if not logger.isEnabledFor(level):
+            return
+        name = (
+            f"{event.type} #{event.index} of session {self.session_id!r} (attempt {entry.attempt})"
+        )
+        extra = {
+            "a2_contract": self.engine.contract.name,
+            "a2_session": self.session_id,
+            "a2_event_type": event.type,
+            "a2_index": event.index,
+            "a2_attempt": entry.attempt,
+            "a2_holder": entry.holder,
+        }
+        logger.log(level, message, name, *args, exc_info=error, extra=extra)
+
+    async def _fail(
+        self, event: StoredEvent, entry: _Entry, error: BaseException, span: Span
+    ) -> EventStatus:
         try:
             failure = await self.store.fail_attempt(
                 self.key,
@@ -564,8 +624,36 @@ class _Drain:
         except Exception as exc:
             span.record_error(exc)
             span.set_attribute("a2.event.outcome", "surrendered")
+            self._log(
+                logging.WARNING,
+                event,
+                entry,
+                "%s failed and the failure could not be stored (%s); it is retried "
+                "once the claim expires",
+                exc,
+                error=error,
+            )
             return "surrendered"
         span.set_attribute("a2.event.outcome", failure.outcome)
+        if failure.outcome == "dead_lettered":
+            self._log(
+                logging.ERROR,
+                event,
+                entry,
+                "%s failed %d times: dead-lettered, and its lane is blocked behind it",
+                failure.failure_count,
+                error=error,
+            )
+        elif failure.outcome == "failed":
+            self._log(
+                logging.WARNING,
+                event,
+                entry,
+                "%s failed (%d of %d): it is retried",
+                failure.failure_count,
+                self.timings.max_failures,
+                error=error,
+            )
         return failure.outcome
 
     def _abort_hub(self) -> AbortHub:

@@ -12,6 +12,8 @@ the :class:`~a2trio.drain.DrainSignal` it keeps per running drain.
 
 from __future__ import annotations
 
+import logging
+import math
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -34,10 +36,63 @@ from .stores.base import (
     SweepsClaimable,
 )
 
-__all__ = ["SWEEP_LIMIT", "DrainRegistry"]
+__all__ = ["OUTAGE_LOG_EVERY_S", "SWEEP_LIMIT", "DrainRegistry", "StoreHealth"]
 
 #: Sessions one sweep pass wakes at most; the rest wait for the next pass.
 SWEEP_LIMIT = 1_000
+#: While the store stays unreachable, repeat the ERROR at most this often.
+OUTAGE_LOG_EVERY_S = 60.0
+
+logger = logging.getLogger("a2trio.store")
+
+
+class StoreHealth:
+    """Logs a store that became unreachable (ERROR, once, then at most every
+    :data:`OUTAGE_LOG_EVERY_S` while it stays so) and its recovery (INFO), so
+    an outage does not flood the log with one line per failed call."""
+
+    def __init__(self, contract: str) -> None:
+        self.contract = contract
+        self._down_since: float | None = None
+        self._logged_at = -math.inf
+
+    @property
+    def down(self) -> bool:
+        """Whether the last call this saw failed."""
+        return self._down_since is not None
+
+    def failed(self, what: str, error: BaseException) -> None:
+        now = trio.current_time()
+        extra = {"a2_contract": self.contract}
+        cause = error.__cause__ or error
+        if self._down_since is None:
+            self._down_since = now
+            self._logged_at = now
+            logger.error(
+                "the store is unavailable (%s: %s); work waits and is retried",
+                what,
+                cause,
+                extra=extra,
+            )
+        elif now - self._logged_at >= OUTAGE_LOG_EVERY_S:
+            self._logged_at = now
+            logger.error(
+                "the store is still unavailable after %.0f s (%s: %s)",
+                now - self._down_since,
+                what,
+                cause,
+                extra=extra,
+            )
+
+    def ok(self) -> None:
+        if self._down_since is None:
+            return
+        logger.info(
+            "the store is available again after %.1f s",
+            trio.current_time() - self._down_since,
+            extra={"a2_contract": self.contract},
+        )
+        self._down_since = None
 
 
 class DrainRegistry:
@@ -50,6 +105,7 @@ class DrainRegistry:
         self.engine = engine
         self.handlers = handlers
         self.slots = HandlerSlots(max_handlers)
+        self.health = StoreHealth(engine.contract.name)
         self._drains: dict[str, DrainSignal] = {}
 
     @property
@@ -251,8 +307,12 @@ class DrainRegistry:
         while True:
             try:
                 keys = await store.claimable_sessions(prefix, limit=SWEEP_LIMIT)
-            except Exception:
-                keys = []  # unreachable: the drains it would wake could not claim
+            except Exception as exc:
+                # Unreachable: the drains it would wake could not claim.
+                self.health.failed("sweep", exc)
+                keys = []
+            else:
+                self.health.ok()
             for key in keys:
                 session_id = engine.session_of(key)
                 signal = self._drains.get(session_id) if session_id is not None else None
@@ -266,10 +326,12 @@ class DrainRegistry:
     ) -> None:
         try:
             await self.drain(session_id, signal=signal, watchdog_due_at_ms=watchdog_at_ms)
-        except A2Error:
-            # The store is unreachable: claims lapse; the next append or watchdog
-            # retries. The span has recorded the error.
-            pass
+        except A2Error as exc:
+            # The store is unreachable: claims lapse; the sweep, the next
+            # append or a watchdog retries.
+            self.health.failed("drain", exc)
+        else:
+            self.health.ok()
         finally:
             signal.close()
             if self._drains.get(session_id) is signal:

@@ -38,6 +38,7 @@ fires at exactly +30 s of Trio time.
 
 from __future__ import annotations
 
+import logging
 import math
 import traceback
 import uuid
@@ -56,6 +57,10 @@ from ._queue import NotifyingQueue
 if TYPE_CHECKING:
     from ..clock import Clock
     from ._queue import TaskQueue, TaskRow
+
+#: Failed deliveries (WARNING, with the traceback), with ``a2_contract`` and
+#: ``a2_task`` on each record.
+logger = logging.getLogger("a2trio.scheduler")
 
 __all__ = ["QueueScheduler", "SchedulerStatistics", "retry_delay_s"]
 
@@ -354,6 +359,14 @@ class QueueScheduler:
                     delivered = True
                 except Exception as exc:
                     error = "".join(traceback.format_exception(exc))
+                    logger.warning(
+                        "scheduler task %s failed (delivery %d): it is retried after %.1f s",
+                        row.id,
+                        row.attempts,
+                        retry_delay_s(row.attempts),
+                        exc_info=exc,
+                        extra={"a2_contract": binding.contract, "a2_task": row.id},
+                    )
                 nursery.cancel_scope.cancel(reason="delivery finished")
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT_S):

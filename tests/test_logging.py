@@ -1,0 +1,125 @@
+"""Operators can act on the log (issue 18): handler failures, dead letters,
+lapsed leases and store outages are logged under ``a2trio.*`` with the event's
+coordinates as fields, once each, and an outage does not flood the log."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import trio
+import trio.testing
+
+import a2trio
+from a2trio.stores.memory import MemoryStore
+
+from .apps import Ordered, orders
+
+
+def records(caplog: pytest.LogCaptureFixture, name: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == name]
+
+
+async def test_failures_and_the_dead_letter_are_logged_with_their_coordinates(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="a2trio")
+
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> None:
+        raise RuntimeError("the courier is down")
+
+    timings = a2trio.Timings(max_failures=2)
+    store = a2trio.stores.memory(clock=a2trio.TrioClock())
+    async with a2trio.Server(orders, store=store, handlers={"ordered": ship}, timings=timings) as s:
+        await s.session("s1").append(orders.event("ordered", Ordered("book")))
+        await trio.sleep(60)
+    failed, dead = records(caplog, "a2trio.drain")
+    assert (failed.levelno, dead.levelno) == (logging.WARNING, logging.ERROR)
+    assert failed.getMessage() == (
+        "ordered #1 of session 's1' (attempt 1) failed (1 of 2): it is retried"
+    )
+    assert dead.getMessage() == (
+        "ordered #1 of session 's1' (attempt 2) failed 2 times: dead-lettered, "
+        "and its lane is blocked behind it"
+    )
+    for record, attempt in ((failed, 1), (dead, 2)):
+        assert record.exc_info is not None
+        assert str(record.exc_info[1]) == "the courier is down"
+        assert record.__dict__["a2_contract"] == "orders"
+        assert record.__dict__["a2_session"] == "s1"
+        assert record.__dict__["a2_event_type"] == "ordered"
+        assert record.__dict__["a2_index"] == 1
+        assert record.__dict__["a2_attempt"] == attempt
+        assert isinstance(record.__dict__["a2_holder"], str)
+
+
+async def test_a_lapsed_lease_is_logged(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="a2trio")
+
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> None:
+        if ctx.attempt == 1:
+            await trio.sleep_forever()
+
+    from a2trio.testing import open_harness
+
+    async with open_harness(orders, handlers={"ordered": ship}) as app:
+        app.store.fail("renew_claims")
+        await app.session("s1").append(orders.event("ordered", Ordered("book")))
+        await trio.sleep(a2trio.DEFAULT_TIMINGS.claim_ttl_s + 1)
+    [lapsed] = [r for r in records(caplog, "a2trio.drain") if "surrendered" in r.getMessage()]
+    assert lapsed.getMessage() == (
+        "ordered #1 of session 's1' (attempt 1) surrendered: its lease lapsed "
+        "(renewals failed); it is retried once the claim expires"
+    )
+
+
+class FlakySweeps(MemoryStore):
+    """A memory store whose sweep query fails while ``down``."""
+
+    def __init__(self) -> None:
+        super().__init__(clock=a2trio.TrioClock())
+        self.down = False
+
+    async def claimable_sessions(self, prefix: str, *, limit: int) -> list[str]:
+        if self.down:
+            await trio.lowlevel.checkpoint()
+            raise a2trio.A2Error("STORE_UNAVAILABLE", "sweep failed: the store is unavailable")
+        return await super().claimable_sessions(prefix, limit=limit)
+
+
+async def test_an_outage_is_logged_once_a_minute_and_its_end_once(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="a2trio")
+    store = FlakySweeps()
+
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> None:
+        return None
+
+    async with a2trio.Server(orders, store=store, handlers={"ordered": ship}):
+        await trio.sleep(1)
+        store.down = True
+        await trio.sleep(150)  # 30 failed sweeps
+        store.down = False
+        await trio.sleep(10)
+    logged = [(r.levelname, r.getMessage()) for r in records(caplog, "a2trio.store")]
+    assert logged == [
+        (
+            "ERROR",
+            "the store is unavailable (sweep: STORE_UNAVAILABLE: sweep failed: "
+            "the store is unavailable); work waits and is retried",
+        ),
+        (
+            "ERROR",
+            "the store is still unavailable after 60 s (sweep: STORE_UNAVAILABLE: "
+            "sweep failed: the store is unavailable)",
+        ),
+        (
+            "ERROR",
+            "the store is still unavailable after 120 s (sweep: STORE_UNAVAILABLE: "
+            "sweep failed: the store is unavailable)",
+        ),
+        ("INFO", "the store is available again after 150.0 s"),
+    ]
