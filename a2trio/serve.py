@@ -26,6 +26,7 @@ import argparse
 import functools
 import gc
 import importlib
+import logging
 import os
 import signal
 import sys
@@ -36,13 +37,23 @@ import hypercorn.config
 import hypercorn.run
 import hypercorn.trio
 import hypercorn.typing
+import msgspec
 import trio
 
 from .server import Server
 from .transport import DEFAULT_LIMITS, App, Limits, asgi
 from .tuning import GC_THRESHOLD, tune_gc
 
-__all__ = ["KEEP_ALIVE_S", "SHUTDOWN_GRACE_S", "lanes", "load_target", "main"]
+__all__ = [
+    "KEEP_ALIVE_S",
+    "SHUTDOWN_GRACE_S",
+    "JsonFormatter",
+    "configure_logging",
+    "lanes",
+    "load_target",
+    "main",
+    "stores",
+]
 
 #: How long open requests (streams, sockets) get to finish on shutdown before
 #: they are cancelled; streams never finish on their own, so keep it short.
@@ -97,6 +108,46 @@ def _from_environ() -> App | Any:
     if threshold:
         tune_gc(threshold)
     return app
+
+
+def stores(app: App | Any) -> str:
+    """The stores the mounted servers really use, for the banner (an app's
+    own servers may have been built with stores of their own)."""
+    if not isinstance(app, App):
+        return f"store: {os.environ.get('A2_STORE', 'by A2_ENV')}"
+    return ", ".join(f"{name}: {server.store!r}" for name, server in app.servers.items())
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time, level, logger, message, the
+    record's ``a2_*`` fields, and the traceback when there is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        entry.update((k, v) for k, v in record.__dict__.items() if k.startswith("a2_"))
+        if record.exc_info:
+            entry["traceback"] = self.formatException(record.exc_info)
+        return msgspec.json.encode(entry).decode()
+
+
+def configure_logging(level: str, fmt: str) -> None:
+    """What ``serve`` sets up (a library configures no handlers): one stderr
+    handler on the root logger, readable text or JSON lines."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # hypercorn logs through a handler of its own: not twice.
+    logging.getLogger("hypercorn").propagate = False
 
 
 def lanes(app: App | Any, url: str) -> list[str]:
@@ -155,9 +206,8 @@ async def _serve(app: App | Any, config: hypercorn.config.Config) -> None:
                     shutdown_trigger=shutdown,
                 )
             )
-            store = os.environ.get("A2_STORE", "by A2_ENV")
             for url in binds:
-                print(f"a2trio serving on {url} (store: {store})", flush=True)
+                print(f"a2trio serving on {url} ({stores(app)})", flush=True)
                 for line in lanes(app, url):
                     print(line, flush=True)
             print(
@@ -201,7 +251,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="S",
         help=f"seconds an idle keep-alive connection stays open (default {KEEP_ALIVE_S:g})",
     )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="the least severe record logged (default info)",
+    )
+    parser.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="text for people, json for machines: one object per line (default text)",
+    )
     args = parser.parse_args(argv)
+    configure_logging(args.log_level, args.log_format)
     if args.gc_threshold < 0:
         parser.error(f"--gc-threshold must be 0 or more, got {args.gc_threshold}")
     for flag, value in (

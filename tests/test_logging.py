@@ -4,13 +4,16 @@ coordinates as fields, once each, and an outage does not flood the log."""
 
 from __future__ import annotations
 
+import json
 import logging
+import sys
 
 import pytest
 import trio
 import trio.testing
 
 import a2trio
+from a2trio.serve import JsonFormatter, configure_logging
 from a2trio.stores.memory import MemoryStore
 
 from .apps import Ordered, orders
@@ -123,3 +126,45 @@ async def test_an_outage_is_logged_once_a_minute_and_its_end_once(
         ),
         ("INFO", "the store is available again after 150.0 s"),
     ]
+
+
+def test_serve_logs_json_lines_with_the_event_fields() -> None:
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        record = logging.getLogger("a2trio.drain").makeRecord(
+            "a2trio.drain",
+            logging.WARNING,
+            __file__,
+            1,
+            "%s failed",
+            ("ordered #1",),
+            sys.exc_info(),
+            extra={"a2_session": "s1", "a2_index": 1},
+        )
+    line = json.loads(JsonFormatter().format(record))
+    assert {k: line[k] for k in ("level", "logger", "message", "a2_session", "a2_index")} == {
+        "level": "WARNING",
+        "logger": "a2trio.drain",
+        "message": "ordered #1 failed",
+        "a2_session": "s1",
+        "a2_index": 1,
+    }
+    assert line["traceback"].endswith("RuntimeError: boom")
+
+
+def test_configure_logging_installs_one_handler_and_quiets_hypercorns_echo() -> None:
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level, logging.getLogger("hypercorn").propagate)
+    try:
+        configure_logging("warning", "json")
+        [handler] = root.handlers
+        assert isinstance(handler.formatter, JsonFormatter)
+        assert root.level == logging.WARNING
+        assert logging.getLogger("hypercorn").propagate is False
+        configure_logging("debug", "text")
+        [handler] = root.handlers
+        assert not isinstance(handler.formatter, JsonFormatter)
+    finally:
+        root.handlers[:], level, logging.getLogger("hypercorn").propagate = saved
+        root.setLevel(level)

@@ -147,7 +147,9 @@ async def push_and_follow(url: str) -> list[dict[str, Any]]:
 @pytest.mark.filterwarnings(r"ignore:Async generator 'http(x|core)\..*:ResourceWarning")
 async def test_the_readme_command_serves_the_example_on_sqlite(tmp_path: Path) -> None:
     async with serve_command(tmp_path) as (url, lines):
-        assert any("store: sqlite:///.a2/dev.db" in line for line in lines)
+        assert any("board: SqliteStore(" in line and ".a2/dev.db')" in line for line in lines), (
+            lines
+        )
         frames = await push_and_follow(url)
         assert [(f["id"], f["type"], f["sessionId"]) for f in frames] == [
             ("c-1", "task_added", "team-1")
@@ -163,7 +165,7 @@ async def test_store_flag_selects_the_store(tmp_path: Path) -> None:
         url,
         lines,
     ):
-        assert any("store: memory:" in line for line in lines)
+        assert any("board: MemoryStore()" in line for line in lines), lines
         assert len(await push_and_follow(url)) == 1
     assert not (tmp_path / ".a2").exists()
     # Python's own collector settings, untouched.

@@ -114,3 +114,28 @@ async def test_a_statement_that_fails_leaves_the_postgres_connection_usable() ->
         assert row.value == 3
         await store.append("k", [AppendEvent("t", {"n": 1})])
         assert len(await store.read("k")) == 1
+
+
+@guarded(30)
+async def test_health_answers_the_round_trip_or_a_bare_503() -> None:
+    up = a2trio.Server(orders, store=a2trio.stores.memory())
+    async with serving(a2trio.transport.asgi(up)) as base, httpx.AsyncClient(base_url=base) as c:
+        healthy = await c.get("/_a2/health")
+        assert healthy.status_code == 200
+        body = healthy.json()
+        assert body["status"] == "ok"
+        assert set(body["stores"]) == {"orders"}
+        assert body["stores"]["orders"]["roundTripMs"] >= 0
+        assert (await c.post("/_a2/health")).status_code == 405
+    port = closed_port()
+    dsn = f"postgresql://root@127.0.0.1:{port}/nowhere?connect_timeout=1"
+    down = a2trio.Server(orders, store=a2trio.stores.postgres(dsn))
+    async with serving(a2trio.transport.asgi(down)) as base, httpx.AsyncClient(base_url=base) as c:
+        sick = await c.get("/_a2/health")
+        assert sick.status_code == 503
+        assert sick.json() == {
+            "error": {
+                "code": "STORE_UNAVAILABLE",
+                "message": "the store for 'orders' is unavailable",
+            }
+        }

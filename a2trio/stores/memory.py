@@ -448,6 +448,9 @@ class MemoryStore:
         ]
         return Busy(min(held)) if held else Settled()
 
+    def __repr__(self) -> str:
+        return "MemoryStore()"
+
     async def claimable_sessions(self, prefix: str, *, limit: int) -> list[str]:
         """See :meth:`SweepsClaimable.claimable_sessions`: a pass over the
         sessions with unprocessed rows, never the history."""

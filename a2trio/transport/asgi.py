@@ -45,6 +45,7 @@ from ._http import (
     bad_input,
     failure,
     index_param,
+    logger,
     path_segments,
     report,
     request_of,
@@ -65,6 +66,8 @@ from .ws import serve_multiplexed_socket, serve_session_socket
 
 __all__ = ["App", "asgi"]
 
+#: How long ``GET /_a2/health`` waits for each store before answering 503.
+HEALTH_TIMEOUT_S: Final = 5.0
 _SSE_HEADERS: Final = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-store"),
@@ -191,6 +194,11 @@ class App:
             await send({"type": "http.response.start", "status": 204, "headers": []})
             await send({"type": "http.response.body", "body": b""})
             return
+        if segments == ["_a2", "health"]:
+            if method not in ("GET", "HEAD"):
+                raise Refusal(405, "the health route takes GET")
+            await respond(send, 200, await self._health())
+            return
         if len(segments) != 2:
             raise Refusal(404, "routes are /{contract}/{session} and /{contract}[/{session}]/ws")
         server = self._server(segments[0])
@@ -204,6 +212,30 @@ class App:
             await self._stream(server, session_id, request, receive, send)
         else:
             await self._history(server, session_id, request, send)
+
+    # -- health ------------------------------------------------------------------------
+
+    async def _health(self) -> bytes:
+        """One round trip to each server's store (an empty read), timed.
+
+        Raises:
+          A2Error: ``STORE_UNAVAILABLE`` naming the contract whose store did
+            not answer within ``HEALTH_TIMEOUT_S`` (503; the cause is logged,
+            never sent).
+        """
+        stores: dict[str, dict[str, float]] = {}
+        for name, server in self.servers.items():
+            started = trio.current_time()
+            try:
+                with trio.fail_after(HEALTH_TIMEOUT_S):
+                    await server.store.read(server.key("_a2-health"), through_index=0)
+            except (Exception, trio.TooSlowError) as exc:
+                logger.warning("health: the store for %r is unavailable: %s", name, exc)
+                raise A2Error(
+                    ErrorCode.STORE_UNAVAILABLE, f"the store for '{name}' is unavailable"
+                ) from exc
+            stores[name] = {"roundTripMs": round((trio.current_time() - started) * 1000, 3)}
+        return wire.encode({"status": "ok", "stores": stores})
 
     # -- push --------------------------------------------------------------------------
 
