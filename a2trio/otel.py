@@ -1,0 +1,147 @@
+"""OpenTelemetry tracing: a :class:`~a2trio.Telemetry` that opens real spans.
+
+Install the extra (``pip install 'a2trio[otel]'``, which brings
+``opentelemetry-api``), configure an SDK as usual, and pass the adapter to the
+server::
+
+    from a2trio.otel import OpenTelemetry
+
+    server = a2trio.Server(contract, store=..., telemetry=OpenTelemetry())
+
+Spans keep the seed's names (``a2.append``, ``a2.state``, ``a2.drain``,
+``a2.event``) and attribute keys (``a2.contract``, ``a2.session_id``,
+``a2.event.outcome``, ``a2.event.aborted``, ``a2.drain.outcome`` ...), exactly
+as the engine passes them.
+
+Theory of operation: each span is started as the *current* span, in
+OpenTelemetry's context, which lives in a :mod:`contextvars` variable. Trio
+gives every task its own context, copied from the task that spawns it at the
+moment it spawns it (``nursery.start_soon`` copies the caller's context, not
+the nursery owner's). So a span is the parent of the spans opened in its block
+and of the spans opened by tasks spawned inside its block, whichever nursery
+they run in: an ``a2.event`` is a child of its ``a2.drain`` although the event
+runs in a child task of the drain's nursery, an append from a handler is a
+child of the handler's ``a2.event``, and the drain that an append starts is a
+child of that ``a2.append`` (the seed: "the drain it schedules is created in
+the append's active context"). Two tasks never share a current span, so
+concurrent drains never mix. Detaching restores the context the span found,
+in the task that opened it.
+
+Errors: :meth:`Span.record_error` and an exception escaping a span's block
+both record the exception (an ``exception`` span event) and set the span's
+status to ``ERROR`` (described by the first error); an exception recorded and
+then re-raised is recorded once. Trio's ``Cancelled`` escaping a block (the
+server closing under a drain, a caller's deadline) is not an error: the span
+ends with status ``UNSET`` and no exception event. The engine reports its own
+cancellations as attributes (``a2.event.outcome = "surrendered"``,
+``a2.event.aborted``), never as errors. An exception group is an error when it
+holds anything besides ``Cancelled``.
+
+Not yet done: propagating a trace across processes (a ``traceparent`` stored
+with the event, so a drain in another worker continues the appender's trace).
+Each process's spans form their own traces.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+import trio
+
+from .telemetry import AttributeValue, Span
+
+try:
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+except ImportError as exc:
+    raise ImportError(
+        "a2trio.otel needs the OpenTelemetry API: install the `otel` extra "
+        "(pip install 'a2trio[otel]')"
+    ) from exc
+
+__all__ = ["OpenTelemetry"]
+
+
+def _library_version() -> str | None:
+    """a2trio's installed version, reported as the tracer's instrumentation
+    scope version; None when running from a source tree that is not installed."""
+    try:
+        return importlib.metadata.version("a2trio")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _is_error(exc: BaseException) -> bool:
+    """Whether an exception escaping a span's block is the span's error:
+    cancellation is not, nor a group of cancellations."""
+    if isinstance(exc, BaseExceptionGroup):
+        _, rest = exc.split(trio.Cancelled)
+        return rest is not None
+    return not isinstance(exc, trio.Cancelled)
+
+
+class _OtelSpan:
+    """The engine's view of one OpenTelemetry span (:class:`~a2trio.telemetry.Span`)."""
+
+    __slots__ = ("_errored", "_recorded", "span")
+
+    def __init__(self, span: trace.Span) -> None:
+        self.span = span
+        self._errored = False
+        self._recorded: list[BaseException] = []
+
+    def set_attribute(self, key: str, value: AttributeValue) -> None:
+        self.span.set_attribute(key, value)
+
+    def record_error(self, error: BaseException) -> None:
+        if any(error is seen for seen in self._recorded):
+            return
+        self._recorded.append(error)
+        self.span.record_exception(error)
+        if not self._errored:
+            self._errored = True
+            self.span.set_status(
+                trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}")
+            )
+
+
+class OpenTelemetry:
+    """Opens OpenTelemetry spans for the engine (see the module docstring).
+
+    Args:
+      tracer_provider: where spans go; by default the global provider
+        (``opentelemetry.trace.set_tracer_provider``), looked up when each span
+        starts, so the adapter may be built before the SDK is configured.
+      tracer_name: the instrumentation scope's name, ``"a2trio"`` by default;
+        its version is a2trio's.
+    """
+
+    def __init__(
+        self,
+        tracer_provider: trace.TracerProvider | None = None,
+        *,
+        tracer_name: str = "a2trio",
+    ) -> None:
+        self.tracer = trace.get_tracer(
+            tracer_name, _library_version(), tracer_provider=tracer_provider
+        )
+
+    @contextmanager
+    def span(self, name: str, attributes: Mapping[str, AttributeValue]) -> Iterator[Span]:
+        """Start ``name`` as the current span with ``attributes``, yield it, and
+        end it when the block exits; an exception escaping the block is recorded
+        as its error unless it is Trio's cancellation."""
+        otel_span = self.tracer.start_span(name, attributes=attributes)
+        wrapper = _OtelSpan(otel_span)
+        token = otel_context.attach(trace.set_span_in_context(otel_span))
+        try:
+            yield wrapper
+        except BaseException as exc:
+            if _is_error(exc):
+                wrapper.record_error(exc)
+            raise
+        finally:
+            otel_context.detach(token)
+            otel_span.end()
