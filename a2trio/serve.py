@@ -46,8 +46,10 @@ from .tuning import GC_THRESHOLD, tune_gc
 
 __all__ = [
     "KEEP_ALIVE_S",
+    "PREFLIGHT_TIMEOUT_S",
     "SHUTDOWN_GRACE_S",
     "JsonFormatter",
+    "StartupError",
     "configure_logging",
     "lanes",
     "load_target",
@@ -58,6 +60,8 @@ __all__ = [
 #: How long open requests (streams, sockets) get to finish on shutdown before
 #: they are cancelled; streams never finish on their own, so keep it short.
 SHUTDOWN_GRACE_S: Final = 2.0
+#: How long the start-up check waits for each store.
+PREFLIGHT_TIMEOUT_S: Final = 10.0
 #: Seconds an idle keep-alive connection stays open between requests
 #: (hypercorn's own default).
 KEEP_ALIVE_S: Final = 5.0
@@ -189,7 +193,34 @@ def _config(host: str, port: int, keep_alive_s: float) -> hypercorn.config.Confi
     return config
 
 
+class StartupError(Exception):
+    """Why ``serve`` could not start, as one line for the operator."""
+
+
+async def _preflight(app: App | Any) -> None:
+    """One round trip to each mounted server's store before listening, so a
+    missing database or a wrong URL ends the command with one clear line
+    instead of a server that answers 503."""
+    if not isinstance(app, App):
+        return
+    for name, server in app.servers.items():
+        try:
+            with trio.fail_after(PREFLIGHT_TIMEOUT_S):
+                await server.store.read(server.key("_a2-preflight"), through_index=0)
+        except (Exception, trio.TooSlowError) as exc:
+            cause = exc.__cause__ or exc
+            message = f"the store for '{name}' ({server.store!r}) is unavailable: {cause}"
+            raise StartupError(message) from exc
+
+
+def _leaf(error: BaseException) -> BaseException:
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
+
+
 async def _serve(app: App | Any, config: hypercorn.config.Config) -> None:
+    await _preflight(app)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
 
         async def shutdown() -> None:
@@ -291,7 +322,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     app = load_target(args.target, limits=Limits(body_timeout_s=args.body_timeout))
     if args.gc_threshold:
         tune_gc(args.gc_threshold)
-    trio.run(_serve, app, config)
+    try:
+        trio.run(_serve, app, config)
+    except StartupError as exc:
+        print(f"a2trio: {exc}", file=sys.stderr)
+        return 1
+    except BaseExceptionGroup as group:
+        leaf = _leaf(group)
+        if not isinstance(leaf, OSError):
+            raise
+        print(f"a2trio: cannot listen on {args.host}:{args.port}: {leaf.strerror}", file=sys.stderr)
+        return 1
     return 0
 
 
