@@ -251,6 +251,7 @@ async def test_a_failing_handler_marks_its_event_span_an_error(
     assert exception_events(event) == [("ValueError", "no stock for book")]
     # The drain did its job: the handler's failure is not the drain's.
     drain = one(exporter, "a2.drain")
+    assert (drain.attributes or {})["a2.drain.outcome"] == "stalled"
     assert drain.status.status_code is StatusCode.UNSET
     assert drain.events == ()
 
