@@ -387,3 +387,52 @@ async def test_a_down_redis_is_store_unavailable_with_the_cause() -> None:
             unwatch()
         await store.aclose()
     gc.collect()  # unstarted connections, while their warnings are ignored
+
+
+async def _clients(url: str) -> int:
+    """How many clients the server has connected (CLIENT LIST)."""
+    import coredis
+
+    async with coredis.Redis.from_url(url) as admin:
+        listing = await admin.client_list()
+    return len(listing) - 1  # less the one asking
+
+
+@_UNSTARTED_CONNECTIONS[0]
+@_UNSTARTED_CONNECTIONS[1]
+async def test_aclose_closes_both_connections() -> None:
+    """A store holds its subscriber and its command connections (coredis
+    multiplexes; it opens another only for calls that send at the same
+    instant), not one per feed; ``aclose()`` closes them all."""
+    async with throwaway_redis() as server:
+        store = redis(server.url, key_prefix=new_prefix(), timings=QUIET)
+        async with store:
+            await store.wait_listening()
+            async with store.stream("a") as first, store.stream("b") as second:
+                await store.append("a", [_ev()])
+                await store.append("b", [_ev()])
+                with trio.fail_after(5):
+                    await first.receive()
+                    await second.receive()
+                assert 2 <= await _clients(server.url) <= 4
+                await store.aclose()
+                with trio.fail_after(5):
+                    while await _clients(server.url) != 0:  # noqa: ASYNC110 - Redis' view
+                        await trio.sleep(0.01)
+    gc.collect()  # unstarted connections, while their warnings are ignored
+
+
+# httpx's streaming response, as in test_serve.py.
+@pytest.mark.filterwarnings(r"ignore:Async generator 'http(x|core)\..*:ResourceWarning")
+async def test_serve_store_flag_takes_a_redis_url(tmp_path: Any) -> None:
+    """``python -m a2trio.serve --store redis://...``: the documented push and
+    SSE read, end to end on Redis (a server of the test's own: the URL's
+    default key prefix ``a2`` is the server's alone)."""
+    from tests.test_serve import push_and_follow, serve_command
+
+    async with (
+        throwaway_redis() as server,
+        serve_command(tmp_path, "--store", server.url) as (url, lines),
+    ):
+        assert any("board: RedisStore(key_prefix='a2')" in line for line in lines), lines
+        assert len(await push_and_follow(url)) == 1

@@ -10,8 +10,9 @@ trio-asyncio), see ``docs/performance.md``. ``async with store:`` opens the
 store's nursery, where one task holds the coredis client (its connection pool
 lives there) and, once a feed, a presence subscriber or a pending watcher
 needs it, one task holds the **shared subscriber connection**. Connections
-scale with processes (one command connection plus one subscriber), not with
-viewers. Outside ``async with store:`` each operation opens a short-lived
+scale with processes (the subscriber, plus the command connections coredis
+multiplexes calls over: it opens another only for calls that send at the
+same instant), not with viewers. Outside ``async with store:`` each operation opens a short-lived
 client of its own: correct, slower, and without push delivery.
 
 **One script per step.** Each store operation that reads and writes is one
