@@ -162,6 +162,9 @@ async def test_presence_is_pushed_across_stores_once() -> None:
             "room", "ann", {"cursor": [1, 2]}, seen=1, at_ms=10, ttl_ms=60_000
         )
         assert got_a == [mine], "delivered locally as the write returns"
+        # b's subscriber and b's own write are two connections: let it hear
+        # `mine` first, so the order below is the writes' order.
+        await _until(lambda: len(got_b) == 1)
         theirs = await b.presence.set("room", "bob", {"x": None}, seen=2, at_ms=20, ttl_ms=60_000)
         await _until(lambda: len(got_a) == 2)
         await _until(lambda: len(got_b) == 2)
