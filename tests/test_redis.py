@@ -20,7 +20,7 @@ import trio
 from a2trio.errors import A2Error, ErrorCode
 from a2trio.stores import RedisStore, from_url, redis
 from a2trio.stores._redis_scripts import FAIL_WRITE
-from a2trio.stores.base import AppendEvent, Claimed, StoredEvent, StoredPresencePatch
+from a2trio.stores.base import AppendEvent, Claimed, Settled, StoredEvent, StoredPresencePatch
 from a2trio.stores.conformance import ManualClock, raises
 from a2trio.timings import Timings
 from tests.backends.redis import (
@@ -439,3 +439,19 @@ async def test_serve_store_flag_takes_a_redis_url(tmp_path: Any) -> None:
     ):
         assert any("board: RedisStore(key_prefix='a2')" in line for line in lines), lines
         assert len(await push_and_follow(url)) == 1
+
+
+async def test_a_claim_limited_to_nothing_claims_nothing() -> None:
+    """``limit=0`` as on the memory store: nothing claimed, the session's
+    state reported."""
+    async with _prefix() as prefix:
+        store = redis(REDIS_URL, key_prefix=prefix)
+        async with store:
+            await store.append("s", [_ev(), _ev()])
+            assert isinstance(
+                await store.claim_available("s", holder="h", ttl_ms=1000, limit=0), Settled
+            )
+            claimed = await store.claim_available("s", holder="h", ttl_ms=1000, limit=1)
+            assert isinstance(claimed, Claimed)
+            assert [e.index for e in claimed.events] == [1]
+        await store.aclose()

@@ -329,7 +329,7 @@ return out
 )
 
 #: store-postgres.ts ``claimAvailable``. KEYS: log, meta, open, head. ARGV:
-#: now, holder, expiry, limit (0: none), excluded indexes... Returns
+#: now, holder, expiry, limit (-1: none), excluded indexes... Returns
 #: ``{'claimed', index, entry, meta, ...}``, ``{'busy', retry_at}`` or
 #: ``{'settled'}``.
 CLAIM = (
@@ -346,7 +346,7 @@ for _, r in ipairs(open_rows()) do
   if not m.d and r[3] then
     local live = m.x and m.x > now
     if live and (not held or m.x < held) then held = m.x end
-    if not live and not excluded[idx] and (limit == 0 or (#out - 1) / 3 < limit) then
+    if not live and not excluded[idx] and (limit < 0 or (#out - 1) / 3 < limit) then
       m.a = (m.a or 0) + 1
       if not m.fc then m.fc = now end
       m.lc, m.h, m.x = now, holder, expires

@@ -1126,7 +1126,7 @@ class RedisStore:
             reply = await self._eval(
                 lua.CLAIM,
                 self._session_keys(session_id),
-                [now, holder, expires_at, 0 if limit is None else max(1, limit), *exclude],
+                [now, holder, expires_at, -1 if limit is None else max(0, limit), *exclude],
             )
         if reply[0] == b"claimed":
             return Claimed(_rows(session_id, reply[1:]))
