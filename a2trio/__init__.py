@@ -16,6 +16,7 @@ from .contract import AppendInput, Contract, Event, Reducer, contract
 from .drain import DrainResult
 from .errors import A2Error, ErrorCode
 from .handlers import HandlerContext, HandlerSpec, Returned, handler
+from .inspection import InspectionUnsupportedError
 from .presence import PresenceMap, PresencePatch, PresenceSnapshot, PresenceValue
 from .push import PushedEvent, PushedPresence, PushValidation
 from .scheduler import (
@@ -53,6 +54,7 @@ __all__ = [
     "HandlerContext",
     "HandlerSession",
     "HandlerSpec",
+    "InspectionUnsupportedError",
     "LocalScheduler",
     "PresenceMap",
     "PresencePatch",

@@ -36,6 +36,7 @@ from .drains import DrainRegistry
 from .errors import A2Error, ErrorCode
 from .handlers import HandlerSpec, handler
 from .identifiers import check_session_id
+from .inspection import ServerInspection
 from .push import ValidatePush
 from .scheduler import DrainTask, Scheduler, SchedulerTask
 from .session import Session
@@ -175,6 +176,9 @@ class Server:
         if isinstance(max_handlers, bool) or not isinstance(max_handlers, int) or max_handlers < 1:
             raise ValueError(f"max_handlers must be a positive integer, got {max_handlers!r}")
         self._drains = DrainRegistry(self._engine, specs, max_handlers)
+        #: The contract's sessions and events with their processing status
+        #: (:class:`~a2trio.inspection.ServerInspection`).
+        self.inspect = ServerInspection(self._engine)
         self.asyncio_loop = asyncio_loop
         self.sweep = sweep
         self._stack: AsyncExitStack | None = None
