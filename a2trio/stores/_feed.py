@@ -167,9 +167,10 @@ class ChannelFeed(Feed[T]):
         try:
             return await self._receive.receive()
         except trio.EndOfChannel:
-            if self._error is not None:
-                raise self._error from None
-            raise StopAsyncIteration from None
+            pass
+        if self._error is not None:
+            raise self._error  # as it was: its cause is the store's failure
+        raise StopAsyncIteration
 
     def fail(self, error: BaseException) -> None:
         """Record the source's error; the pump closes the channel next."""
