@@ -256,7 +256,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m a2trio.serve", description="Serve a2trio servers over HTTP and sockets."
     )
     parser.add_argument("target", help="module:attribute (a Server, a list of them, or an app)")
-    parser.add_argument("--store", help="store URL: memory:, sqlite:///path, postgresql://..., redis://...")
+    parser.add_argument(
+        "--store", help="store URL: memory:, sqlite:///path, postgresql://..., redis://..."
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--reload", action="store_true", help="restart when sources change")
