@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 import trio
 
-from .clock import SYSTEM_CLOCK, Clock
+from .clock import Clock
 from .contract import AppendInput, Contract
 from .core import Engine
 from .drain import DrainResult
@@ -156,7 +156,6 @@ class Server:
                 raise TypeError(
                     "asyncio_loop=True needs trio-asyncio: pip install 'a2trio[asyncio]'"
                 ) from exc
-        store_clock = getattr(store, "clock", None)
         self._engine = Engine(
             contract,
             store,
@@ -170,7 +169,7 @@ class Server:
                 else int(timings.presence_ttl_s * 1000)
             ),
             timings=timings,
-            clock=clock or (store_clock if isinstance(store_clock, Clock) else SYSTEM_CLOCK),
+            clock=clock or store.clock,
             run_handlers=run_handlers,
         )
         if isinstance(max_handlers, bool) or not isinstance(max_handlers, int) or max_handlers < 1:
