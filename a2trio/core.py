@@ -42,7 +42,7 @@ from .ids import returned_event_id, schedule_id, scheduled_event_id
 from .push import PushedEvent, PushValidation, ValidatePush
 from .scheduler import AppendTask, DrainTask, ScheduledEvent, Scheduler
 from .stores._feed import Feed
-from .stores.base import AppendEvent, EventCause, Store, StoredEvent
+from .stores.base import AppendEvent, EventCause, StateRead, Store, StoredEvent
 from .telemetry import Telemetry
 from .timings import Timings
 
@@ -115,6 +115,7 @@ class Engine:
         self._idle.set()
         self._armed: dict[tuple[str, int], float] = {}
         self._fanouts: dict[str, SessionFanout] = {}
+        self._state_batches: dict[str, _StateBatch] = {}
 
     # -- the key namespace -----------------------------------------------------
 
@@ -359,6 +360,45 @@ class Engine:
             AppendTask(sid, self.contract.name, session_id, due_at_ms, scheduled)
         )
 
+    # -- state reads -------------------------------------------------------------------
+
+    async def read_state(self, key: str, reducer: str) -> StateRead:
+        """The snapshot and tail of ``key`` for ``reducer``. While the server is
+        open, calls made in the same scheduler round coalesce into one
+        ``store.read_states`` (the seed's batching): three sessions' ``state()``
+        at once are one round trip.
+
+        Raises:
+          Exception: the store's failure (the caller falls back to the log).
+
+        Cancellation: a cancelled caller stops waiting; the batch's read runs
+        on for the others, in the server's nursery.
+        """
+        if self._nursery is None:
+            return await self.store.read_state(key, reducer)
+        batch = self._state_batches.get(reducer)
+        if batch is None:
+            batch = self._state_batches[reducer] = _StateBatch()
+            # Runs after this scheduler round: every caller meanwhile joins.
+            self.spawn(self._read_states, reducer, batch)
+        batch.keys[key] = None
+        await batch.done.wait()
+        if batch.reads is None:
+            raise A2Error(ErrorCode.STORE_UNAVAILABLE, "read state failed") from batch.error
+        return batch.reads[key]
+
+    async def _read_states(self, reducer: str, batch: _StateBatch) -> None:
+        if self._state_batches.get(reducer) is batch:
+            del self._state_batches[reducer]  # later callers start the next batch
+        keys = list(batch.keys)
+        try:
+            reads = await self.store.read_states(keys, reducer)
+            batch.reads = dict(zip(keys, reads, strict=True))
+        except Exception as exc:
+            batch.error = exc
+        finally:
+            batch.done.set()
+
     # -- feeds -------------------------------------------------------------------------
 
     @asynccontextmanager
@@ -379,6 +419,18 @@ class Engine:
             return
         async with self.store.stream(self.key(session_id), start_after=start_after) as rows:
             yield _EventFeed(rows, self.to_public)
+
+
+class _StateBatch:
+    """``read_state`` calls waiting for one ``read_states``."""
+
+    __slots__ = ("done", "error", "keys", "reads")
+
+    def __init__(self) -> None:
+        self.keys: dict[str, None] = {}
+        self.done = trio.Event()
+        self.reads: dict[str, StateRead] | None = None
+        self.error: BaseException | None = None
 
 
 class _EventFeed(Feed[Event[Any]]):

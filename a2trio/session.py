@@ -128,7 +128,7 @@ class SessionView:
         }
         with engine.telemetry.span("a2.state", attributes) as span:
             try:
-                read = await store.read_state(key, reducer.name)
+                read = await engine.read_state(key, reducer.name)
             except Exception:
                 # The snapshot cache is not load-bearing: fall back to the log,
                 # which still reports a real outage.

@@ -150,7 +150,7 @@ async def test_state_reads_the_log_when_the_snapshot_read_fails(
         await session.append(*[orders.event("note", Note(str(n))) for n in range(3)])
         with pytest.raises(TypeError, match=r"^state\(\) takes an a2trio.Reducer, got 'count'$"):
             await session.state("count")  # type: ignore[arg-type]
-        with app.store.fail("read_state", "put_snapshot") as fault:
+        with app.store.fail("read_states", "put_snapshot") as fault:
             assert await session.state(counter()) == (3, 3)
             await app.settle()  # the snapshot write-back runs in the background
         assert fault.fired == 2
@@ -168,7 +168,7 @@ async def test_state_reports_an_outage_of_the_log_itself(
     async with open_harness(orders) as app:
         session = app.session("s1")
         await session.append(orders.event("note", Note("x")))
-        with app.store.fail("read_state", "read"), pytest.raises(a2trio.A2Error) as caught:
+        with app.store.fail("read_states", "read"), pytest.raises(a2trio.A2Error) as caught:
             await session.state(counter())
         assert caught.value.code is a2trio.ErrorCode.STORE_UNAVAILABLE
 
