@@ -1,0 +1,119 @@
+"""``python -m a2trio.inspect`` (issue 18): sessions and a session's events
+with their status, as a table or JSON, with clear errors."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from pathlib import Path
+
+import msgspec
+import pytest
+import trio
+
+import a2trio
+from a2trio.inspect import main
+
+APP = """
+import msgspec, a2trio
+
+class Note(msgspec.Struct, frozen=True):
+    text: str
+
+notes = a2trio.contract("notes", events={"note": Note})
+other = a2trio.contract("other", events={"note": Note})
+server = a2trio.Server(notes)
+both = [server, a2trio.Server(other)]
+not_a_server = 42
+"""
+
+
+class Note(msgspec.Struct, frozen=True):
+    text: str
+
+
+@pytest.fixture
+def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    """A fresh app module (its servers are built at import, from A2_STORE)
+    and the URL of a sqlite file holding two sessions of ``notes``."""
+    name = f"inspect_app_{secrets.token_hex(4)}"
+    (tmp_path / f"{name}.py").write_text(APP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    db = tmp_path / "notes.db"
+    notes = a2trio.contract("notes", events={"note": Note})
+
+    async def write() -> None:
+        async with a2trio.Server(notes, store=a2trio.stores.sqlite(str(db))) as server:
+            await server.session("s1").append(notes.event("note", Note("a")))
+            await server.session("s1").append(notes.event("note", Note("b")))
+            await server.session("s2").append(notes.event("note", Note("c")))
+
+    trio.run(write)
+    return name, f"sqlite:///{db}"
+
+
+def test_sessions_as_a_table_and_as_json(
+    app: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    name, url = app
+    assert main(["--app", name, "--store", url, "sessions", "--limit", "1"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == ["session", "events", "pending", "dead", "attempts", "failures"]
+    assert table[1].split() == ["s1", "2", "0", "0", "0", "0"]
+    assert table[2] == "(more: --cursor s1)"
+
+
+def test_events_with_their_status(
+    tmp_path: Path, app: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    name, url = app
+    assert main(["--app", name, "--store", url, "--json", "events", "s1"]) == 0
+    page = json.loads(capsys.readouterr().out)
+    assert [(e["event"]["index"], e["status"]["state"]) for e in page["events"]] == [
+        (1, "settled"),
+        (2, "settled"),
+    ]
+    assert (page["through_index"], page["next_index"]) == (2, None)
+
+
+def test_a_table_of_events_and_the_next_page(
+    app: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    name, url = app
+    assert main(["--app", name, "--store", url, "events", "s1", "--limit", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["index", "type", "state", "attempts", "failures", "id"]
+    assert lines[1].split()[:3] == ["1", "note", "settled"]
+    assert lines[2] == "(more: --after 1; through index 2)"
+
+
+@pytest.mark.parametrize(
+    ("target", "extra", "message"),
+    [
+        (":not_a_server", [], "is not an a2trio.Server or a list of them"),
+        (":both", [], "holds servers for notes, other: pick one with --contract"),
+        (":server", ["events", "a\x00b"], "session id 'a\\x00b' contains U+0000"),
+        (":server", ["events", "s1", "--limit", "5000"], "at most 1000 items"),
+    ],
+)
+def test_bad_input_is_one_line_and_status_1(
+    app: tuple[str, str],
+    capsys: pytest.CaptureFixture[str],
+    target: str,
+    extra: list[str],
+    message: str,
+) -> None:
+    name, url = app
+    argv = ["--app", name + target, "--store", url, *(extra or ["sessions"])]
+    assert main(argv) == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("a2trio.inspect: ")
+    assert message in line
+
+
+def test_a_list_of_servers_takes_a_contract(
+    app: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    name, url = app
+    assert main(["--app", f"{name}:both", "--contract", "notes", "--store", url, "sessions"]) == 0
+    assert "s2" in capsys.readouterr().out
