@@ -8,14 +8,19 @@ the retry into a no-op instead of a duplicate.
 The derivation is part of the storage format and never changes: SHA-256 over
 a version tag and the parts joined with U+001F, the first 16 bytes formatted
 as a UUID string. A part never contains U+001F (session ids reject it).
+
+Events appended without an id get one from the store's :class:`IdSource`
+(``ids=`` on every store; :func:`random_id` unless given one).
 """
 
 from __future__ import annotations
 
 import hashlib
 import uuid
+from typing import Protocol
 
 __all__ = [
+    "IdSource",
     "deterministic_id",
     "handler_event_id",
     "random_id",
@@ -52,6 +57,23 @@ def schedule_id(contract: str, session_id: str, trigger_id: str | None, name: st
 def scheduled_event_id(schedule: str, position: int) -> str:
     """Id of the ``position``-th event of a schedule."""
     return deterministic_id("scheduled", schedule, position)
+
+
+class IdSource(Protocol):
+    """Where a store gets the ids it generates: those of events appended
+    without one (the seed's ``IdSource``). Any ``() -> str`` is one, e.g.
+    ``map("e-{}".format, itertools.count(1)).__next__`` for ids a test can
+    predict; the default is :func:`random_id`.
+
+    Each call must return a new non-empty string that no event in the store
+    holds, in any session, ever (an id is store-wide and permanent): an id
+    that repeats a stored one makes the append collide or replay the stored
+    row. The store calls it once per event without an id, in batch order,
+    before it writes, on the caller's Trio thread; it must not block.
+    """
+
+    def __call__(self) -> str:
+        """A fresh id."""
 
 
 def random_id() -> str:

@@ -78,7 +78,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import store_unavailable
-from ..ids import random_id
+from ..ids import IdSource, random_id
 from ..timings import DEFAULT_TIMINGS, Timings
 from . import _pg_sql as sql
 from . import _verdicts as verdicts
@@ -372,6 +372,7 @@ class PostgresStore:
         *,
         listen: bool = True,
         clock: Clock = SYSTEM_CLOCK,
+        ids: IdSource | None = None,
         schema: str | None = None,
         max_connections: int = 10,
         connect_timeout_s: float = 5.0,
@@ -412,6 +413,7 @@ class PostgresStore:
             self._owns_pool = True
         self.dsn: str = dsn if isinstance(dsn, str) else self._pool.conninfo
         self.clock = clock
+        self._new_id: IdSource = random_id if ids is None else ids
         self.listen = listen
         self.timings = timings
         self._schema = schema
@@ -747,7 +749,7 @@ class PostgresStore:
                 [(pending,)] = await self._query(sql.HAS_PENDING, (session_id,))
                 return AppendResult([], pending)
             supplied = verdicts.supplied_ids(events)
-            ids = [e.id or random_id() for e in events]
+            ids = [e.id or self._new_id() for e in events]
             batch = [
                 {
                     "ord": ord_,
@@ -1091,6 +1093,7 @@ def postgres(
     *,
     listen: bool = True,
     clock: Clock = SYSTEM_CLOCK,
+    ids: IdSource | None = None,
     schema: str | None = None,
     max_connections: int = 10,
     connect_timeout_s: float = 5.0,
@@ -1105,6 +1108,9 @@ def postgres(
       listen: LISTEN/NOTIFY live feeds and presence push. Turn off behind
         transaction-mode poolers; feeds then poll adaptively.
       clock: where every stored timestamp comes from.
+      ids: generates the ids of events appended without one (default:
+        :func:`~a2trio.ids.random_id`). The store's instance id, which tags
+        its notifications so it skips its own echoes, is always random.
       schema: keep the tables in this schema (created if missing), e.g. one
         per test run or per tenant.
       max_connections: pool bound (the listener's connection is extra).
@@ -1121,6 +1127,7 @@ def postgres(
         dsn,
         listen=listen,
         clock=clock,
+        ids=ids,
         schema=schema,
         max_connections=max_connections,
         connect_timeout_s=connect_timeout_s,
