@@ -23,9 +23,11 @@ from ._pg_conn import Statement
 
 __all__ = ["EVENT_COLUMNS", "SCHEMA_LOCK_KEY", "schema_sql"]
 
-#: The transaction-scoped advisory lock every process takes before DDL
-#: (the seed's ``hashtext('a2:postgres:schema')``, here a constant).
-SCHEMA_LOCK_KEY = 0x6132_7363_6865_6D61  # "a2schema"
+#: The key of the transaction-scoped advisory lock every process takes before
+#: DDL: the seed's expression verbatim (``initializeSchema`` in
+#: store-postgres.ts), so TypeScript and Python processes sharing a database
+#: serialize their schema creation on one lock (issue 23).
+SCHEMA_LOCK_KEY = "hashtext('a2:postgres:schema')"
 
 _SCHEMA = """
 create table if not exists a2_events (
@@ -139,7 +141,7 @@ def schema_sql(*, schema: str | None, triggers: bool) -> bytes:
 
     ``if not exists`` does not serialize concurrent catalog writes, so every
     process takes the same transaction-scoped lock first (the seed's
-    ``initializeSchema``).
+    ``initializeSchema``, with its key).
     """
     parts = ["begin;", f"select pg_advisory_xact_lock({SCHEMA_LOCK_KEY});"]
     if schema is not None:

@@ -48,17 +48,20 @@ serving every local feed and subscriber (connections scale with processes, not
 viewers). A notification only says *when* to read: the feed pump reads from
 its cursor, and re-reads every ``notify_safety_s`` anyway. A lost listener
 wakes every feed (catch-up from each cursor), and reconnects with backoff;
-meanwhile, and always with ``listen=False`` (transaction-mode poolers, where
-LISTEN does not work), feeds poll adaptively: ``poll_active_s`` while rows
-flow, doubling to ``poll_idle_s``. Presence is the push tier: a write delivers
-its patch to local subscribers as it applies, and other processes'
-subscribers hear it through NOTIFY (the trigger stamps the writing store's id,
-so a store skips its own).
+meanwhile, and always with ``listen=False``, feeds poll adaptively:
+``poll_active_s`` while rows flow, doubling to ``poll_idle_s``. Behind a
+transaction-mode pooler, where LISTEN does not work, ``listen_dsn`` names a
+direct connection for the listener alone; queries still go through ``dsn``
+(``pooler="transaction"`` also turns prepared statements off). Presence is
+the push tier: a write delivers its patch to local subscribers as it applies,
+and other processes' subscribers hear it through NOTIFY (the trigger stamps
+the writing store's id, so a store skips its own).
 
 **Lifecycle.** Construction does no I/O. The first operation creates the
-schema under a transaction-scoped advisory lock (so processes can start
-together); a failure is retried by the next operation. Connection attempts
-time out after ``connect_timeout_s``, so an unreachable database is
+schema under a transaction-scoped advisory lock, the seed's
+``hashtext('a2:postgres:schema')`` (so processes, TypeScript ones included,
+can start together); a failure is retried by the next operation. Connection
+attempts time out after ``connect_timeout_s``, so an unreachable database is
 ``STORE_UNAVAILABLE`` with the cause, never a hang. Leaving the last ``async
 with store:`` stops the listener and closes idle connections; ``aclose()``
 closes everything the store opened and refuses later use.
@@ -83,7 +86,7 @@ from ..timings import DEFAULT_TIMINGS, Timings
 from . import _pg_sql as sql
 from . import _verdicts as verdicts
 from ._feed import Feed, FeedStatistics, Wakeups, adaptive_poll, open_pump_feed
-from ._pg_conn import Param, PgError, PgPool, Row, Statement
+from ._pg_conn import Param, PgConnection, PgError, PgPool, Row, Statement
 from ._pg_group import LOCKING, GroupCommitter, GroupStatistics, Kind, Request
 from .base import (
     AppendEvent,
@@ -149,6 +152,31 @@ class ListenerStatistics(msgspec.Struct, frozen=True):
 
     notifications: int
     own: int
+
+
+def _keepalive_for(given: dict[str, Any]) -> dict[str, str]:
+    # A peer that vanishes mid-query (a partition, not a restart) is noticed
+    # within ~30 s instead of the OS's two hours of keepalive.
+    return {k: v for k, v in _KEEPALIVE.items() if k not in given}
+
+
+def _with_keepalive(dsn: str) -> str:
+    return make_conninfo(dsn, **_keepalive_for(conninfo_to_dict(dsn)))
+
+
+def _check_pooler(pooler: str | None, *, listen: bool, listen_dsn: str | None) -> None:
+    if pooler not in (None, "transaction"):
+        raise ValueError(
+            f"`pooler` must be None or 'transaction', got {pooler!r}"
+            " (a session-mode pooler needs no option)"
+        )
+    if listen_dsn is not None and not listen:
+        raise ValueError("`listen_dsn` is only used with `listen=True`: drop one of them")
+    if pooler == "transaction" and listen and listen_dsn is None:
+        raise ValueError(
+            "LISTEN does not work through a transaction-mode pooler: pass"
+            " `listen_dsn` (a direct connection to the same database) or `listen=False`"
+        )
 
 
 class _Presence(msgspec.Struct, frozen=True):
@@ -371,25 +399,31 @@ class PostgresStore:
         dsn: str | PgPool,
         *,
         listen: bool = True,
+        listen_dsn: str | None = None,
+        pooler: Literal["transaction"] | None = None,
         clock: Clock = SYSTEM_CLOCK,
         ids: IdSource | None = None,
         schema: str | None = None,
         max_connections: int = 10,
         connect_timeout_s: float = 5.0,
-        prepare: bool = True,
+        prepare: bool | None = None,
         timings: Timings = DEFAULT_TIMINGS,
     ) -> None:
         if schema is not None and not _SCHEMA_NAME.match(schema):
             raise ValueError(
                 f"schema {schema!r} must be a lowercase SQL identifier ([a-z_][a-z0-9_]*)"
             )
+        _check_pooler(pooler, listen=listen, listen_dsn=listen_dsn)
+        if prepare is None:
+            # Transaction-mode poolers hand each transaction to any server
+            # connection, where a statement prepared earlier may not exist.
+            prepare = pooler != "transaction"
+        self._listen_conninfo = None if listen_dsn is None else _with_keepalive(listen_dsn)
         if isinstance(dsn, PgPool):
             self._pool, self._owns_pool = dsn, False
         else:
             given = conninfo_to_dict(dsn)
-            # A peer that vanishes mid-query (a partition, not a restart) is
-            # noticed within ~30 s instead of the OS's two hours of keepalive.
-            extra = {k: v for k, v in _KEEPALIVE.items() if k not in given}
+            extra = _keepalive_for(given)
             if schema is not None:
                 # Keep the caller's options (e.g. -csynchronous_commit=off).
                 options = f"{given.get('options') or ''} -csearch_path={schema}"
@@ -647,7 +681,14 @@ class PostgresStore:
             pool = await self._ready()
         assert self._channels is not None
         events, presence = self._channels
-        conn = await pool.open_connection()
+        if self._listen_conninfo is None:
+            conn = await pool.open_connection()
+        else:
+            # The direct connection beside a pooled `dsn`: only LISTEN runs
+            # there, and every query goes through the pool.
+            conn = await PgConnection.connect(
+                self._listen_conninfo, timeout_s=pool.connect_timeout_s, prepare=False
+            )
         try:
             await conn.script(f'listen "{events}"; listen "{presence}"'.encode())
             self._listening.set()
@@ -1092,12 +1133,14 @@ def postgres(
     dsn: str | PgPool,
     *,
     listen: bool = True,
+    listen_dsn: str | None = None,
+    pooler: Literal["transaction"] | None = None,
     clock: Clock = SYSTEM_CLOCK,
     ids: IdSource | None = None,
     schema: str | None = None,
     max_connections: int = 10,
     connect_timeout_s: float = 5.0,
-    prepare: bool = True,
+    prepare: bool | None = None,
     timings: Timings = DEFAULT_TIMINGS,
 ) -> PostgresStore:
     """Create a Postgres store. Does no I/O: the pool and schema open lazily.
@@ -1105,8 +1148,17 @@ def postgres(
     Args:
       dsn: a libpq URL or conninfo string, or a :class:`PgPool` you own (the
         store then never closes it).
-      listen: LISTEN/NOTIFY live feeds and presence push. Turn off behind
-        transaction-mode poolers; feeds then poll adaptively.
+      listen: LISTEN/NOTIFY live feeds and presence push. Off, feeds poll
+        adaptively.
+      listen_dsn: where the one LISTEN connection connects (a direct
+        connection to the same database) when ``dsn`` goes through a pooler;
+        every query still goes through ``dsn``. Default: ``dsn``.
+      pooler: ``"transaction"`` when ``dsn`` goes through a transaction-mode
+        pooler (PgBouncer ``pool_mode=transaction``, Supabase's port 6543,
+        Neon's ``-pooler`` endpoint): prepared statements default to off, and
+        listening needs ``listen_dsn`` (or ``listen=False``). A session-mode
+        pooler needs nothing. The mode cannot be detected reliably from the
+        client, so say it.
       clock: where every stored timestamp comes from.
       ids: generates the ids of events appended without one (default:
         :func:`~a2trio.ids.random_id`). The store's instance id, which tags
@@ -1116,16 +1168,22 @@ def postgres(
       max_connections: pool bound (the listener's connection is extra).
       connect_timeout_s: each connection attempt fails after this long, as
         ``STORE_UNAVAILABLE``.
-      prepare: named prepared statements (off for poolers that lack them).
+      prepare: named prepared statements. Default: on, except with
+        ``pooler="transaction"`` (pass ``True`` for a pooler that tracks them
+        per client, e.g. PgBouncer 1.21+ with ``max_prepared_statements``).
       timings: ``poll_active_s``, ``poll_idle_s`` and ``notify_safety_s``
         set the feed cadences.
 
     Raises:
-      ValueError: a schema name that is not a plain lowercase identifier.
+      ValueError: a schema name that is not a plain lowercase identifier; an
+        unknown ``pooler``; ``listen_dsn`` with ``listen=False``;
+        ``pooler="transaction"`` with ``listen=True`` and no ``listen_dsn``.
     """
     return PostgresStore(
         dsn,
         listen=listen,
+        listen_dsn=listen_dsn,
+        pooler=pooler,
         clock=clock,
         ids=ids,
         schema=schema,
