@@ -4,6 +4,10 @@
 needs the ``postgres`` extra (psycopg) and ``redis()`` the ``redis`` extra
 (coredis); without it, calling it raises ``STORE_NOT_CONFIGURED`` naming the
 extra.
+
+Every store takes ``clock=`` (where stored timestamps come from) and ``ids=``
+(an :class:`IdSource`: where the ids of events appended without one come
+from; random UUIDs unless given).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import os
 from typing import Any, NoReturn
 
 from ..errors import A2Error, ErrorCode
+from ..ids import IdSource
 from .base import Store
 from .memory import MemoryStore, memory
 from .sqlite import SqliteStore, sqlite
@@ -47,6 +52,7 @@ except ImportError as _missing_redis:  # pragma: no cover - the dev extra instal
 
 
 __all__ = [
+    "IdSource",
     "MemoryStore",
     "PostgresStore",
     "RedisStore",

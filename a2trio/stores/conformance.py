@@ -12,7 +12,12 @@ function over a :data:`StoreFactory`, with no pytest in sight (like trio's
             trio.run(check, open_my_store)
 
 ``open_my_store(clock)`` is an async context manager yielding a fresh, entered
-store that stamps rows with ``clock`` (a :class:`ManualClock`).
+store that stamps rows with ``clock`` (a :class:`ManualClock`). A factory that
+also takes ``ids=`` (an :class:`~a2trio.ids.IdSource`, passed to the store)
+gains the ``ids`` capability and runs
+:func:`check_generated_ids_come_from_the_id_source`; every other check calls
+it with the clock alone, so a clock-only factory keeps working (that check is
+skipped).
 
 The semantics are the seed's ``store-postgres.ts``, statement by statement.
 Rules the checks keep, so that one database can serve them all:
@@ -29,9 +34,10 @@ A check fails with ``AssertionError`` naming what the store got wrong.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
-from typing import Any
+from typing import Any, cast
 from uuid import uuid4
 
 import trio
@@ -41,6 +47,7 @@ from ..clock import Clock
 from ..contract import MAX_DEPTH
 from ..errors import A2Error, ErrorCode
 from ..identifiers import MAX_ID_LENGTH
+from ..ids import random_id
 from .base import (
     AppendEvent,
     AppendResult,
@@ -75,7 +82,9 @@ __all__ = [
 ]
 
 #: Yields a fresh, entered store stamping rows with the given clock. "Fresh"
-#: means no rows in the sessions a check creates, not an empty database.
+#: means no rows in the sessions a check creates, not an empty database. It
+#: may also take ``ids=`` (an :class:`~a2trio.ids.IdSource` or ``None``, for
+#: the store's default): see :func:`capabilities`.
 StoreFactory = Callable[[Clock], AbstractAsyncContextManager[Store]]
 
 #: How long a check waits for a live delivery (feed row, presence patch).
@@ -122,12 +131,13 @@ class CapabilityMissing(Exception):
 
 async def capabilities(open_store: StoreFactory) -> frozenset[str]:
     """The optional capabilities of the factory's stores, named as in
-    :data:`REQUIRES`: ``presence``, ``presence push``, ``inspect``, ``sweep``.
+    :data:`REQUIRES`: ``presence``, ``presence push``, ``inspect``, ``sweep``,
+    and ``ids`` when the factory takes ``ids=`` (by its signature).
 
     Lets a runner skip checks before running them. Opens one store.
     """
     async with open_store(ManualClock()) as store:
-        found = set()
+        found = {"ids"} if _takes_ids(open_store) else set()
         if store.presence is not None:
             found.add("presence")
             if store.presence.push:
@@ -137,6 +147,15 @@ async def capabilities(open_store: StoreFactory) -> frozenset[str]:
         if isinstance(store, SweepsClaimable):
             found.add("sweep")
         return frozenset(found)
+
+
+def _takes_ids(open_store: StoreFactory) -> bool:
+    """Whether the factory's signature accepts ``open_store(clock, ids=...)``."""
+    try:
+        inspect.signature(open_store).bind(ManualClock(), ids=random_id)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 @contextmanager
@@ -227,6 +246,20 @@ def _inspect(store: Store) -> Inspection:
     return store.inspect
 
 
+class _CountingIds:
+    """An :class:`~a2trio.ids.IdSource` handing out ``gen-<run>-1``,
+    ``gen-<run>-2``, ... and recording them (``<run>`` keeps checks that share
+    one database apart)."""
+
+    def __init__(self) -> None:
+        self._run = uuid4().hex[:8]
+        self.given: list[str] = []
+
+    def __call__(self) -> str:
+        self.given.append(f"gen-{self._run}-{len(self.given) + 1}")
+        return self.given[-1]
+
+
 # -- append -------------------------------------------------------------------
 
 
@@ -271,6 +304,44 @@ async def check_append_supplied_ids_are_unique_across_the_store(open_store: Stor
             await store.append(b, [_ev(id=taken), _ev(id=_uid("fresh"))])
         assert await store.read(b) == []
         await _unchanged(store, a, appended.events)
+
+
+async def check_generated_ids_come_from_the_id_source(open_store: StoreFactory) -> None:
+    """Every id the store generates comes from its ``ids`` source: one call
+    per event appended without an id, in batch order, and none otherwise
+    (supplied ids, replays, empty batches, completions), so a deterministic
+    source makes the store's ids deterministic."""
+    if not _takes_ids(open_store):
+        raise CapabilityMissing("ids")
+    ids = _CountingIds()
+    open_with_ids = cast(Callable[..., AbstractAsyncContextManager[Store]], open_store)
+    async with open_with_ids(ManualClock(), ids=ids) as store:
+        sid, other = _sid("ids"), _sid("ids-claim")
+        fresh = await store.append(sid, [_ev("a"), _ev("b")])
+        assert [e.id for e in fresh.events] == ids.given, (
+            f"generated ids {[e.id for e in fresh.events]} are not the source's {ids.given}"
+        )
+        supplied = _uid("supplied")
+        mixed = await store.append(sid, [_ev("c", id=supplied), _ev("d")])
+        assert [e.id for e in mixed.events] == [supplied, ids.given[2]], (
+            f"a mixed batch got {[e.id for e in mixed.events]}; the source gave {ids.given}"
+        )
+        await store.append(sid, [_ev("c", id=supplied)])
+        await store.append(sid, [])
+        assert len(ids.given) == 3, f"a replay or an empty batch drew ids: {ids.given}"
+        stored = [e.id for e in await store.read(sid)]
+        assert stored == [ids.given[0], ids.given[1], supplied, ids.given[2]], stored
+
+        appended = await store.append(other, [_ev("job")], claim=ClaimRequest("h1", 1_000))
+        [job] = appended.claimed
+        assert job.id == ids.given[3], f"an append with a claim got {job.id!r}: {ids.given}"
+        returned = _uid("returned")
+        completed = await store.complete_attempt(
+            other, index=job.index, attempt=job.attempt_count, events=[_ev("r", id=returned)]
+        )
+        assert completed.outcome == "completed", completed
+        assert [e.id for e in completed.events] == [returned]
+        assert len(ids.given) == 4, f"a completion drew ids: {ids.given}"
 
 
 async def check_append_replays_a_stored_batch(open_store: StoreFactory) -> None:
@@ -1368,6 +1439,7 @@ async def check_inspect_read_events_and_snapshots(open_store: StoreFactory) -> N
 CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_append_assigns_contiguous_indexes,
     check_append_supplied_ids_are_unique_across_the_store,
+    check_generated_ids_come_from_the_id_source,
     check_append_replays_a_stored_batch,
     check_append_rejects_partial_duplicates,
     check_append_empty_batch_reports_pending,
@@ -1417,4 +1489,5 @@ REQUIRES: dict[str, frozenset[str]] = {
     check_inspect_list_sessions.__name__: frozenset({"inspect"}),
     check_inspect_read_events_and_snapshots.__name__: frozenset({"inspect"}),
     check_claimable_sessions.__name__: frozenset({"sweep"}),
+    check_generated_ids_come_from_the_id_source.__name__: frozenset({"ids"}),
 }

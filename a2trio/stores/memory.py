@@ -21,7 +21,7 @@ import msgspec
 import trio
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..ids import random_id
+from ..ids import IdSource, random_id
 from . import _verdicts as verdicts
 from ._feed import Feed, FeedStatistics, Wakeups, open_pump_feed
 from .base import (
@@ -265,10 +265,13 @@ class MemoryStore:
 
     Args:
       clock: where stored timestamps come from (``TrioClock`` under a mock clock).
+      ids: generates the ids of events appended without one (default:
+        :func:`~a2trio.ids.random_id`).
     """
 
-    def __init__(self, *, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, *, clock: Clock = SYSTEM_CLOCK, ids: IdSource | None = None) -> None:
         self.clock = clock
+        self._new_id: IdSource = random_id if ids is None else ids
         self._sessions: dict[str, list[_Row]] = {}
         self._ids: dict[str, _Row] = {}
         # Unprocessed rows per session, in index order: claims, lane checks and
@@ -362,7 +365,7 @@ class MemoryStore:
         now = self.clock.now_ms()
         self._sessions[session_id] = rows
         written = [
-            self._insert(session_id, rows, e, e.id or random_id(), e.cause, now) for e in events
+            self._insert(session_id, rows, e, e.id or self._new_id(), e.cause, now) for e in events
         ]
         claimed = []
         for row in written:
@@ -529,8 +532,8 @@ class MemoryStore:
         now = self.clock.now_ms()
         cause = EventCause(index, attempt)
         inserted = [
-            self._insert(session_id, rows, e, e.id or random_id(), cause, now).stored()
-            for e in events
+            self._insert(session_id, rows, e, event_id, cause, now).stored()
+            for e, event_id in zip(events, ids, strict=True)
         ]
         parent.processed_at_ms = now
         open_rows = self._open[session_id]
@@ -612,6 +615,7 @@ def _index_of(event: StoredEvent) -> int:
     return event.index
 
 
-def memory(*, clock: Clock = SYSTEM_CLOCK) -> MemoryStore:
-    """Create an in-memory store (tests, ``A2_ENV=test``)."""
-    return MemoryStore(clock=clock)
+def memory(*, clock: Clock = SYSTEM_CLOCK, ids: IdSource | None = None) -> MemoryStore:
+    """Create an in-memory store (tests, ``A2_ENV=test``); ``clock`` and
+    ``ids`` as :class:`MemoryStore`'s."""
+    return MemoryStore(clock=clock, ids=ids)

@@ -79,7 +79,7 @@ from coredis.retry import NoRetryPolicy
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import A2Error, ErrorCode, store_unavailable
-from ..ids import random_id
+from ..ids import IdSource, random_id
 from ..timings import DEFAULT_TIMINGS, Timings
 from . import _redis_scripts as lua
 from . import _verdicts as verdicts
@@ -549,7 +549,7 @@ class RedisStore:
         *,
         key_prefix: str = "a2",
         clock: Clock | None = None,
-        ids: Callable[[], str] | None = None,
+        ids: IdSource | None = None,
         timings: Timings = DEFAULT_TIMINGS,
         connect_timeout_s: float = 5.0,
         command_timeout_s: float | None = 10.0,
@@ -562,7 +562,7 @@ class RedisStore:
         self.key_prefix = key_prefix
         self.clock: Clock = SYSTEM_CLOCK if clock is None else clock
         self.timings = timings
-        self._new_id = random_id if ids is None else ids
+        self._new_id: IdSource = random_id if ids is None else ids
         self._connect_timeout_s = connect_timeout_s
         self._command_timeout_s = command_timeout_s
         self._origin = random_id()
@@ -1417,7 +1417,7 @@ def redis(
     url: str,
     key_prefix: str = "a2",
     clock: Clock | None = None,
-    ids: Callable[[], str] | None = None,
+    ids: IdSource | None = None,
     *,
     timings: Timings = DEFAULT_TIMINGS,
     connect_timeout_s: float = 5.0,
@@ -1433,9 +1433,9 @@ def redis(
       key_prefix: every key and channel starts with ``<key_prefix>:``, so
         several apps (or test runs) share one Redis. No colon in it.
       clock: where every stored timestamp comes from (default: system time).
-      ids: generates the ids of events appended without one (default: random
-        UUIDs). The store's instance id, which tags its wake-ups so it skips
-        its own echoes, is always random.
+      ids: generates the ids of events appended without one (default:
+        :func:`~a2trio.ids.random_id`). The store's instance id, which tags
+        its wake-ups so it skips its own echoes, is always random.
       timings: ``notify_safety_s`` sets the safety re-read and the watched
         marker's TTL (three times it); ``poll_active_s``/``poll_idle_s`` the
         polling cadence outside ``async with store``.

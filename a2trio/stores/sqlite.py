@@ -50,7 +50,7 @@ import trio
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import store_unavailable
-from ..ids import random_id
+from ..ids import IdSource, random_id
 from ..timings import DEFAULT_TIMINGS, Timings
 from . import _verdicts as verdicts
 from ._feed import Feed, FeedStatistics, Wakeups, adaptive_poll, open_pump_feed
@@ -337,8 +337,13 @@ def _append_rows(
     supplied: Sequence[str],
     claim: ClaimRequest | None,
     now: int,
+    ids: Sequence[str] | None = None,
 ) -> tuple[AppendResult, bool]:
-    """The append transaction's statements; whether it wrote, beside the result."""
+    """The append transaction's statements; whether it wrote, beside the result.
+
+    ``ids`` are the events' ids, the generated ones included: the store draws
+    them in Trio, so its id source never runs in a worker thread (default:
+    supplied or :func:`~a2trio.ids.random_id`)."""
     existing = _rows_by_ids(conn, supplied)
     if existing:
         return AppendResult(
@@ -361,9 +366,11 @@ def _append_rows(
     top, had_pending = conn.execute(_TOP_AND_PENDING, (session_id,)).fetchone()
     base = top + 1
     others_claimable = claim is not None and _claimable(conn, session_id, now)
+    if ids is None:
+        ids = [e.id or random_id() for e in events]
     inserted = [
-        _insert(conn, session_id, base + i, e, e.id or random_id(), e.cause, now)
-        for i, e in enumerate(events)
+        _insert(conn, session_id, base + i, e, event_id, e.cause, now)
+        for i, (e, event_id) in enumerate(zip(events, ids, strict=True))
     ]
     claimed: list[StoredEvent] = []
     if claim is not None:
@@ -466,9 +473,12 @@ class SqliteStore:
       clock: where stored timestamps come from.
     """
 
-    def __init__(self, path: str, *, clock: Clock, timings: Timings) -> None:
+    def __init__(
+        self, path: str, *, clock: Clock, timings: Timings, ids: IdSource | None = None
+    ) -> None:
         self.path = path if path == ":memory:" else os.path.abspath(path)
         self.clock = clock
+        self._new_id: IdSource = random_id if ids is None else ids
         self.timings = timings
         self._pool = ConnectionPool(self.path)
         self._wakeups = Wakeups()
@@ -538,10 +548,11 @@ class SqliteStore:
 
             return await self._read("append", pending)
         supplied = verdicts.supplied_ids(events)
+        ids = [e.id or self._new_id() for e in events]
         now = self.clock.now_ms()
 
         def work(conn: sqlite3.Connection) -> tuple[AppendResult, bool]:
-            return _append_rows(conn, session_id, events, supplied, claim, now)
+            return _append_rows(conn, session_id, events, supplied, claim, now, ids)
 
         appended, wrote = await self._write("append", work)
         if wrote:
@@ -965,6 +976,7 @@ def sqlite(
     path: str = DEFAULT_PATH,
     *,
     clock: Clock = SYSTEM_CLOCK,
+    ids: IdSource | None = None,
     timings: Timings = DEFAULT_TIMINGS,
 ) -> SqliteStore:
     """Create a SQLite store. Does no I/O: the folder, file and schema are
@@ -974,9 +986,11 @@ def sqlite(
       path: a file path (its folder is created), or ``":memory:"`` for a
         private in-process database.
       clock: where stored timestamps come from (``TrioClock`` in tests).
+      ids: generates the ids of events appended without one (default:
+        :func:`~a2trio.ids.random_id`).
       timings: ``poll_active_s`` and ``poll_idle_s`` set the cadence at which
         feeds look for other processes' appends.
     """
     if not isinstance(path, str) or not path:
         raise TypeError(f"sqlite path must be a non-empty string, got {path!r}")
-    return SqliteStore(path, clock=clock, timings=timings)
+    return SqliteStore(path, clock=clock, timings=timings, ids=ids)

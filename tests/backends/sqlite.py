@@ -11,17 +11,18 @@ from pathlib import Path
 import trio
 
 from a2trio.clock import Clock
+from a2trio.ids import IdSource
 from a2trio.stores.base import Store
 from a2trio.stores.sqlite import sqlite
 
 
 @asynccontextmanager
-async def open_store(clock: Clock) -> AsyncIterator[Store]:
-    """A new SQLite store in its own temporary folder on ``clock``, closed and
-    deleted on exit."""
+async def open_store(clock: Clock, ids: IdSource | None = None) -> AsyncIterator[Store]:
+    """A new SQLite store in its own temporary folder on ``clock`` and
+    ``ids``, closed and deleted on exit."""
     folder = await trio.to_thread.run_sync(tempfile.mkdtemp, None, "a2trio-sqlite-")
     try:
-        async with sqlite(str(Path(folder) / "conformance.db"), clock=clock) as store:
+        async with sqlite(str(Path(folder) / "conformance.db"), clock=clock, ids=ids) as store:
             yield store
     finally:
         await trio.to_thread.run_sync(shutil.rmtree, folder)
