@@ -23,7 +23,7 @@ import trio
 from psycopg.conninfo import make_conninfo
 
 import a2trio
-from a2trio.stores._pg_conn import PgConnection, Statement
+from a2trio.stores._pg_conn import PgConnection, PgError, PgPool, Statement
 from a2trio.stores.base import AppendEvent, StoredPresencePatch
 from a2trio.stores.postgres import PostgresStore, postgres
 from a2trio.timings import Timings
@@ -216,3 +216,40 @@ async def test_schema_creation_waits_for_the_seeds_schema_lock() -> None:
         finally:
             holder.close()
             await store.aclose()
+
+
+SETTINGS = Statement("select current_setting('search_path'), current_setting('plan_cache_mode')")
+
+
+async def test_a_transaction_mode_pooler_gets_the_schema_in_every_transaction() -> None:
+    async with _dsns() as (dsn, listen_dsn, _, _, schema):
+        store = postgres(dsn, listen_dsn=listen_dsn, pooler="transaction", schema=schema)
+        try:
+            await store.append("s", [AppendEvent("note", {})])
+            assert len(await store.read("s")) == 1
+            assert await store._query(SETTINGS, ()) == [(f'"{schema}"', "force_generic_plan")]
+            # After a `begin`, as in every store transaction:
+            [settings] = await store._transaction([(SETTINGS, ())], lock="s")
+        finally:
+            await store.aclose()
+        # No startup options (a pooler refuses them): the session is untouched.
+        assert "options" not in store.dsn
+        assert await run_sql(store.dsn, "show plan_cache_mode") == [("auto",)]
+        assert await run_sql(dsn, f'select count(*) from "{schema}".a2_events') == [(1,)]
+    assert settings == [(f'"{schema}"', "force_generic_plan")]
+
+
+async def test_the_preamble_is_not_run_in_a_failed_transaction() -> None:
+    # The rollback after a server error runs in the failed transaction, where
+    # any other statement would fail too.
+    dsn = await database_dsn()
+    pool = PgPool(dsn, max_size=1, preamble=(SETTINGS, ()))
+    try:
+        with pytest.raises(PgError):
+            async with pool.connection() as conn:
+                await conn.run([(Statement("begin"), ()), (Statement("select 1/0"), ())])
+        assert pool.size == 1  # rolled back and pooled
+        async with pool.connection() as conn:
+            assert await conn.run([(Statement("select 1"), ())]) == [[(1,)]]
+    finally:
+        pool.close()

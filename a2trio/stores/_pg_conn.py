@@ -31,7 +31,7 @@ import psycopg
 import trio
 from psycopg import pq
 
-__all__ = ["PgConnection", "PgConnectionError", "PgError", "PgPool", "Statement"]
+__all__ = ["PgConnection", "PgConnectionError", "PgError", "PgPool", "Preamble", "Statement"]
 
 Param = str | int | bool | bytes | None | list[int] | list[str]
 Row = tuple[Any, ...]
@@ -65,6 +65,11 @@ class Statement:
 
     def __repr__(self) -> str:
         return f"Statement({self.sql[:40]!r}...)"
+
+
+#: A statement run at the head of every pipeline that starts outside a
+#: transaction (see :class:`PgPool`'s ``preamble``).
+Preamble = tuple[Statement, Sequence[Param]]
 
 
 def _encode_param(value: Param) -> bytes | None:
@@ -133,14 +138,24 @@ class PgConnection:
     """One libpq connection in non-blocking pipeline mode. Not shared between
     tasks: the pool hands it to one task at a time."""
 
-    def __init__(self, pgconn: pq.abc.PGconn, *, prepare: bool) -> None:
+    def __init__(
+        self, pgconn: pq.abc.PGconn, *, prepare: bool, preamble: Preamble | None = None
+    ) -> None:
         self._pg = pgconn
         self._prepare = prepare
+        self._preamble = preamble
         self._prepared: set[bytes] = set()
         self.broken = False
 
     @classmethod
-    async def connect(cls, conninfo: str, *, timeout_s: float, prepare: bool) -> PgConnection:
+    async def connect(
+        cls,
+        conninfo: str,
+        *,
+        timeout_s: float,
+        prepare: bool,
+        preamble: Preamble | None = None,
+    ) -> PgConnection:
         """Open a connection, failing with :class:`PgConnectionError` after ``timeout_s``.
 
         Cancellation: the half-open connection is closed.
@@ -167,7 +182,7 @@ class PgConnection:
         except BaseException:
             pgconn.finish()
             raise
-        return cls(pgconn, prepare=prepare)
+        return cls(pgconn, prepare=prepare, preamble=preamble)
 
     @property
     def idle(self) -> bool:
@@ -219,6 +234,15 @@ class PgConnection:
         closes it.
         """
         self._check()
+        if self._preamble is None or self._pg.transaction_status != pq.TransactionStatus.IDLE:
+            return await self._run(batch)
+        # Its transaction-local settings hold to the pipeline's end: the
+        # statements before the sync share one transaction, implicit or not
+        # (a `begin` later in the pipeline continues it).
+        [_, *rows] = await self._run([self._preamble, *batch])
+        return rows
+
+    async def _run(self, batch: Sequence[tuple[Statement, Sequence[Param]]]) -> list[list[Row]]:
         pg = self._pg
         # What each result in the pipeline answers: a prepare or an execution.
         kinds: list[bool] = []
@@ -375,6 +399,11 @@ class PgPool:
       connect_timeout_s: each connection attempt fails after this long.
       prepare: use named prepared statements (off behind transaction-mode
         poolers that do not support them).
+      preamble: a statement run first in every pipeline that starts outside a
+        transaction, for session settings a transaction-mode pooler cannot
+        carry in the startup packet (``set_config(..., true)``: they last
+        until the pipeline's sync). Not run before a rollback, nor by
+        :meth:`PgConnection.script`.
     """
 
     def __init__(
@@ -384,12 +413,14 @@ class PgPool:
         max_size: int = 10,
         connect_timeout_s: float = 5.0,
         prepare: bool = True,
+        preamble: Preamble | None = None,
     ) -> None:
         if max_size < 1:
             raise ValueError(f"`max_size` must be at least 1, got {max_size}")
         self.conninfo = conninfo
         self.connect_timeout_s = connect_timeout_s
         self.prepare = prepare
+        self.preamble = preamble
         self._slots = trio.Semaphore(max_size)
         self._idle: list[PgConnection] = []
         self._closed = False
@@ -397,7 +428,10 @@ class PgPool:
     async def open_connection(self) -> PgConnection:
         """A new connection outside the pool (the caller closes it)."""
         return await PgConnection.connect(
-            self.conninfo, timeout_s=self.connect_timeout_s, prepare=self.prepare
+            self.conninfo,
+            timeout_s=self.connect_timeout_s,
+            prepare=self.prepare,
+            preamble=self.preamble,
         )
 
     @asynccontextmanager

@@ -86,7 +86,7 @@ from ..timings import DEFAULT_TIMINGS, Timings
 from . import _pg_sql as sql
 from . import _verdicts as verdicts
 from ._feed import Feed, FeedStatistics, Wakeups, adaptive_poll, open_pump_feed
-from ._pg_conn import Param, PgConnection, PgError, PgPool, Row, Statement
+from ._pg_conn import Param, PgConnection, PgError, PgPool, Preamble, Row, Statement
 from ._pg_group import LOCKING, GroupCommitter, GroupStatistics, Kind, Request
 from .base import (
     AppendEvent,
@@ -162,6 +162,19 @@ def _keepalive_for(given: dict[str, Any]) -> dict[str, str]:
 
 def _with_keepalive(dsn: str) -> str:
     return make_conninfo(dsn, **_keepalive_for(conninfo_to_dict(dsn)))
+
+
+_SESSION_SETTINGS = Statement(
+    "select set_config('search_path', coalesce($1::text, current_setting('search_path')), true),"
+    " set_config('plan_cache_mode', coalesce($2::text, current_setting('plan_cache_mode')), true)"
+)
+
+
+def _preamble(schema: str | None, options: str) -> Preamble:
+    """What the startup options carry without a pooler (the schema's
+    ``search_path``, generic plans), as transaction-local settings."""
+    plans = None if "plan_cache_mode" in options else "force_generic_plan"
+    return (_SESSION_SETTINGS, (None if schema is None else f'"{schema}"', plans))
 
 
 def _check_pooler(pooler: str | None, *, listen: bool, listen_dsn: str | None) -> None:
@@ -424,26 +437,39 @@ class PostgresStore:
         else:
             given = conninfo_to_dict(dsn)
             extra = _keepalive_for(given)
-            if schema is not None:
-                # Keep the caller's options (e.g. -csynchronous_commit=off).
-                options = f"{given.get('options') or ''} -csearch_path={schema}"
-                extra["options"] = options.strip()
-            dsn = make_conninfo(dsn, **extra)
-            options = str(conninfo_to_dict(dsn).get("options") or "")
-            if "plan_cache_mode" not in options:
-                # Every statement here is written to run well on a generic
-                # plan (tests/test_pg_plans.py). Left to choose, Postgres plans
-                # each one afresh for five runs per connection and keeps doing
-                # so when a custom plan looks cheaper (APPEND with no holder:
-                # ~1 ms of planning per append). Only the store's own
-                # connections get this; `dsn` stays as given.
-                options = f"{options} -cplan_cache_mode=force_generic_plan".strip()
-            self._pool = PgPool(
-                make_conninfo(dsn, options=options),
-                max_size=max_connections,
-                connect_timeout_s=connect_timeout_s,
-                prepare=prepare,
-            )
+            if pooler == "transaction":
+                # The pooler refuses (or drops) startup `options`, and a
+                # session setting would leak to its other clients: each
+                # pipeline sets them for its own transaction instead.
+                self._pool = PgPool(
+                    make_conninfo(dsn, **extra),
+                    max_size=max_connections,
+                    connect_timeout_s=connect_timeout_s,
+                    prepare=prepare,
+                    preamble=_preamble(schema, str(given.get("options") or "")),
+                )
+                dsn = self._pool.conninfo
+            else:
+                if schema is not None:
+                    # Keep the caller's options (e.g. -csynchronous_commit=off).
+                    options = f"{given.get('options') or ''} -csearch_path={schema}"
+                    extra["options"] = options.strip()
+                dsn = make_conninfo(dsn, **extra)
+                options = str(conninfo_to_dict(dsn).get("options") or "")
+                if "plan_cache_mode" not in options:
+                    # Every statement here is written to run well on a generic
+                    # plan (tests/test_pg_plans.py). Left to choose, Postgres
+                    # plans each one afresh for five runs per connection and
+                    # keeps doing so when a custom plan looks cheaper (APPEND
+                    # with no holder: ~1 ms of planning per append). Only the
+                    # store's own connections get this; `dsn` stays as given.
+                    options = f"{options} -cplan_cache_mode=force_generic_plan".strip()
+                self._pool = PgPool(
+                    make_conninfo(dsn, options=options),
+                    max_size=max_connections,
+                    connect_timeout_s=connect_timeout_s,
+                    prepare=prepare,
+                )
             self._owns_pool = True
         self.dsn: str = dsn if isinstance(dsn, str) else self._pool.conninfo
         self.clock = clock
