@@ -403,8 +403,9 @@ class PostgresStore:
     """A :class:`~a2trio.stores.Store` on Postgres, with presence and inspection.
 
     Build it with :func:`postgres`. Attributes: ``dsn`` (the effective libpq
-    conninfo, including the schema's ``search_path``: open your own
-    connections with it), ``clock``, ``presence``, ``inspect``.
+    conninfo, including the schema's ``search_path`` unless
+    ``pooler="transaction"``: open your own connections with it), ``clock``,
+    ``presence``, ``inspect``.
     """
 
     def __init__(
@@ -1181,10 +1182,12 @@ def postgres(
         every query still goes through ``dsn``. Default: ``dsn``.
       pooler: ``"transaction"`` when ``dsn`` goes through a transaction-mode
         pooler (PgBouncer ``pool_mode=transaction``, Supabase's port 6543,
-        Neon's ``-pooler`` endpoint): prepared statements default to off, and
-        listening needs ``listen_dsn`` (or ``listen=False``). A session-mode
-        pooler needs nothing. The mode cannot be detected reliably from the
-        client, so say it.
+        Neon's ``-pooler`` endpoint, RDS Proxy): no startup ``options`` are
+        sent (the pooler refuses them; each pipeline sets the schema's
+        ``search_path`` for its transaction), prepared statements default to
+        off, and listening needs ``listen_dsn`` (or ``listen=False``). A
+        session-mode pooler needs nothing. The mode cannot be detected
+        reliably from the client, so say it.
       clock: where every stored timestamp comes from.
       ids: generates the ids of events appended without one (default:
         :func:`~a2trio.ids.random_id`). The store's instance id, which tags
