@@ -23,7 +23,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from a2trio.stores.postgres import PostgresStore, postgres
 
 from .backends.postgres import REQUIRED, SERVER_DSN, database_dsn, run_sql
 
-Check = Any  # a conformance check: async (StoreFactory) -> None
+Check = Callable[[StoreFactory], Awaitable[None]]
 
 _STARTUP_S = 10.0
 
