@@ -1,6 +1,7 @@
 """Every store backend against ``a2trio.stores.conformance``.
 
-Backends live in ``tests/backends/<name>.py`` and expose ``open_store(clock)``.
+Backends live in ``tests/backends/<name>.py`` and expose ``open_store(clock,
+ids=None)`` (``ids`` gives them the conformance ``ids`` capability).
 A backend whose module is not written yet is skipped with that reason; a
 module that exists but fails to import is an error, not a skip.
 """
