@@ -13,6 +13,7 @@ from .asgi import App, asgi
 from .auth import (
     Authorize,
     HistoryOperation,
+    InspectOperation,
     Operation,
     PushOperation,
     Request,
@@ -31,6 +32,7 @@ __all__ = [
     "Authorize",
     "Client",
     "HistoryOperation",
+    "InspectOperation",
     "Lane",
     "Limits",
     "Operation",

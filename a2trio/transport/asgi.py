@@ -31,9 +31,11 @@ from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from typing import Final
 
+import msgspec
 import trio
 
 from ..errors import A2Error, ErrorCode
+from ..inspection import InspectionUnsupportedError
 from ..push import PushedEvent, PushedPresence
 from ..server import Server
 from . import sse, wire
@@ -55,6 +57,7 @@ from .access import Grants, RevokePredicate, reauthorize
 from .auth import (
     Authorize,
     HistoryOperation,
+    InspectOperation,
     PushOperation,
     Request,
     StreamOperation,
@@ -91,6 +94,7 @@ class App:
         authorize: Authorize | None = None,
         limits: Limits = DEFAULT_LIMITS,
         scheduler_secret: str | bytes | None = None,
+        inspect: bool = False,
     ) -> None:
         if not servers:
             raise TypeError("asgi() needs at least one a2trio.Server")
@@ -110,6 +114,7 @@ class App:
         self.authorize = authorize
         self.limits = limits
         self.scheduler_secret = scheduler_secret
+        self.inspect = inspect
         self.grants = Grants()
 
     def __repr__(self) -> str:
@@ -194,6 +199,11 @@ class App:
             await send({"type": "http.response.start", "status": 204, "headers": []})
             await send({"type": "http.response.body", "body": b""})
             return
+        if segments[:2] == ["_a2", "inspect"] and self.inspect and len(segments) in (3, 4):
+            if method not in ("GET", "HEAD"):
+                raise Refusal(405, "inspection routes take GET")
+            await respond(send, 200, await self._inspect(segments[2:], request))
+            return
         if segments == ["_a2", "health"]:
             if method not in ("GET", "HEAD"):
                 raise Refusal(405, "the health route takes GET")
@@ -236,6 +246,37 @@ class App:
                 ) from exc
             stores[name] = {"roundTripMs": round((trio.current_time() - started) * 1000, 3)}
         return wire.encode({"status": "ok", "stores": stores})
+
+    # -- inspection --------------------------------------------------------------------
+
+    async def _inspect(self, target: list[str], request: Request) -> bytes:
+        """``/_a2/inspect/{contract}`` (sessions) and ``/{contract}/{session}``
+        (a page of events with their status), behind ``authorize``."""
+        server = self._server(target[0])
+        with bad_input():
+            session_id = server.session(target[1]).id if len(target) == 2 else ""
+        await check_authorized(
+            self.authorize, request, InspectOperation(server.contract.name, session_id)
+        )
+        query = request.query
+        limit = index_param("limit", query.get("limit"))
+        limit = 100 if limit is None else limit
+        try:
+            with bad_input():
+                if not session_id:
+                    listed = await server.inspect.list_sessions(
+                        limit=limit, cursor=query.get("cursor")
+                    )
+                    return wire.encode(msgspec.to_builtins(listed))
+                page = await server.inspect.read_session_page(
+                    session_id,
+                    after_index=index_param("after", query.get("after")) or 0,
+                    limit=limit,
+                    through_index=index_param("through", query.get("through")),
+                )
+                return wire.encode(msgspec.to_builtins(page))
+        except InspectionUnsupportedError as exc:
+            raise Refusal(404, str(exc)) from None
 
     # -- push --------------------------------------------------------------------------
 
@@ -434,6 +475,7 @@ def asgi(
     authorize: Authorize | None = None,
     limits: Limits = DEFAULT_LIMITS,
     scheduler_secret: str | bytes | None = None,
+    inspect: bool = False,
 ) -> App:
     """An ASGI app mounting every server by its contract's name.
 
@@ -445,9 +487,19 @@ def asgi(
       limits: body, batch, frame and lane limits and the heartbeat intervals.
       scheduler_secret: enables ``POST /_a2/scheduler`` with HMAC-signed tasks
         (:func:`~a2trio.transport.sign_task`). Without it the route is 404.
+      inspect: enables ``GET /_a2/inspect/{contract}[/{session}]`` (JSON of
+        ``server.inspect``), each request authorized as an
+        :class:`~a2trio.transport.InspectOperation` (refused without a policy
+        that allows it). Off by default: the routes are 404.
 
     Raises:
       TypeError: no servers, or something that is not a server.
       ValueError: two servers for one contract; an empty secret.
     """
-    return App(servers, authorize=authorize, limits=limits, scheduler_secret=scheduler_secret)
+    return App(
+        servers,
+        authorize=authorize,
+        limits=limits,
+        scheduler_secret=scheduler_secret,
+        inspect=inspect,
+    )

@@ -9,7 +9,8 @@ error's status. The operation is a tagged union, dispatched with ``match``:
 * :class:`PushOperation` - events and/or presence pushed to a session;
 * :class:`StreamOperation` - an SSE stream (or a single-session socket);
 * :class:`HistoryOperation` - a bounded read of the log;
-* :class:`SubscribeOperation` - one lane of a multiplexed socket.
+* :class:`SubscribeOperation` - one lane of a multiplexed socket;
+* :class:`InspectOperation` - an operator's read through ``/_a2/inspect``.
 
 Pushed events and presence also pass the server's ``validate_push``, after
 ``authorize`` and before schema validation, as in the seed.
@@ -29,6 +30,7 @@ from ..push import PushedEvent, PushedPresence
 __all__ = [
     "Authorize",
     "HistoryOperation",
+    "InspectOperation",
     "Operation",
     "PushOperation",
     "Request",
@@ -83,7 +85,19 @@ class SubscribeOperation(msgspec.Struct, frozen=True, tag="subscribe"):
     start_after: int
 
 
-Operation = PushOperation | StreamOperation | HistoryOperation | SubscribeOperation
+class InspectOperation(msgspec.Struct, frozen=True, tag="inspect"):
+    """An operator's read through ``/_a2/inspect`` (off unless the app enables
+    it): ``session_id`` is ``""`` when listing the contract's sessions. Refused
+    unless ``authorize`` says ``True`` to it; with no ``authorize`` at all,
+    always refused."""
+
+    contract: str
+    session_id: str = ""
+
+
+Operation = (
+    PushOperation | StreamOperation | HistoryOperation | SubscribeOperation | InspectOperation
+)
 
 Authorize = Callable[[Request, Operation], "bool | Awaitable[bool]"]
 
@@ -98,6 +112,11 @@ async def check_authorized(authorize: Authorize | None, request: Request, op: Op
     Cancellation: a checkpoint only if the policy is async; nothing is written.
     """
     if authorize is None:
+        if isinstance(op, InspectOperation):
+            raise A2Error(
+                ErrorCode.FORBIDDEN,
+                "inspection needs an authorize policy that allows InspectOperation",
+            )
         return
     verdict: Any = authorize(request, op)
     if inspect.isawaitable(verdict):
