@@ -80,6 +80,7 @@ async def test_exactly_once_across_processes_through_a_kill_and_a_restart(
                     prefix,
                     str(n),
                     str(EVENTS_PER_WRITER),
+                    str(tmp_path),
                 ],
                 capture_stdout=True,
                 env=env,
@@ -121,7 +122,11 @@ async def test_exactly_once_across_processes_through_a_kill_and_a_restart(
                     return counted >= TOTAL // 3
 
                 await _poll_until(third_appended, 0.05)
-                await server.restart()
+                # Down until a writer has seen the outage (a restart can be
+                # quicker than the writers' next append), then back.
+                await server.kill()
+                await _poll_until(trio.Path(tmp_path / "unavailable").exists, 0.05)
+                await server.start()
 
                 await writers_done.wait()
 

@@ -1,17 +1,20 @@
 """A writer process: appends its share of ``job`` events, one per append.
 
-Usage: ``python -m tests.redis_workers.writer URL PREFIX WRITER_NO COUNT``
+Usage: ``python -m tests.redis_workers.writer URL PREFIX WRITER_NO COUNT FOLDER``
 
 As ``tests/pg_workers/writer.py``: ids are ``w<writer>-<n>``; an append that
 fails with ``STORE_UNAVAILABLE`` (Redis restarting) is retried with the same
 id, so a retry of an append that did run replays instead of duplicating.
-Prints ``{"appended": ..., "unavailable": ..., "retried": ...}``.
+Prints ``{"appended": ..., "unavailable": ..., "retried": ...}``; the first
+``STORE_UNAVAILABLE`` also writes ``FOLDER/unavailable``, so the test knows
+the outage was seen before it brings Redis back.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import trio
 
@@ -25,7 +28,7 @@ from ..pg_workers.app import SESSIONS, store_key
 STALL_AT = 10
 
 
-async def main(url: str, prefix: str, writer: int, count: int) -> None:
+async def main(url: str, prefix: str, writer: int, count: int, folder: str) -> None:
     store = redis(url, key_prefix=prefix, connect_timeout_s=1.0)
     unavailable = retried = 0
     async with store:
@@ -42,6 +45,7 @@ async def main(url: str, prefix: str, writer: int, count: int) -> None:
                         raise
                     unavailable += 1
                     tries += 1
+                    (Path(folder) / "unavailable").touch()
                     await trio.sleep(0.1)
                     continue
                 assert result.events[0].id == event_id
@@ -53,4 +57,4 @@ async def main(url: str, prefix: str, writer: int, count: int) -> None:
 
 
 if __name__ == "__main__":
-    trio.run(main, sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    trio.run(main, sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
