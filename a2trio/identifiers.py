@@ -16,10 +16,19 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["MAX_ID_LENGTH", "check_event_id", "check_participant", "check_session_id"]
+__all__ = [
+    "MAX_ID_LENGTH",
+    "MAX_SAFE_INTEGER",
+    "check_event_id",
+    "check_participant",
+    "check_session_id",
+]
 
 #: The longest session or event id, in characters.
 MAX_ID_LENGTH = 1_024
+#: The largest index a client can name: JavaScript's safe integers (the wire's
+#: clients are browsers), within every store's integer columns.
+MAX_SAFE_INTEGER = 2**53 - 1
 
 _FORBIDDEN = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 

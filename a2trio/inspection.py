@@ -21,7 +21,7 @@ import msgspec
 from .contract import Event
 from .core import Engine
 from .errors import A2Error, ErrorCode, store_unavailable
-from .identifiers import check_session_id
+from .identifiers import MAX_SAFE_INTEGER, check_session_id
 from .stores.base import Inspection, SessionSummary, SnapshotInfo, StoredEvent
 
 __all__ = [
@@ -129,7 +129,7 @@ def _check_limit(limit: object) -> int:
 
 
 def _check_index(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**53 - 1:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SAFE_INTEGER:
         raise TypeError(f"inspection {name} must be a non-negative safe integer, got {value!r}")
     return value
 

@@ -34,7 +34,7 @@ import trio
 from .contract import Event
 from .core import Engine
 from .errors import store_unavailable
-from .identifiers import check_participant
+from .identifiers import MAX_SAFE_INTEGER, check_participant
 from .push import MAX_DATE_MS, RESERVED_PARTICIPANTS, PushedPresence, PushValidation
 from .stores._feed import Feed, own_tasks
 from .stores.base import PresenceRow, PresenceStore, StoredPresencePatch
@@ -54,9 +54,6 @@ __all__ = [
 ]
 
 _fingerprint = msgspec.json.Encoder(order="sorted").encode
-#: The largest log index a client can name (JavaScript's safe integers): a
-#: ``seen`` past it would overflow a store's integer column after validation.
-MAX_SAFE_INDEX = 2**53 - 1
 
 
 class PresenceValue(msgspec.Struct, frozen=True):
@@ -160,7 +157,7 @@ def validate_patch(
         if not math.isfinite(at) or not 0 <= at <= MAX_DATE_MS:
             raise ValueError(f"presence at must be epoch milliseconds in range, got {at!r}")
     if seen is not None and (
-        isinstance(seen, bool) or not isinstance(seen, int) or not 0 <= seen <= MAX_SAFE_INDEX
+        isinstance(seen, bool) or not isinstance(seen, int) or not 0 <= seen <= MAX_SAFE_INTEGER
     ):
         raise ValueError(
             f"presence seen must be a non-negative integer up to 2**53 - 1, got {seen!r}"

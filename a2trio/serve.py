@@ -206,7 +206,7 @@ async def _preflight(app: App | Any) -> None:
     for name, server in app.servers.items():
         try:
             with trio.fail_after(PREFLIGHT_TIMEOUT_S):
-                await server.store.read(server.key("_a2-preflight"), through_index=0)
+                await server.ping()
         except (Exception, trio.TooSlowError) as exc:
             cause = exc.__cause__ or exc
             message = f"the store for '{name}' ({server.store!r}) is unavailable: {cause}"

@@ -320,6 +320,20 @@ class Server:
         store-level API (``store.read``, ``store.inspect``) takes."""
         return self._engine.key(check_session_id(session_id))
 
+    async def ping(self) -> float:
+        """One round trip to the store (an empty read); its duration in seconds.
+        What ``GET /_a2/health`` and ``serve``'s start-up check ask.
+
+        Raises:
+          Exception: the store's failure, as the store raised it.
+
+        Cancellation: a read; nothing to undo. Callers bound it with
+        ``trio.fail_after``.
+        """
+        started = trio.current_time()
+        await self.store.read(self._engine.key("_a2-ping"), through_index=0)
+        return trio.current_time() - started
+
     async def drain(self, session_id: str) -> DrainResult:
         """Process every eligible event of a session, in this task, to the end.
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import parse_qsl, unquote
 
 from ..errors import A2Error, ErrorCode
+from ..identifiers import MAX_SAFE_INTEGER
 from . import wire
 from .auth import Request
 
@@ -17,7 +18,6 @@ if TYPE_CHECKING:
     pass
 
 __all__ = [
-    "MAX_SAFE_INTEGER",
     "Message",
     "Receive",
     "Refusal",
@@ -40,8 +40,6 @@ Send = Callable[[Message], Awaitable[None]]
 
 logger: Final = logging.getLogger("a2trio.transport")
 
-#: ``Number.MAX_SAFE_INTEGER``: the largest index a JavaScript client can hold.
-MAX_SAFE_INTEGER: Final = 2**53 - 1
 _INDEX: Final = re.compile(r"(?:0|[1-9][0-9]{0,15})")
 
 

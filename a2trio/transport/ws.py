@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from ..errors import A2Error, ErrorCode
+from ..identifiers import MAX_SAFE_INTEGER
 from ..push import PushedEvent, PushedPresence
 from ..server import Server
 from ..stores._feed import own_tasks
@@ -214,7 +215,7 @@ class _Socket:
                 old.cancel(reason="resubscribed")
             try:
                 start_after = entry.index
-                if start_after < 0 or start_after > 2**53 - 1:
+                if start_after < 0 or start_after > MAX_SAFE_INTEGER:
                     raise A2Error(
                         ErrorCode.INVALID_PAYLOAD,
                         f"subscribe index must be a non-negative integer, got {start_after}",
