@@ -82,6 +82,23 @@ create table if not exists a2_presence (
   expires_at  bigint not null,
   primary key (ns, participant, field)
 );
+
+-- a2trio additions (issue 18), beside the seed's tables, which stay as they
+-- are: operator actions, and the dead letters across sessions. The partial
+-- index holds only dead rows, so it costs the writes nothing else.
+create table if not exists a2_operator_actions (
+  id          bigserial primary key,
+  session_id  text   not null,
+  idx         bigint not null,
+  action      text   not null,
+  actor       text   not null,
+  reason      text   not null,
+  at          bigint not null
+);
+create index if not exists a2_operator_actions_event
+  on a2_operator_actions (session_id, idx);
+create index if not exists a2_events_dead_letters
+  on a2_events (session_id, idx) where failed_at is not null;
 """
 
 # Notifications are transactional: delivered at commit, never for a rollback.
@@ -779,4 +796,119 @@ select bound.through, {_cols("page")} from bound left join page on true order by
 LIST_SNAPSHOTS = Statement(
     "select reducer_name, up_to_index, updated_at from a2_snapshots"
     " where session_id = $1::text order by reducer_name"
+)
+
+
+# Operator actions (an a2trio addition; issue 18). The verdict is
+# `_verdicts.check_action` over the row `ACTION_TARGET` read; the write is a
+# compare-and-set on those columns (the caller reads again if the row moved),
+# recorded and announced to other processes' drains in the same statement.
+#   $1 session, $2 idx
+ACTION_TARGET = Statement(
+    """
+select processed_at, failed_at, attempt_count, claim_holder, failure_count,
+       last_failed_attempt, claim_expires_at
+  from a2_events where session_id = $1::text and idx = $2::bigint
+"""
+)
+
+# The row as `ACTION_TARGET` read it: $3 processed_at, $4 failed_at, $5 attempt,
+# $6 holder, $7 claim expiry.
+_AS_READ = """
+   and e.processed_at is not distinct from $3::bigint
+   and e.failed_at is not distinct from $4::bigint
+   and e.attempt_count = $5::int
+   and e.claim_holder is not distinct from $6::text
+   and e.claim_expires_at is not distinct from $7::bigint"""
+
+# $8 actor, $9 reason, $10 now, $11 events channel, $12 notification payload
+_RECORDED = """
+recorded as (
+  insert into a2_operator_actions (session_id, idx, action, actor, reason, at)
+  select $1::text, idx, '{action}', $8::text, $9::text, $10::bigint from target
+)
+select t.idx, pg_notify($11::text, $12::text) from target t"""
+
+REDRIVE = Statement(
+    f"""
+with target as (
+  update a2_events e set failure_count = 0, failed_at = null
+   where e.session_id = $1::text and e.idx = $2::bigint {_AS_READ}
+  returning e.idx
+),
+{_RECORDED.format(action="redrive")}
+"""
+)
+
+# The lane is handed on as a completion does (`COMPLETE`'s `handed_on`),
+# under the session's append lock.
+SKIP = Statement(
+    f"""
+with current as materialized (
+  select e.ctid as tid, e.lane, e.lane_ready from a2_events e
+   where e.session_id = $1::text and e.idx = $2::bigint {_AS_READ}
+   for update of e
+),
+target as (
+  update a2_events e set
+    processed_at = $10::bigint, failed_at = null, lane_ready = false,
+    claim_holder = null, claim_expires_at = null
+    from current c
+  -- Locked by `current`, so the tuple id is current (see `CLAIM`).
+   where e.ctid = c.tid
+  returning e.idx
+),
+handed_on as (
+  update a2_events e set lane_ready = true
+    from current c
+   where c.lane is not null and c.lane_ready and exists (select 1 from target)
+     and e.session_id = $1::text
+     and e.idx = (select min(l.idx) from a2_events l
+                   where l.session_id = $1::text and l.lane = c.lane
+                     and l.processed_at is null and l.idx <> $2::bigint)
+),
+{_RECORDED.format(action="skip")}
+"""
+)
+
+# `retry_now`'s candidates: the live, lane-ready events of the session.
+#   $1 session
+RETRY_CANDIDATES = Statement(
+    """
+select idx, claim_expires_at from a2_events
+ where session_id = $1::text and lane_ready and processed_at is null and failed_at is null
+ order by idx
+"""
+)
+
+#   $1 session, $2 idx[], $3 actor, $4 reason, $5 now, $6 channel, $7 payload
+RETRY_NOW = Statement(
+    """
+with recorded as (
+  insert into a2_operator_actions (session_id, idx, action, actor, reason, at)
+  select $1::text, i, 'retry_now', $3::text, $4::text, $5::bigint
+    from unnest($2::bigint[]) as i
+  returning 1
+)
+select pg_notify($6::text, $7::text) from (select count(*) from recorded) as done
+"""
+)
+
+#   $1 key prefix, $2 after session, $3 after idx, $4 limit
+DEAD_LETTERS = Statement(
+    f"""
+select {EVENT_COLUMNS} from a2_events
+ where failed_at is not null and starts_with(session_id, $1::text)
+   and ($2::text is null or (session_id, idx) > ($2::text, $3::bigint))
+ order by session_id, idx limit $4::bigint
+"""
+)
+
+#   $1 session, $2 after idx, $3 through idx
+READ_ACTIONS = Statement(
+    """
+select action, session_id, idx, actor, reason, at from a2_operator_actions
+ where session_id = $1::text and idx > $2::bigint and idx <= $3::bigint
+ order by idx, id
+"""
 )

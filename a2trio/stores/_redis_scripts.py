@@ -30,6 +30,8 @@ collides across sessions):
   ``"<at>:<seen>:<expires_at>:<value json>"``; the key itself expires (real
   time) a minute after its last write outlives every row, so abandoned
   sessions vanish. Row expiry runs on the store's clock.
+* ``P:S:actions``: list of the operator actions recorded on the session's
+  events, oldest first, each ``[action, index, by, reason, at]`` as JSON.
 * ``P:S:watched``: a marker with a TTL that live feeds refresh; writes to a
   session publish a wake-up on ``P:S:notify`` only while it exists.
 * ``P:ids``: hash, event id -> ``"<index>:<session key>"`` (ids are unique
@@ -47,9 +49,11 @@ print exactly.
 from __future__ import annotations
 
 __all__ = [
+    "ACTION_WRITE",
     "APPEND",
     "CLAIM",
     "COMPLETE",
+    "DEAD_LETTERS",
     "FAIL_READ",
     "FAIL_WRITE",
     "PRESENCE_READ",
@@ -58,7 +62,9 @@ __all__ = [
     "READ",
     "READ_EVENTS",
     "READ_STATES",
+    "RECORD_ACTIONS",
     "RENEW",
+    "RETRY_CANDIDATES",
     "SUMMARIES",
     "SWEEP",
 ]
@@ -582,4 +588,82 @@ for s = 0, #KEYS / 2 - 1 do
   out[#out + 1] = found
 end
 return out
+"""
+
+
+# Operator actions (an a2trio addition; issue 18). The verdict is
+# `_verdicts.check_action` over the row `FAIL_READ` returns; these scripts
+# write it back (compare-and-set), record it and wake other processes.
+
+#: Dead letters of a page of sessions. KEYS: (log, meta, open, head) per
+#: session. Returns per session ``{index, entry, meta, ...}`` of its dead
+#: rows (none read where the head counts no dead letter).
+DEAD_LETTERS = r"""
+local out = {}
+for s = 0, #KEYS / 4 - 1 do
+  local log, meta, open, head = KEYS[s * 4 + 1], KEYS[s * 4 + 2], KEYS[s * 4 + 3], KEYS[s * 4 + 4]
+  local rows = {}
+  if tonumber(redis.call('HGET', head, 'dead') or '0') > 0 then
+    local idxs = redis.call('ZRANGE', open, 0, -1)
+    for i = 1, #idxs, 1000 do
+      local slice = {}
+      for j = i, math.min(i + 999, #idxs) do slice[#slice + 1] = idxs[j] end
+      local raws = redis.call('HMGET', meta, unpack(slice))
+      for j = 1, #raws do
+        if cjson.decode(raws[j]).d then
+          local e = redis.call('XRANGE', log, slice[j] .. '-0', slice[j] .. '-0')
+          rows[#rows + 1] = slice[j]
+          rows[#rows + 1] = e[1][2][2]
+          rows[#rows + 1] = raws[j]
+        end
+      end
+    end
+  end
+  out[#out + 1] = rows
+end
+return out
+"""
+
+#: A redrive or skip, if the row is as read. KEYS: meta, open, head,
+#: open-sessions, actions, pending-watched. ARGV: index, meta as read, new
+#: meta, '1' if it was dead, '1' for a skip (the event leaves the open set,
+#: handing its lane on), the action JSON, session, pending channel, origin.
+#: Returns 1, or 0 if the row moved.
+ACTION_WRITE = r"""
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+if ARGV[4] == '1' then redis.call('HINCRBY', KEYS[3], 'dead', -1) end
+if ARGV[5] == '1' then
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  if redis.call('ZCARD', KEYS[2]) == 0 then redis.call('ZREM', KEYS[4], ARGV[7]) end
+end
+redis.call('RPUSH', KEYS[5], ARGV[6])
+if redis.call('EXISTS', KEYS[6]) == 1 then
+  redis.call('PUBLISH', ARGV[8], ARGV[9] .. ' ' .. ARGV[7])
+end
+return 1
+"""
+
+#: ``retry_now``'s candidates. KEYS: log, meta, open, head. Returns
+#: ``{index, claim expiry or false, ...}`` of the live, lane-ready events.
+RETRY_CANDIDATES = (
+    _PRELUDE
+    + r"""
+local out = {}
+for _, row in ipairs(open_rows()) do
+  if row[3] and not row[2].d then
+    out[#out + 1] = row[1]
+    out[#out + 1] = row[2].x or false
+  end
+end
+return out
+"""
+)
+
+#: Record actions and wake other processes' drains. KEYS: actions,
+#: pending-watched. ARGV: pending channel, message, then the actions' JSON.
+RECORD_ACTIONS = r"""
+for i = 3, #ARGV do redis.call('RPUSH', KEYS[1], ARGV[i]) end
+if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('PUBLISH', ARGV[1], ARGV[2]) end
+return 1
 """

@@ -88,8 +88,32 @@ _V1 = (
     """,
 )
 
+# Operator actions (issue 18): who redrove or skipped what, and the index
+# that finds dead letters across sessions without reading the history.
+_V2 = (
+    """
+    create table if not exists a2_operator_actions (
+      id integer primary key,
+      session_id text not null,
+      idx integer not null,
+      action text not null,
+      actor text not null,
+      reason text not null,
+      at integer not null
+    )
+    """,
+    """
+    create index if not exists a2_operator_actions_event
+      on a2_operator_actions (session_id, idx)
+    """,
+    """
+    create index if not exists a2_events_dead_letters
+      on a2_events (session_id, idx) where failed_at is not null
+    """,
+)
+
 #: Statements per migration; entry ``n`` upgrades ``user_version`` ``n`` to ``n + 1``.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1,)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2)
 
 #: The version this release writes and reads.
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -18,11 +18,20 @@ from typing import Literal, Protocol
 import msgspec
 
 from ..errors import A2Error, ErrorCode
-from .base import AppendEvent, EventCause, FailResult, StoredEvent, replay
+from .base import (
+    AppendEvent,
+    EventCause,
+    FailResult,
+    OperatorActionError,
+    StoredEvent,
+    replay,
+)
 
 __all__ = [
+    "ActionTarget",
     "Bookkeeping",
     "FailVerdict",
+    "check_action",
     "check_cause",
     "fail_verdict",
     "has_pending",
@@ -32,6 +41,7 @@ __all__ = [
     "replayed_completion",
     "replays_completion",
     "retry_backoff_ms",
+    "retry_targets",
     "returned_id_taken",
     "returned_ids",
     "superseded_attempt",
@@ -278,3 +288,91 @@ def fail_verdict(row: Bookkeeping, attempt: int, max_failures: int) -> FailVerdi
     else:
         result = FailResult("superseded", row.failure_count)
     return FailVerdict(result, record=False)
+
+
+class ActionTarget(Bookkeeping, Protocol):
+    """The columns an operator action's fence reads."""
+
+    @property
+    def claim_expires_at_ms(self) -> int | None: ...
+
+
+def _live_claim(expires_at_ms: int | None, now_ms: int) -> bool:
+    return expires_at_ms is not None and expires_at_ms > now_ms
+
+
+def check_action(
+    action: Literal["redrive", "skip"],
+    session_id: str,
+    index: int,
+    row: ActionTarget | None,
+    now_ms: int,
+) -> None:
+    """The fence of an operator's redrive or skip (an a2trio addition; issue
+    18), over the target's row as read in the action's transaction.
+
+    A live claim refuses both: the attempt running now decides, and an
+    expired claim is fair game (its zombie's completion is then fenced by
+    the processed row or the reset). A redrive needs a dead letter; a skip
+    needs an unprocessed event (dead or alive).
+
+    Raises:
+      OperatorActionError: ``no_event``, ``claimed``, ``not_dead_lettered``,
+        ``settled``.
+    """
+    where = f"event {index} of session {session_id!r}"
+    if row is None:
+        raise OperatorActionError("no_event", session_id, index, f"there is no {where}")
+    if _live_claim(row.claim_expires_at_ms, now_ms) and row.claim_holder is not None:
+        raise OperatorActionError(
+            "claimed",
+            session_id,
+            index,
+            f"{where} is claimed by {row.claim_holder!r} (attempt {row.attempt_count}) "
+            f"until {row.claim_expires_at_ms}: wait for the attempt to end or its lease to lapse",
+        )
+    if action == "redrive" and row.failed_at_ms is None:
+        raise OperatorActionError(
+            "not_dead_lettered",
+            session_id,
+            index,
+            f"{where} is not dead-lettered: only a dead letter can be redriven",
+        )
+    if action == "skip" and row.processed_at_ms is not None:
+        raise OperatorActionError(
+            "settled", session_id, index, f"{where} is already processed: nothing to skip"
+        )
+
+
+def retry_targets(
+    session_id: str, candidates: Sequence[tuple[int, int | None]], now_ms: int
+) -> list[int]:
+    """The events a retry-now records (an a2trio addition; issue 18).
+
+    Args:
+      candidates: ``(index, claim_expires_at_ms)`` of the session's
+        unprocessed, not dead-lettered, lane-ready events, by index.
+
+    Returns the indexes without a live claim (failure backoff ignored).
+
+    Raises:
+      OperatorActionError: ``claimed`` when every candidate is under a live
+        claim, ``nothing_to_retry`` when there is none.
+    """
+    targets = [index for index, expires in candidates if not _live_claim(expires, now_ms)]
+    if targets:
+        return targets
+    if candidates:
+        raise OperatorActionError(
+            "claimed",
+            session_id,
+            None,
+            f"every claimable event of session {session_id!r} is under a live claim: "
+            "its drain is running",
+        )
+    raise OperatorActionError(
+        "nothing_to_retry",
+        session_id,
+        None,
+        f"session {session_id!r} has no event to retry (dead letters need a redrive)",
+    )

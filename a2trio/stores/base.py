@@ -48,6 +48,7 @@ from ..errors import A2Error, ErrorCode
 from ._feed import Feed
 
 __all__ = [
+    "ActionKind",
     "AppendEvent",
     "AppendResult",
     "Busy",
@@ -61,8 +62,12 @@ __all__ = [
     "FailResult",
     "Feed",
     "Inspection",
+    "OperatorAction",
+    "OperatorActionError",
+    "OperatorActions",
     "PresenceRow",
     "PresenceStore",
+    "RefusalReason",
     "RenewResult",
     "SessionPage",
     "SessionSummary",
@@ -289,6 +294,51 @@ class SnapshotInfo(msgspec.Struct, frozen=True):
     reducer_name: str
     index: int
     updated_at_ms: int
+
+
+ActionKind = Literal["redrive", "skip", "retry_now"]
+
+RefusalReason = Literal["no_event", "not_dead_lettered", "settled", "claimed", "nothing_to_retry"]
+
+
+class OperatorAction(msgspec.Struct, frozen=True):
+    """An operator's action on one event, as the store recorded it.
+
+    ``action``: ``redrive`` (a dead letter's failures reset, its lane
+    unblocked), ``skip`` (marked processed without running) or ``retry_now``
+    (its session's drain woken). ``by`` and ``reason`` are the operator's
+    words; ``at_ms`` is the store's clock when it committed.
+    """
+
+    action: ActionKind
+    session_id: str
+    index: int
+    by: str
+    reason: str
+    at_ms: int
+
+
+class OperatorActionError(ValueError):
+    """An operator action refused for its target; nothing was written.
+
+    ``reason``: ``no_event`` (the session has no such index),
+    ``not_dead_lettered`` (redrive of an event that is not a dead letter),
+    ``settled`` (skip of an event already processed), ``claimed`` (a live
+    claim holds it: wait for the attempt, or for its lease to lapse) or
+    ``nothing_to_retry`` (retry now on a session with nothing claimable).
+    """
+
+    def __init__(
+        self, reason: RefusalReason, session_id: str, index: int | None, message: str
+    ) -> None:
+        self.reason: RefusalReason = reason
+        self.session_id = session_id
+        self.index = index
+        self.message = message
+        super().__init__(message)
+
+
+OperatorActionError.__module__ = "a2trio"
 
 
 @runtime_checkable
@@ -518,6 +568,68 @@ class SweepsClaimable(Protocol):
         over pending events). A key returned may hold nothing to claim by the
         time a drain looks: the drain's claim decides.
         """
+        ...
+
+
+@runtime_checkable
+class OperatorActions(Protocol):
+    """The optional operator capability (memory, SQLite, Postgres, Redis):
+    dead letters across sessions, and the actions that repair a session,
+    each recorded with who and why.
+
+    Every action is durable and fenced: it reads the target's row and writes
+    its verdict (``_verdicts.check_action``) atomically, so a live claim
+    (unexpired on the store's clock) always refuses it and a handler's later
+    completion or failure of a skipped event is ``superseded``. A refused
+    action raises :class:`OperatorActionError` and writes nothing. A written
+    action wakes other processes' drains of the session where the store has
+    cross-process wake-up (``WatchesPending``); a sweep finds it otherwise.
+    """
+
+    async def dead_letters(
+        self, prefix: str, *, limit: int, after: tuple[str, int] | None = None
+    ) -> list[StoredEvent]:
+        """Up to ``limit`` dead-lettered events of sessions whose key starts
+        with ``prefix``, ordered by (session key, index), after ``after``.
+
+        Obligation: bounded by the dead letters, not by the history (an
+        index over dead rows)."""
+        ...
+
+    async def redrive(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
+        """Put a dead letter back in line: failures reset to 0, no longer dead
+        (its lane unblocked), claimable at once; the error history stays.
+
+        Raises:
+          OperatorActionError: ``no_event``, ``not_dead_lettered``, ``claimed``.
+        """
+        ...
+
+    async def skip(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
+        """Mark an unprocessed event processed without running it (by no
+        attempt; no longer dead), handing its lane on.
+
+        Raises:
+          OperatorActionError: ``no_event``, ``settled``, ``claimed``.
+        """
+        ...
+
+    async def retry_now(self, session_id: str, *, by: str, reason: str) -> list[OperatorAction]:
+        """Record a retry of every event a claim would take now, ignoring
+        failure backoff (unprocessed, alive, lane-ready, no live claim), one
+        action each, and wake drains of the session. Rows are not changed.
+
+        Raises:
+          OperatorActionError: ``claimed`` (every candidate is under a live
+            claim), ``nothing_to_retry``.
+        """
+        ...
+
+    async def read_actions(
+        self, session_id: str, *, after_index: int, through_index: int
+    ) -> list[OperatorAction]:
+        """The actions recorded on events in ``(after_index, through_index]``,
+        by index, then in the order they were recorded."""
         ...
 
 

@@ -25,6 +25,7 @@ from ..ids import IdSource, random_id
 from . import _verdicts as verdicts
 from ._feed import Feed, FeedStatistics, Wakeups, open_pump_feed
 from .base import (
+    ActionKind,
     AppendEvent,
     AppendResult,
     Busy,
@@ -36,6 +37,7 @@ from .base import (
     EventCause,
     EventPage,
     FailResult,
+    OperatorAction,
     PresenceRow,
     RenewResult,
     SessionPage,
@@ -278,6 +280,7 @@ class MemoryStore:
         # has_pending look only here, so a long processed history costs nothing.
         self._open: dict[str, dict[int, _Row]] = {}
         self._snapshots: dict[tuple[str, str], tuple[int, bytes, int]] = {}
+        self._actions: dict[str, list[OperatorAction]] = {}
         self._wakeups = Wakeups()
         self.presence: _MemoryPresence = _MemoryPresence(self)
         self.inspect: _MemoryInspection = _MemoryInspection(self)
@@ -578,6 +581,88 @@ class MemoryStore:
             row.claim_holder = None
             row.claim_expires_at_ms = None
         return verdict.result
+
+    # -- operator actions (OperatorActions) ------------------------------------
+
+    async def dead_letters(
+        self, prefix: str, *, limit: int, after: tuple[str, int] | None = None
+    ) -> list[StoredEvent]:
+        """See :meth:`OperatorActions.dead_letters`: dead letters stay open
+        (they stall their lane), so a pass over the open rows finds them."""
+        await trio.lowlevel.checkpoint()
+        found = sorted(
+            (key, row.index)
+            for key, rows in self._open.items()
+            if key.startswith(prefix)
+            for row in rows.values()
+            if row.failed_at_ms is not None and (after is None or (key, row.index) > after)
+        )
+        return [self._open[key][index].stored() for key, index in found[:limit]]
+
+    def _target(self, session_id: str, index: int) -> _Row | None:
+        rows = self._sessions.get(session_id, [])
+        return rows[index - 1] if 1 <= index <= len(rows) else None
+
+    def _record(
+        self, session_id: str, index: int, action: ActionKind, by: str, reason: str, now: int
+    ) -> OperatorAction:
+        record = OperatorAction(action, session_id, index, by, reason, now)
+        self._actions.setdefault(session_id, []).append(record)
+        return record
+
+    async def redrive(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
+        """See :meth:`OperatorActions.redrive`."""
+        await trio.lowlevel.checkpoint()
+        now = self.clock.now_ms()
+        row = self._target(session_id, index)
+        verdicts.check_action("redrive", session_id, index, row, now)
+        assert row is not None
+        row.failure_count = 0
+        row.failed_at_ms = None
+        return self._record(session_id, index, "redrive", by, reason, now)
+
+    async def skip(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
+        """See :meth:`OperatorActions.skip`."""
+        await trio.lowlevel.checkpoint()
+        now = self.clock.now_ms()
+        row = self._target(session_id, index)
+        verdicts.check_action("skip", session_id, index, row, now)
+        assert row is not None
+        open_rows = self._open[session_id]
+        del open_rows[index]
+        was_ready = row.lane_ready
+        row.processed_at_ms = now
+        row.failed_at_ms = None
+        row.lane_ready = False
+        row.claim_holder = None
+        row.claim_expires_at_ms = None
+        if row.lane is not None and was_ready:
+            successor = next((r for r in open_rows.values() if r.lane == row.lane), None)
+            if successor is not None:
+                successor.lane_ready = True
+        return self._record(session_id, index, "skip", by, reason, now)
+
+    async def retry_now(self, session_id: str, *, by: str, reason: str) -> list[OperatorAction]:
+        """See :meth:`OperatorActions.retry_now`."""
+        await trio.lowlevel.checkpoint()
+        now = self.clock.now_ms()
+        candidates = [
+            (row.index, row.claim_expires_at_ms)
+            for row in self._open.get(session_id, {}).values()
+            if row.failed_at_ms is None and row.lane_ready
+        ]
+        targets = verdicts.retry_targets(session_id, candidates, now)
+        return [self._record(session_id, i, "retry_now", by, reason, now) for i in targets]
+
+    async def read_actions(
+        self, session_id: str, *, after_index: int, through_index: int
+    ) -> list[OperatorAction]:
+        """See :meth:`OperatorActions.read_actions`."""
+        await trio.lowlevel.checkpoint()
+        found = [
+            a for a in self._actions.get(session_id, []) if after_index < a.index <= through_index
+        ]
+        return sorted(found, key=lambda a: a.index)
 
     def _state_read(self, session_id: str, reducer: str) -> StateRead:
         snap = self._snapshots.get((session_id, reducer))

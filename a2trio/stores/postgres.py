@@ -73,14 +73,14 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
 from types import TracebackType
-from typing import Any, Literal, cast
+from typing import Any, Literal, NamedTuple, cast
 
 import msgspec
 import trio
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..errors import store_unavailable
+from ..errors import A2Error, ErrorCode, store_unavailable
 from ..ids import IdSource, random_id
 from ..timings import DEFAULT_TIMINGS, Timings
 from . import _pg_sql as sql
@@ -100,6 +100,7 @@ from .base import (
     EventCause,
     EventPage,
     FailResult,
+    OperatorAction,
     PresenceRow,
     RenewResult,
     SessionPage,
@@ -129,6 +130,9 @@ _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 # deadlock_detected: the transaction rolled back, so running it again is safe.
 _RETRYABLE = frozenset({"23505", "40P01"})
 _ATTEMPTS = 3
+#: Compare-and-set rounds of an operator action before giving up (each loses
+#: only to a concurrent write of the target's row).
+_CAS_ROUNDS = 16
 #: SQLSTATE classes that refuse the data itself (22: data exception, 54: a
 #: program limit such as NOTIFY's payload): a retry fails the same way.
 _REFUSED_DATA = ("22", "54")
@@ -278,6 +282,19 @@ def _check_fence(
 
 def _index_of(event: StoredEvent) -> int:
     return event.index
+
+
+class _Target(NamedTuple):
+    """What an operator action's fence reads (``_verdicts.ActionTarget``),
+    in ``ACTION_TARGET``'s order."""
+
+    processed_at_ms: int | None
+    failed_at_ms: int | None
+    attempt_count: int
+    claim_holder: str | None
+    failure_count: int
+    last_failed_attempt: int | None
+    claim_expires_at_ms: int | None
 
 
 class _PostgresPresence:
@@ -1102,6 +1119,88 @@ class PostgresStore:
         return FailResult(
             cast(Literal["failed", "dead_lettered", "superseded"], outcome), failure_count
         )
+
+    # -- operator actions (OperatorActions) ------------------------------------
+
+    async def dead_letters(
+        self, prefix: str, *, limit: int, after: tuple[str, int] | None = None
+    ) -> list[StoredEvent]:
+        """See :meth:`OperatorActions.dead_letters`: the partial index over
+        dead rows. Cancellation: a read."""
+        low, low_index = after if after is not None else (None, 0)
+        with _errors("dead letters"):
+            rows = await self._query(sql.DEAD_LETTERS, (prefix, low, low_index, limit))
+        return [_stored(row) for row in rows]
+
+    def _notice(self, session_id: str) -> tuple[str, str]:
+        """The events channel and payload that wake other processes' drains."""
+        assert self._channels is not None
+        return self._channels[0], f"{self._origin} {session_id}"
+
+    async def _act(
+        self, action: Literal["redrive", "skip"], session_id: str, index: int, by: str, reason: str
+    ) -> OperatorAction:
+        statement = sql.REDRIVE if action == "redrive" else sql.SKIP
+        with _errors(action):
+            for _ in range(_CAS_ROUNDS):
+                found = await self._query(sql.ACTION_TARGET, (session_id, index))
+                now = self.clock.now_ms()
+                row = None if not found else _Target(*found[0])
+                verdicts.check_action(action, session_id, index, row, now)
+                assert row is not None
+                as_read = (
+                    row.processed_at_ms,
+                    row.failed_at_ms,
+                    row.attempt_count,
+                    row.claim_holder,
+                    row.claim_expires_at_ms,
+                )
+                params = (session_id, index, *as_read, by, reason, now, *self._notice(session_id))
+                [written] = await self._transaction([(statement, params)], lock=session_id)
+                if written:
+                    return OperatorAction(action, session_id, index, by, reason, now)
+        raise A2Error(
+            ErrorCode.STORE_UNAVAILABLE, f"{action} failed: the event's row kept changing under it"
+        )
+
+    async def redrive(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
+        """See :meth:`OperatorActions.redrive`: a compare-and-set on the row
+        as read, recorded and announced in one transaction. Cancellation:
+        committed entirely or not at all."""
+        return await self._act("redrive", session_id, index, by, reason)
+
+    async def skip(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
+        """See :meth:`OperatorActions.skip`: as :meth:`redrive`, under the
+        session's append lock (the lane is handed on). Cancellation: all or
+        nothing."""
+        return await self._act("skip", session_id, index, by, reason)
+
+    async def retry_now(self, session_id: str, *, by: str, reason: str) -> list[OperatorAction]:
+        """See :meth:`OperatorActions.retry_now`: recorded and announced
+        (``NOTIFY``) in one transaction, so other processes' drains claim at
+        once. Cancellation: all or nothing."""
+        with _errors("retry now"):
+            candidates = await self._query(sql.RETRY_CANDIDATES, (session_id,))
+            now = self.clock.now_ms()
+            targets = verdicts.retry_targets(session_id, [(i, x) for i, x in candidates], now)
+            await self._transaction(
+                [
+                    (
+                        sql.RETRY_NOW,
+                        (session_id, targets, by, reason, now, *self._notice(session_id)),
+                    )
+                ],
+                lock=None,
+            )
+        return [OperatorAction("retry_now", session_id, i, by, reason, now) for i in targets]
+
+    async def read_actions(
+        self, session_id: str, *, after_index: int, through_index: int
+    ) -> list[OperatorAction]:
+        """See :meth:`OperatorActions.read_actions`. Cancellation: a read."""
+        with _errors("read actions"):
+            rows = await self._query(sql.READ_ACTIONS, (session_id, after_index, through_index))
+        return [OperatorAction(*row) for row in rows]
 
     async def read_state(self, session_id: str, reducer: str) -> StateRead:
         """The snapshot and the events after it, one snapshot. Cancellation: a read."""

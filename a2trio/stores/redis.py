@@ -68,7 +68,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import coredis
 import msgspec
@@ -85,6 +85,7 @@ from . import _redis_scripts as lua
 from . import _verdicts as verdicts
 from ._feed import Feed, FeedStatistics, Wakeups, adaptive_poll, open_pump_feed
 from .base import (
+    ActionKind,
     AppendEvent,
     AppendResult,
     Busy,
@@ -96,6 +97,7 @@ from .base import (
     EventCause,
     EventPage,
     FailResult,
+    OperatorAction,
     PresenceRow,
     RenewResult,
     SessionPage,
@@ -197,6 +199,20 @@ class _Meta(msgspec.Struct, omit_defaults=True):
     def last_failed_attempt(self) -> int | None:
         return self.la
 
+    @property
+    def claim_expires_at_ms(self) -> int | None:
+        return self.x
+
+
+class _Action(msgspec.Struct, frozen=True, array_like=True):
+    """An operator action as ``P:S:actions`` stores it."""
+
+    action: ActionKind
+    index: int
+    by: str
+    reason: str
+    at_ms: int
+
 
 class _PresenceNote(msgspec.Struct, frozen=True):
     """A published presence patch, as the script writes it."""
@@ -211,6 +227,7 @@ class _PresenceNote(msgspec.Struct, frozen=True):
 _encode_entry = msgspec.json.Encoder().encode
 _decode_entry = msgspec.json.Decoder(_Entry).decode
 _encode_meta = msgspec.json.Encoder().encode
+_decode_action = msgspec.json.Decoder(_Action).decode
 _decode_meta = msgspec.json.Decoder(_Meta).decode
 _decode_note = msgspec.json.Decoder(_PresenceNote).decode
 
@@ -530,6 +547,7 @@ class _RedisInspection:
 
 
 _LIST = "return redis.call('ZRANGE', KEYS[1], ARGV[1], ARGV[2], 'BYLEX', 'LIMIT', 0, ARGV[3])"
+_LRANGE = "return redis.call('LRANGE', KEYS[1], 0, -1)"
 _HGETALL = "return redis.call('HGETALL', KEYS[1])"
 _SET_PX = "return redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])"
 
@@ -1305,6 +1323,144 @@ class RedisStore:
                     return verdict.result
         raise A2Error(
             ErrorCode.STORE_UNAVAILABLE, "fail failed: the event's row kept changing under it"
+        )
+
+    # -- operator actions (OperatorActions) ------------------------------------
+
+    async def dead_letters(
+        self, prefix: str, *, limit: int, after: tuple[str, int] | None = None
+    ) -> list[StoredEvent]:
+        """See :meth:`OperatorActions.dead_letters`: a pass over the sessions
+        with open events (dead letters stay open), reading only those whose
+        head counts a dead letter. Cancellation: a read."""
+        found: list[StoredEvent] = []
+        start = prefix if after is None else after[0]
+        low = b"[" + start.encode()
+        high = b"(" + prefix.encode() + b"\xff"
+        with _errors("dead letters"):
+            while len(found) < limit:
+                page = [
+                    _text(sid)
+                    for sid in await self._eval(
+                        _LIST, [self._global("open-sessions")], [low, high, _SWEEP_PAGE]
+                    )
+                ]
+                if not page:
+                    break
+                keys = [k for sid in page for k in self._session_keys(sid)]
+                flats = await self._eval(lua.DEAD_LETTERS, keys, [])
+                for sid, flat in zip(page, flats, strict=True):
+                    found += [
+                        row for row in _rows(sid, flat) if after is None or (sid, row.index) > after
+                    ]
+                if len(page) < _SWEEP_PAGE:
+                    break
+                low = b"(" + page[-1].encode()
+        return found[:limit]
+
+    def _record_keys(self, session_id: str) -> list[str]:
+        return [self._key(session_id, "actions"), self._global("pending:watched")]
+
+    async def _act(
+        self, action: Literal["redrive", "skip"], session_id: str, index: int, by: str, reason: str
+    ) -> OperatorAction:
+        with _errors(action):
+            for _ in range(_CAS_ROUNDS):
+                front, raw = await self._eval(
+                    lua.FAIL_READ, self._session_keys(session_id), [index]
+                )
+                now = self.clock.now_ms()
+                row = (
+                    None
+                    if not 1 <= index <= int(front)
+                    else _SETTLED
+                    if raw is None
+                    else _decode_meta(raw)
+                )
+                verdicts.check_action(action, session_id, index, row, now)
+                assert row is not None
+                if action == "redrive":
+                    changed = msgspec.structs.replace(row, f=0, d=None)
+                else:
+                    changed = msgspec.structs.replace(row, p=now, d=None, h=None, x=None)
+                record = _Action(action, index, by, reason, now)
+                written = await self._eval(
+                    lua.ACTION_WRITE,
+                    [
+                        self._key(session_id, "meta"),
+                        self._key(session_id, "open"),
+                        self._key(session_id, "head"),
+                        self._global("open-sessions"),
+                        *self._record_keys(session_id),
+                    ],
+                    [
+                        index,
+                        raw,
+                        _encode_meta(changed),
+                        "1" if row.d is not None else "0",
+                        "1" if action == "skip" else "0",
+                        _encode_meta(record),
+                        session_id,
+                        self._global("pending"),
+                        self._origin,
+                    ],
+                )
+                if written:
+                    return OperatorAction(action, session_id, index, by, reason, now)
+        raise A2Error(
+            ErrorCode.STORE_UNAVAILABLE, f"{action} failed: the event's row kept changing under it"
+        )
+
+    async def redrive(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
+        """See :meth:`OperatorActions.redrive`: the verdict over the row as
+        read, written back, recorded and announced by one compare-and-set
+        script. Cancellation: recorded or not."""
+        return await self._act("redrive", session_id, index, by, reason)
+
+    async def skip(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
+        """See :meth:`OperatorActions.skip`: as :meth:`redrive`; leaving the
+        open set hands the lane on. Cancellation: recorded or not."""
+        return await self._act("skip", session_id, index, by, reason)
+
+    async def retry_now(self, session_id: str, *, by: str, reason: str) -> list[OperatorAction]:
+        """See :meth:`OperatorActions.retry_now`: recorded and announced on
+        the pending channel, so other processes' drains claim at once.
+        Cancellation: recorded or not."""
+        with _errors("retry now"):
+            flat = await self._eval(lua.RETRY_CANDIDATES, self._session_keys(session_id), [])
+            now = self.clock.now_ms()
+            candidates = [
+                (int(flat[i]), None if flat[i + 1] is None else int(flat[i + 1]))
+                for i in range(0, len(flat), 2)
+            ]
+            targets = verdicts.retry_targets(session_id, candidates, now)
+            records = [_Action("retry_now", i, by, reason, now) for i in targets]
+            await self._eval(
+                lua.RECORD_ACTIONS,
+                self._record_keys(session_id),
+                [
+                    self._global("pending"),
+                    f"{self._origin} {session_id}",
+                    *(_encode_meta(r) for r in records),
+                ],
+            )
+        return [OperatorAction("retry_now", session_id, i, by, reason, now) for i in targets]
+
+    async def read_actions(
+        self, session_id: str, *, after_index: int, through_index: int
+    ) -> list[OperatorAction]:
+        """See :meth:`OperatorActions.read_actions`: the session's list (its
+        actions are few). Cancellation: a read."""
+        with _errors("read actions"):
+            raws = await self._eval(_LRANGE, [self._key(session_id, "actions")], [])
+        actions = [_decode_action(raw) for raw in raws]
+        return sorted(
+            (
+                OperatorAction(a.action, session_id, a.index, a.by, a.reason, a.at_ms)
+                for a in actions
+                if after_index < a.index <= through_index
+            ),
+            key=lambda a: a.index,
         )
 
     async def read_state(self, session_id: str, reducer: str) -> StateRead:

@@ -43,7 +43,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import Any, Final, NamedTuple, TypeVar
+from typing import Any, Final, Literal, NamedTuple, TypeVar
 
 import msgspec
 import trio
@@ -67,6 +67,7 @@ from .base import (
     EventCause,
     EventPage,
     FailResult,
+    OperatorAction,
     PresenceRow,
     RenewResult,
     SessionPage,
@@ -238,6 +239,26 @@ class _Bookkeeping(NamedTuple):
     claim_holder: str | None
     failure_count: int
     last_failed_attempt: int | None
+
+
+class _Target(NamedTuple):
+    """What an operator action's fence reads (``_verdicts.ActionTarget``)."""
+
+    processed_at_ms: int | None
+    failed_at_ms: int | None
+    attempt_count: int
+    claim_holder: str | None
+    failure_count: int
+    last_failed_attempt: int | None
+    claim_expires_at_ms: int | None
+    lane: str | None
+    lane_ready: int
+
+
+_RECORD_ACTION: Final = """
+insert into a2_operator_actions (session_id, idx, action, actor, reason, at)
+values (?, ?, ?, ?, ?, ?)
+"""
 
 
 def _text(value: Any) -> str:
@@ -735,6 +756,114 @@ class SqliteStore:
             return verdict.result
 
         return await self._write("fail", work)
+
+    # -- operator actions (OperatorActions) ----------------------------------
+
+    async def dead_letters(
+        self, prefix: str, *, limit: int, after: tuple[str, int] | None = None
+    ) -> list[StoredEvent]:
+        """See :meth:`OperatorActions.dead_letters`: a range of the partial
+        index over dead rows. Cancellation: a read."""
+        low, low_index = after if after is not None else (prefix, 0)
+
+        def work(conn: sqlite3.Connection) -> list[StoredEvent]:
+            rows = conn.execute(
+                f"""
+                select {_COLS} from a2_events indexed by a2_events_dead_letters
+                where failed_at is not null and session_id < ?3
+                  and (session_id > ?1 or (session_id = ?1 and idx > ?2))
+                order by session_id, idx limit ?4
+                """,
+                (low, low_index, _prefix_end(prefix), limit),
+            ).fetchall()
+            return [_stored(row) for row in rows]
+
+        return await self._read("dead_letters", work)
+
+    async def _act(
+        self, action: Literal["redrive", "skip"], session_id: str, index: int, by: str, reason: str
+    ) -> OperatorAction:
+        now = self.clock.now_ms()
+
+        def work(conn: sqlite3.Connection) -> OperatorAction:
+            found = conn.execute(
+                f"select {_BOOKKEEPING}, claim_expires_at, lane, lane_ready from a2_events "
+                "where session_id = ? and idx = ?",
+                (session_id, index),
+            ).fetchone()
+            row = None if found is None else _Target(*found)
+            verdicts.check_action(action, session_id, index, row, now)
+            assert row is not None
+            if action == "redrive":
+                conn.execute(
+                    "update a2_events set failure_count = 0, failed_at = null "
+                    "where session_id = ? and idx = ?",
+                    (session_id, index),
+                )
+            else:
+                conn.execute(
+                    """
+                    update a2_events set processed_at = ?, failed_at = null, lane_ready = 0,
+                      claim_holder = null, claim_expires_at = null
+                    where session_id = ? and idx = ?
+                    """,
+                    (now, session_id, index),
+                )
+                if row.lane is not None and row.lane_ready:
+                    conn.execute(_READY_LANE, (session_id, row.lane))
+            conn.execute(_RECORD_ACTION, (session_id, index, action, by, reason, now))
+            return OperatorAction(action, session_id, index, by, reason, now)
+
+        return await self._write(action, work)
+
+    async def redrive(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
+        """See :meth:`OperatorActions.redrive`: one write transaction.
+        Cancellation: committed entirely or not at all."""
+        return await self._act("redrive", session_id, index, by, reason)
+
+    async def skip(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
+        """See :meth:`OperatorActions.skip`: one write transaction, the lane
+        handed on as a completion does. Cancellation: all or nothing."""
+        return await self._act("skip", session_id, index, by, reason)
+
+    async def retry_now(self, session_id: str, *, by: str, reason: str) -> list[OperatorAction]:
+        """See :meth:`OperatorActions.retry_now`. Other processes' sweeps
+        find the events once their backoff ends. Cancellation: all or nothing."""
+        now = self.clock.now_ms()
+
+        def work(conn: sqlite3.Connection) -> list[OperatorAction]:
+            candidates = conn.execute(
+                """
+                select idx, claim_expires_at from a2_events indexed by a2_events_dispatch_ready
+                where session_id = ? and lane_ready and processed_at is null
+                  and failed_at is null
+                order by idx
+                """,
+                (session_id,),
+            ).fetchall()
+            targets = verdicts.retry_targets(session_id, candidates, now)
+            conn.executemany(
+                _RECORD_ACTION,
+                [(session_id, i, "retry_now", by, reason, now) for i in targets],
+            )
+            return [OperatorAction("retry_now", session_id, i, by, reason, now) for i in targets]
+
+        return await self._write("retry_now", work)
+
+    async def read_actions(
+        self, session_id: str, *, after_index: int, through_index: int
+    ) -> list[OperatorAction]:
+        """See :meth:`OperatorActions.read_actions`. Cancellation: a read."""
+
+        def work(conn: sqlite3.Connection) -> list[OperatorAction]:
+            rows = conn.execute(
+                "select action, session_id, idx, actor, reason, at from a2_operator_actions "
+                "where session_id = ? and idx > ? and idx <= ? order by idx, id",
+                (session_id, after_index, through_index),
+            ).fetchall()
+            return [OperatorAction(*row) for row in rows]
+
+        return await self._read("read_actions", work)
 
     # -- state -----------------------------------------------------------
 
