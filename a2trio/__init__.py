@@ -30,7 +30,7 @@ from .scheduler import (
 from .schedulers import DurableScheduler, LocalScheduler
 from .server import Server
 from .session import HandlerSession, Session
-from .stores.base import Store
+from .stores.base import OperatorAction, OperatorActionError, Store
 from .telemetry import NOOP_TELEMETRY, Span, Telemetry
 from .timings import DEFAULT_TIMINGS, Timings
 from .tuning import tune_gc
@@ -56,6 +56,8 @@ __all__ = [
     "HandlerSpec",
     "InspectionUnsupportedError",
     "LocalScheduler",
+    "OperatorAction",
+    "OperatorActionError",
     "PresenceMap",
     "PresencePatch",
     "PresenceSnapshot",

@@ -8,12 +8,19 @@ bookkeeping implies. It validates bounds as the seed's ``readSessionPage``
 does and checks the store's answer (contiguous, within bounds) before
 trusting it.
 
-Not here yet (issue 18): dead letters across sessions, and the operator's
-actions (redrive, skip, retry now), which need store operations of their own.
+Beyond the seed (issue 18), on stores with the operator capability
+(:class:`~a2trio.stores.base.OperatorActions`: memory, SQLite, Postgres,
+Redis): the dead letters across the contract's sessions, and the operator's
+actions, each durable, fenced against a live claim and recorded with who and
+why (shown on the event's page): :meth:`ServerInspection.redrive`,
+:meth:`~ServerInspection.skip` and :meth:`~ServerInspection.retry_now`. An
+action then wakes this server's drain of the session (when it is open and
+runs handlers); the store wakes other processes' drains where it can.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import msgspec
@@ -22,10 +29,20 @@ from .contract import Event
 from .core import Engine
 from .errors import A2Error, ErrorCode, store_unavailable
 from .identifiers import MAX_SAFE_INTEGER, check_session_id
-from .stores.base import Inspection, SessionSummary, SnapshotInfo, StoredEvent
+from .stores.base import (
+    Inspection,
+    OperatorAction,
+    OperatorActions,
+    SessionSummary,
+    SnapshotInfo,
+    StoredEvent,
+)
 
 __all__ = [
+    "MAX_ACTOR_CHARS",
     "MAX_INSPECTION_PAGE",
+    "MAX_REASON_CHARS",
+    "DeadLettersPage",
     "EventStatus",
     "InspectedEvent",
     "InspectionUnsupportedError",
@@ -36,8 +53,12 @@ __all__ = [
 
 #: The most sessions or events one inspection page holds.
 MAX_INSPECTION_PAGE = 1_000
+#: The longest ``by`` (who acted) and ``reason`` an operator action records:
+#: a name and a sentence or two, not a document.
+MAX_ACTOR_CHARS = 200
+MAX_REASON_CHARS = 2_000
 
-State = Literal["settled", "processed", "pending", "claimed", "failed", "dead_lettered"]
+State = Literal["settled", "processed", "skipped", "pending", "claimed", "failed", "dead_lettered"]
 
 
 class InspectionUnsupportedError(Exception):
@@ -52,7 +73,8 @@ class EventStatus(msgspec.Struct, frozen=True):
     """Where an event is in its processing.
 
     ``state``: ``settled`` (stored with nothing to run), ``processed`` (a
-    handler completed it, by ``processed_by_attempt``), ``pending`` (waiting
+    handler completed it, by ``processed_by_attempt``), ``skipped`` (an
+    operator marked it processed without running it), ``pending`` (waiting
     for a claim), ``claimed`` (``claim_holder`` runs attempt ``attempts``
     until ``claim_expires_at``), ``failed`` (``failures`` so far, waiting for
     a retry), ``dead_lettered`` (failed for good; its lane is blocked).
@@ -68,10 +90,20 @@ class EventStatus(msgspec.Struct, frozen=True):
 
 
 class InspectedEvent(msgspec.Struct, frozen=True):
-    """A typed event and its status."""
+    """A typed event, its status, and the operator actions recorded on it
+    (oldest first; their ``session_id`` without the namespace)."""
 
     event: Event[Any]
     status: EventStatus
+    actions: list[OperatorAction] = msgspec.field(default_factory=list)
+
+
+class DeadLettersPage(msgspec.Struct, frozen=True):
+    """Dead letters of the contract, by (session, index), with the cursor
+    for the next page (None at the end)."""
+
+    dead_letters: list[InspectedEvent]
+    cursor: str | None
 
 
 class SessionsPage(msgspec.Struct, frozen=True):
@@ -93,11 +125,16 @@ class SessionEventsPage(msgspec.Struct, frozen=True):
     next_index: int | None
 
 
-def event_status(row: StoredEvent, now_ms: int) -> EventStatus:
-    """The status a stored row's bookkeeping implies at ``now_ms``."""
+def event_status(
+    row: StoredEvent, now_ms: int, actions: list[OperatorAction] | None = None
+) -> EventStatus:
+    """The status a stored row's bookkeeping (and the operator ``actions``
+    recorded on it) implies at ``now_ms``."""
     state: State
     if row.failed_at_ms is not None:
         state = "dead_lettered"
+    elif row.processed_at_ms is not None and actions and actions[-1].action == "skip":
+        state = "skipped"
     elif row.processed_at_ms is not None:
         state = "settled" if row.attempt_count == 0 else "processed"
     elif row.claim_expires_at_ms is not None and row.claim_expires_at_ms > now_ms:
@@ -134,11 +171,36 @@ def _check_index(name: str, value: object) -> int:
     return value
 
 
-class ServerInspection:
-    """``server.inspect`` (see the module docstring). Every method is a read."""
+def _check_words(name: str, value: object, most: int, *, required: bool) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"`{name}` must be a string, got {value!r}")
+    if required and not value.strip():
+        raise ValueError(f"`{name}` must not be empty: say who acted and why")
+    if len(value) > most:
+        raise ValueError(f"`{name}` holds at most {most} characters, got {len(value)}")
+    return value
 
-    def __init__(self, engine: Engine) -> None:
+
+def _dead_cursor(cursor: str) -> tuple[str, int]:
+    """``"<index>:<session>"``, as :meth:`ServerInspection.list_dead_letters`
+    hands it out."""
+    index, colon, session_id = cursor.partition(":")
+    if not colon or not session_id or not index.isdigit() or not index.isascii():
+        raise ValueError(f"a dead-letter cursor reads '<index>:<session>', got {cursor!r}")
+    return check_session_id(session_id), int(index)
+
+
+class ServerInspection:
+    """``server.inspect`` (see the module docstring).
+
+    Args:
+      engine: the server's engine.
+      wake: wakes this server's drain of a session (the drain registry's).
+    """
+
+    def __init__(self, engine: Engine, wake: Callable[[str], None]) -> None:
         self._engine = engine
+        self._wake = wake
 
     def _api(self) -> Inspection:
         api = self._engine.store.inspect
@@ -214,14 +276,171 @@ class ServerInspection:
                 f"the store's inspection page for session {session_id!r} is not "
                 f"contiguous within ({after_index}, {through}]",
             )
-        now_ms = engine.clock.now_ms()
-        inspected = [
-            InspectedEvent(engine.to_public(row), event_status(row, now_ms)) for row in events
-        ]
         last = events[-1].index if events else after_index
+        actions = await self._read_actions(key, session_id, after_index, last)
+        now_ms = engine.clock.now_ms()
+        inspected = [self._inspected(row, now_ms, actions.get(row.index, [])) for row in events]
         return SessionEventsPage(
             inspected,
             [s for s in snapshots if s.index <= through],
             through,
             last if last < through else None,
         )
+
+    # -- dead letters and the operator's actions (issue 18) ---------------------------
+
+    def _operator(self) -> OperatorActions:
+        store = self._engine.store
+        if not isinstance(store, OperatorActions):
+            raise InspectionUnsupportedError(
+                f"the store {type(store).__name__} has no operator actions "
+                "(dead letters, redrive, skip, retry now)"
+            )
+        return store
+
+    def _inspected(
+        self, row: StoredEvent, now_ms: int, actions: list[OperatorAction]
+    ) -> InspectedEvent:
+        return InspectedEvent(
+            self._engine.to_public(row), event_status(row, now_ms, actions), actions
+        )
+
+    def _public(self, action: OperatorAction, session_id: str) -> OperatorAction:
+        return msgspec.structs.replace(action, session_id=session_id)
+
+    async def _read_actions(
+        self, key: str, session_id: str, after_index: int, through_index: int
+    ) -> dict[int, list[OperatorAction]]:
+        store = self._engine.store
+        if not isinstance(store, OperatorActions) or through_index <= after_index:
+            return {}
+        with store_unavailable("read actions"):
+            recorded = await store.read_actions(
+                key, after_index=after_index, through_index=through_index
+            )
+        by_index: dict[int, list[OperatorAction]] = {}
+        for action in recorded:
+            by_index.setdefault(action.index, []).append(self._public(action, session_id))
+        return by_index
+
+    def _woken(self, session_id: str) -> None:
+        engine = self._engine
+        if engine.is_open and engine.run_handlers:
+            self._wake(session_id)
+
+    async def list_dead_letters(
+        self, *, limit: int = 100, cursor: str | None = None
+    ) -> DeadLettersPage:
+        """A page of the contract's dead letters, by (session, index), after
+        ``cursor`` (``"<index>:<session>"``, from the previous page).
+
+        Raises:
+          TypeError / ValueError: a bad ``limit`` or ``cursor``.
+          InspectionUnsupportedError: the store has no operator actions.
+          A2Error: ``STORE_UNAVAILABLE``.
+        """
+        limit = _check_limit(limit)
+        after = None
+        if cursor is not None:
+            session_id, index = _dead_cursor(cursor)
+            after = (self._engine.key(session_id), index)
+        store = self._operator()
+        engine = self._engine
+        with store_unavailable("list dead letters"):
+            rows = await store.dead_letters(engine.key(""), limit=limit + 1, after=after)
+        now_ms = engine.clock.now_ms()
+        page = []
+        for row in rows[:limit]:
+            owner = engine.session_of(row.session_id)
+            assert owner is not None, row  # the prefix scoped the page
+            actions = await self._read_actions(row.session_id, owner, row.index - 1, row.index)
+            page.append(self._inspected(row, now_ms, actions.get(row.index, [])))
+        last = page[-1].event if page and len(rows) > limit else None
+        return DeadLettersPage(page, None if last is None else f"{last.index}:{last.session_id}")
+
+    async def redrive(
+        self, session_id: str, index: int, *, by: str, reason: str = ""
+    ) -> OperatorAction:
+        """Put a dead letter back in line: its failures reset, its lane
+        unblocked, the session's drain woken. Recorded with ``by`` and
+        ``reason``.
+
+        Raises:
+          TypeError / ValueError: a bad id, index, ``by`` or ``reason``.
+          OperatorActionError: ``no_event``, ``not_dead_lettered``, ``claimed``
+            (nothing written).
+          InspectionUnsupportedError: the store has no operator actions.
+          A2Error: ``STORE_UNAVAILABLE``.
+
+        Cancellation: the store's action commits entirely or not at all; a
+        retry after a commit is refused (``not_dead_lettered``).
+        """
+        return await self._act("redrive", session_id, index, by, reason, required=False)
+
+    async def skip(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
+        """Mark an unprocessed event (pending, failed or dead-lettered)
+        processed without running it, handing its lane on. ``reason`` is
+        required: a skipped event's effects never happen.
+
+        Raises:
+          TypeError / ValueError: a bad id, index, ``by`` or an empty ``reason``.
+          OperatorActionError: ``no_event``, ``settled``, ``claimed``.
+          InspectionUnsupportedError: the store has no operator actions.
+          A2Error: ``STORE_UNAVAILABLE``.
+
+        Cancellation: all or nothing; a retry after a commit is refused
+        (``settled``).
+        """
+        return await self._act("skip", session_id, index, by, reason, required=True)
+
+    async def _act(
+        self,
+        action: Literal["redrive", "skip"],
+        session_id: str,
+        index: int,
+        by: str,
+        reason: str,
+        *,
+        required: bool,
+    ) -> OperatorAction:
+        check_session_id(session_id)
+        if isinstance(index, bool) or not isinstance(index, int) or index < 1:
+            raise TypeError(f"the event index must be a positive integer, got {index!r}")
+        by = _check_words("by", by, MAX_ACTOR_CHARS, required=True)
+        reason = _check_words("reason", reason, MAX_REASON_CHARS, required=required)
+        store = self._operator()
+        key = self._engine.key(session_id)
+        with store_unavailable(action):
+            if action == "redrive":
+                recorded = await store.redrive(key, index, by=by, reason=reason)
+            else:
+                recorded = await store.skip(key, index, by=by, reason=reason)
+        self._woken(session_id)
+        return self._public(recorded, session_id)
+
+    async def retry_now(
+        self, session_id: str, *, by: str, reason: str = ""
+    ) -> list[OperatorAction]:
+        """Wake the session's drain now: every event a claim would take
+        (failure backoff ignored) is recorded as retried, and claimed at once
+        by this server's drain (or another process's, where the store wakes
+        them: Postgres, Redis; on SQLite another process's sweep takes a
+        failed event when its backoff ends).
+
+        Raises:
+          TypeError / ValueError: a bad id, ``by`` or ``reason``.
+          OperatorActionError: ``claimed`` (a live drain holds the work),
+            ``nothing_to_retry``.
+          InspectionUnsupportedError: the store has no operator actions.
+          A2Error: ``STORE_UNAVAILABLE``.
+
+        Cancellation: recorded entirely or not at all; repeating it is safe.
+        """
+        check_session_id(session_id)
+        by = _check_words("by", by, MAX_ACTOR_CHARS, required=True)
+        reason = _check_words("reason", reason, MAX_REASON_CHARS, required=False)
+        store = self._operator()
+        with store_unavailable("retry now"):
+            recorded = await store.retry_now(self._engine.key(session_id), by=by, reason=reason)
+        self._woken(session_id)
+        return [self._public(action, session_id) for action in recorded]

@@ -177,7 +177,7 @@ class Server:
         self._drains = DrainRegistry(self._engine, specs, max_handlers)
         #: The contract's sessions and events with their processing status
         #: (:class:`~a2trio.inspection.ServerInspection`).
-        self.inspect = ServerInspection(self._engine)
+        self.inspect = ServerInspection(self._engine, self._drains.wake)
         self.asyncio_loop = asyncio_loop
         self.sweep = sweep
         self._stack: AsyncExitStack | None = None
