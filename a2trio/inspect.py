@@ -1,32 +1,49 @@
-"""``python -m a2trio.inspect``: an operator's view of an app's sessions.
+"""``python -m a2trio.inspect``: an operator's view of an app's sessions, and
+the actions that repair them.
 
     python -m a2trio.inspect --app module:server [--store URL] [--json] sessions [--limit N]
     python -m a2trio.inspect --app module:server events SESSION [--after N] [--limit N]
+    python -m a2trio.inspect --app module:server dead-letters [--limit N] [--cursor C]
+    python -m a2trio.inspect --app module:server redrive SESSION INDEX [--reason TEXT]
+    python -m a2trio.inspect --app module:server skip SESSION INDEX --reason TEXT
+    python -m a2trio.inspect --app module:server retry-now SESSION [--reason TEXT]
 
 ``--app`` names the server as ``serve`` does (``module:attribute``, the
 attribute defaulting to ``server``; with a list of servers, ``--contract``
 picks one). ``--store`` sets ``A2_STORE`` before the module is imported, as in
 ``serve``. Tables for people, ``--json`` for scripts (one JSON document).
-Exit status 0, 1 with one line on stderr when the store or the input refuses,
-2 for bad arguments. The operator's actions (redrive, skip) are not here yet
-(issue 18): they need store operations of their own.
+Exit status 0, 1 with one line on stderr when the store or the input refuses
+(an action on the wrong target names why: ``OperatorActionError``), 2 for bad
+arguments. Actions are recorded with ``--by`` (default: the login name).
+
+Only the store is opened, never the server: this process runs no handler and
+no sweep. The serving processes take an action up by themselves: at once on
+Postgres and Redis (the store wakes their drains), at their next sweep on
+SQLite (a redriven or skipped event; a retried one once its backoff ends).
 """
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
 import trio
 
 from .errors import A2Error
-from .inspection import InspectionUnsupportedError, SessionEventsPage, SessionsPage
+from .inspection import (
+    DeadLettersPage,
+    InspectionUnsupportedError,
+    SessionEventsPage,
+    SessionsPage,
+)
 from .server import Server
+from .stores.base import OperatorAction
 
 __all__ = ["main"]
 
@@ -95,6 +112,37 @@ def _events_table(page: SessionEventsPage) -> list[str]:
     return lines
 
 
+def _dead_letters_table(page: DeadLettersPage) -> list[str]:
+    rows = [("session", "index", "type", "failures", "last error")]
+    rows += [
+        (
+            d.event.session_id,
+            str(d.event.index),
+            d.event.type,
+            str(d.status.failures),
+            _last_line(d.status.last_error),
+        )
+        for d in page.dead_letters
+    ]
+    lines = _columns(rows)
+    if page.cursor is not None:
+        lines.append(f"(more: --cursor {page.cursor})")
+    return lines
+
+
+def _last_line(error: str | None) -> str:
+    """A traceback's last line (the exception), cut to fit a table."""
+    lines = (error or "").strip().splitlines()
+    last = lines[-1] if lines else ""
+    return last if len(last) <= 80 else last[:79] + "…"
+
+
+def _actions_table(actions: Sequence[OperatorAction]) -> list[str]:
+    rows = [("action", "session", "index", "by", "reason")]
+    rows += [(a.action, a.session_id, str(a.index), a.by, a.reason) for a in actions]
+    return _columns(rows)
+
+
 def _columns(rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(row[n]) for row in rows) for n in range(len(rows[0]))]
     return [
@@ -104,18 +152,43 @@ def _columns(rows: Sequence[tuple[str, ...]]) -> list[str]:
 
 
 async def _run(server: Server, args: argparse.Namespace) -> str:
-    async with server:
+    # The store only: an operator's process runs no handler and no sweep.
+    async with server.store:
+        inspect = server.inspect
         if args.command == "sessions":
-            sessions = await server.inspect.list_sessions(limit=args.limit, cursor=args.cursor)
-            if args.json:
-                return msgspec.json.encode(sessions).decode()
-            return "\n".join(_sessions_table(sessions))
-        events = await server.inspect.read_session_page(
-            args.session, after_index=args.after, limit=args.limit
-        )
-        if args.json:
-            return msgspec.json.encode(msgspec.to_builtins(events)).decode()
-        return "\n".join(_events_table(events))
+            sessions = await inspect.list_sessions(limit=args.limit, cursor=args.cursor)
+            return _render(args, sessions, lambda: _sessions_table(sessions))
+        if args.command == "events":
+            events = await inspect.read_session_page(
+                args.session, after_index=args.after, limit=args.limit
+            )
+            return _render(args, events, lambda: _events_table(events))
+        if args.command == "dead-letters":
+            dead = await inspect.list_dead_letters(limit=args.limit, cursor=args.cursor)
+            return _render(args, dead, lambda: _dead_letters_table(dead))
+        if args.command == "retry-now":
+            actions = await inspect.retry_now(args.session, by=args.by, reason=args.reason)
+        elif args.command == "redrive":
+            actions = [
+                await inspect.redrive(args.session, args.index, by=args.by, reason=args.reason)
+            ]
+        else:
+            actions = [await inspect.skip(args.session, args.index, by=args.by, reason=args.reason)]
+        return _render(args, actions, lambda: _actions_table(actions))
+
+
+def _render(args: argparse.Namespace, value: object, table: Callable[[], list[str]]) -> str:
+    if args.json:
+        return msgspec.json.encode(msgspec.to_builtins(value)).decode()
+    return "\n".join(table())
+
+
+def _login() -> str:
+    """Who runs the command, for the action's record."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name in the environment or passwd
+        return "unknown"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -135,6 +208,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     events.add_argument("session")
     events.add_argument("--after", type=int, default=0, help="the index to start after")
     events.add_argument("--limit", type=int, default=100)
+    dead = commands.add_parser("dead-letters", help="the contract's dead letters")
+    dead.add_argument("--limit", type=int, default=100)
+    dead.add_argument("--cursor", help="from the previous page: INDEX:SESSION")
+    for name, text in (
+        ("redrive", "put a dead letter back in line"),
+        ("skip", "mark an event processed without running it"),
+        ("retry-now", "wake a stalled session's drain now"),
+    ):
+        action = commands.add_parser(name, help=text)
+        action.add_argument("session")
+        if name != "retry-now":
+            action.add_argument("index", type=int)
+        action.add_argument("--reason", required=name == "skip", default="", help="why")
+        action.add_argument("--by", default=_login(), help="who acts (default: login name)")
     args = parser.parse_args(argv)
     if args.store:
         os.environ["A2_STORE"] = args.store

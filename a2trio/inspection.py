@@ -20,7 +20,8 @@ runs handlers); the store wakes other processes' drains where it can.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import msgspec
@@ -32,6 +33,7 @@ from .identifiers import MAX_SAFE_INTEGER, check_session_id
 from .stores.base import (
     Inspection,
     OperatorAction,
+    OperatorActionError,
     OperatorActions,
     SessionSummary,
     SnapshotInfo,
@@ -188,6 +190,15 @@ def _dead_cursor(cursor: str) -> tuple[str, int]:
     if not colon or not session_id or not index.isdigit() or not index.isascii():
         raise ValueError(f"a dead-letter cursor reads '<index>:<session>', got {cursor!r}")
     return check_session_id(session_id), int(index)
+
+
+@contextmanager
+def _public_refusal(session_id: str) -> Iterator[None]:
+    """The store's refusal, naming the session without its namespace."""
+    try:
+        yield
+    except OperatorActionError as exc:
+        raise OperatorActionError(exc.reason, session_id, exc.index, exc.detail) from None
 
 
 class ServerInspection:
@@ -410,7 +421,7 @@ class ServerInspection:
         reason = _check_words("reason", reason, MAX_REASON_CHARS, required=required)
         store = self._operator()
         key = self._engine.key(session_id)
-        with store_unavailable(action):
+        with store_unavailable(action), _public_refusal(session_id):
             if action == "redrive":
                 recorded = await store.redrive(key, index, by=by, reason=reason)
             else:
@@ -440,7 +451,7 @@ class ServerInspection:
         by = _check_words("by", by, MAX_ACTOR_CHARS, required=True)
         reason = _check_words("reason", reason, MAX_REASON_CHARS, required=False)
         store = self._operator()
-        with store_unavailable("retry now"):
+        with store_unavailable("retry now"), _public_refusal(session_id):
             recorded = await store.retry_now(self._engine.key(session_id), by=by, reason=reason)
         self._woken(session_id)
         return [self._public(action, session_id) for action in recorded]

@@ -320,15 +320,14 @@ def check_action(
       OperatorActionError: ``no_event``, ``claimed``, ``not_dead_lettered``,
         ``settled``.
     """
-    where = f"event {index} of session {session_id!r}"
     if row is None:
-        raise OperatorActionError("no_event", session_id, index, f"there is no {where}")
+        raise OperatorActionError("no_event", session_id, index, "does not exist")
     if _live_claim(row.claim_expires_at_ms, now_ms) and row.claim_holder is not None:
         raise OperatorActionError(
             "claimed",
             session_id,
             index,
-            f"{where} is claimed by {row.claim_holder!r} (attempt {row.attempt_count}) "
+            f"is claimed by {row.claim_holder!r} (attempt {row.attempt_count}) "
             f"until {row.claim_expires_at_ms}: wait for the attempt to end or its lease to lapse",
         )
     if action == "redrive" and row.failed_at_ms is None:
@@ -336,11 +335,11 @@ def check_action(
             "not_dead_lettered",
             session_id,
             index,
-            f"{where} is not dead-lettered: only a dead letter can be redriven",
+            "is not dead-lettered: only a dead letter can be redriven",
         )
     if action == "skip" and row.processed_at_ms is not None:
         raise OperatorActionError(
-            "settled", session_id, index, f"{where} is already processed: nothing to skip"
+            "settled", session_id, index, "is already processed: nothing to skip"
         )
 
 
@@ -364,15 +363,8 @@ def retry_targets(
         return targets
     if candidates:
         raise OperatorActionError(
-            "claimed",
-            session_id,
-            None,
-            f"every claimable event of session {session_id!r} is under a live claim: "
-            "its drain is running",
+            "claimed", session_id, None, "has its work under live claims: its drain is running"
         )
     raise OperatorActionError(
-        "nothing_to_retry",
-        session_id,
-        None,
-        f"session {session_id!r} has no event to retry (dead letters need a redrive)",
+        "nothing_to_retry", session_id, None, "has no event to retry (dead letters need a redrive)"
     )

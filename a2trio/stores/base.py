@@ -326,16 +326,19 @@ class OperatorActionError(ValueError):
     ``settled`` (skip of an event already processed), ``claimed`` (a live
     claim holds it: wait for the attempt, or for its lease to lapse) or
     ``nothing_to_retry`` (retry now on a session with nothing claimable).
+    The message names the target (``index`` is None for a whole session)
+    and then ``detail``.
     """
 
     def __init__(
-        self, reason: RefusalReason, session_id: str, index: int | None, message: str
+        self, reason: RefusalReason, session_id: str, index: int | None, detail: str
     ) -> None:
         self.reason: RefusalReason = reason
         self.session_id = session_id
         self.index = index
-        self.message = message
-        super().__init__(message)
+        self.detail = detail
+        where = f"session {session_id!r}"
+        super().__init__(f"{where if index is None else f'event {index} of {where}'} {detail}")
 
 
 OperatorActionError.__module__ = "a2trio"
