@@ -2,8 +2,9 @@
 
 ``asgi(*servers)`` builds the app (serve it with ``python -m a2trio.serve`` or any
 ASGI server on Trio, such as hypercorn's trio worker); :mod:`.wire` holds the
-frames, byte-compatible with the seed's ``wire.ts``; :func:`open_client` is a Trio
-client of the multiplexed socket.
+frames, byte-compatible with the seed's ``wire.ts``; :func:`open_client` (the
+multiplexed socket) and :func:`open_http_client` (SSE and HTTP) are Trio clients
+that reconnect, resume and retry (``docs/client.md``).
 """
 
 from __future__ import annotations
@@ -20,28 +21,60 @@ from .auth import (
     StreamOperation,
     SubscribeOperation,
 )
-from .client import Client, Lane, open_client
+from .client import Client, open_client
+from .connection import (
+    DEFAULT_RECONNECT,
+    Backoff,
+    Closed,
+    Connecting,
+    ConnectionState,
+    ConnectionWatch,
+    Idle,
+    Live,
+    Paused,
+    ReconnectPolicy,
+)
+from .history import Backscroll, History
+from .http_client import HttpClient, open_http_client
+from .lane import Fold, Folded, Lane, LaneFrame
 from .limits import DEFAULT_LIMITS, Limits
 from .scheduler_route import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign_task
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "DEFAULT_RECONNECT",
     "SIGNATURE_HEADER",
     "TIMESTAMP_HEADER",
     "App",
     "Authorize",
+    "Backoff",
+    "Backscroll",
     "Client",
+    "Closed",
+    "Connecting",
+    "ConnectionState",
+    "ConnectionWatch",
+    "Fold",
+    "Folded",
+    "History",
     "HistoryOperation",
+    "HttpClient",
+    "Idle",
     "InspectOperation",
     "Lane",
+    "LaneFrame",
     "Limits",
+    "Live",
     "Operation",
+    "Paused",
     "PushOperation",
+    "ReconnectPolicy",
     "Request",
     "RevokePredicate",
     "StreamOperation",
     "SubscribeOperation",
     "asgi",
     "open_client",
+    "open_http_client",
     "sign_task",
 ]

@@ -1,21 +1,28 @@
-"""A Trio client for the multiplexed socket: push, presence, and live lanes.
+"""A Trio client of the multiplexed socket that reconnects, resumes and retries.
 
 ::
 
     async with open_client("ws://localhost:8000/orders/ws") as client:
-        [event] = await client.push("s1", {"type": "ordered", "payload": {...}, "id": "c-1"})
+        [event] = await client.push("s1", {"type": "ordered", "payload": {...}})
         async with client.subscribe("s1", start_after=0) as lane:
             async for frame in lane:          # EventFrame | PresenceFrame | PresenceSnapshotFrame
                 ...
 
-The client owns one reader task, in the nursery of :func:`open_client`. The
-reader routes acks to their waiting :meth:`Client.push` by ``req`` and frames to
-their lane, and treats a silence longer than ``watchdog_s`` (the server pings
-every ``ping_s``) as a lost socket. When the socket is lost, every waiting push
-and every lane fails with ``STORE_UNAVAILABLE``: retry with the same ids, which
-replays. Errors reach the caller as themselves, never as exception groups (the
-policy of trio-websocket's ``open_websocket``). Set timeouts with
-``trio.fail_after`` around any call.
+Theory of operation. The client owns one socket at a time, opened on first
+use and reopened on demand after it is lost; its reader task routes acks to
+their waiting :meth:`Client.push` by ``req`` and frames to their lane, and
+treats a silence longer than ``watchdog_s`` (the server pings every
+``ping_s``) as a lost socket. Each :class:`~a2trio.transport.lane.Lane` runs
+its own task that subscribes from its index, so after a lost socket every lane
+resubscribes where it was, and after a lost *lane* (the server ended or
+refused it) only that lane does, on the same socket. Pushes carry client ids
+and are retried on ``STORE_UNAVAILABLE`` and lost sockets (three attempts), so
+a retry after a lost ack replays instead of duplicating.
+
+Every task (reader, lanes, socket) lives in the nursery of :func:`open_client`;
+leaving the block closes the socket and cancels them. Errors reach the caller
+as themselves, never as exception groups (the policy of trio-websocket's
+``open_websocket``). Set timeouts with ``trio.fail_after`` around any call.
 """
 
 from __future__ import annotations
@@ -23,21 +30,24 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 import trio_websocket
 
 from ..errors import A2Error, ErrorCode
+from ..ids import random_id
 from . import wire
+from .connection import DEFAULT_RECONNECT, Closed, ReconnectPolicy, logger, retrying
+from .lane import LANE_BUFFER, Fold, Lane, LaneFrame
 
-__all__ = ["LANE_BUFFER", "Client", "Lane", "LaneFrame", "open_client"]
+if TYPE_CHECKING:
+    from ..contract import Contract, Reducer
 
-#: Frames buffered per lane. A lane whose reader stalls past this holds up the
-#: socket's reader, and with it every lane: read lanes promptly.
-LANE_BUFFER: Final = 256
+__all__ = ["Client", "open_client", "with_ids"]
 
-LaneFrame = wire.EventFrame | wire.PresenceFrame | wire.PresenceSnapshotFrame
+S = TypeVar("S")
+_Routed = LaneFrame | wire.SubscribedFrame
 
 
 def _lost(why: str) -> A2Error:
@@ -52,81 +62,175 @@ def _closed(reason: Any) -> str:
     return f"{reason.code} {reason.reason or reason.name}"
 
 
-class Lane:
-    """One followed session: ``async for frame in lane``.
+def _refused(exc: Exception) -> A2Error:
+    """A failed connect as the error a caller can act on."""
+    if isinstance(exc, trio_websocket.ConnectionRejected):
+        error = wire.error_from_wire(exc.body or b"")
+        return error or A2Error(
+            ErrorCode.STORE_UNAVAILABLE, f"socket refused with HTTP {exc.status_code}"
+        )
+    return A2Error(ErrorCode.STORE_UNAVAILABLE, f"cannot connect: {exc}")
 
-    Iteration ends when the server ends the lane cleanly; it raises the
-    lane's error when the server refused or lost it, or the socket was lost.
-    """
 
-    def __init__(self, session_id: str) -> None:
-        self.session_id = session_id
-        self._send, self._receive = trio.open_memory_channel[LaneFrame](LANE_BUFFER)
-        self.subscribed = trio.Event()
-        self._error: A2Error | None = None
+def with_ids(events: tuple[Mapping[str, Any], ...]) -> list[dict[str, Any]]:
+    """The events of a push, each with a client id (a fresh random one when
+    it has none), so that retrying the push replays instead of duplicating."""
+    return [{**e, "id": e.get("id") or random_id()} for e in events]
 
-    async def receive(self) -> LaneFrame:
-        """The next frame. Raises ``StopAsyncIteration`` at a clean end, or the error."""
+
+class _Subscription:
+    """One try of one lane on one socket: the frames the reader routes to it."""
+
+    def __init__(self) -> None:
+        self.send, self.receive = trio.open_memory_channel[_Routed](LANE_BUFFER)
+        self.error: A2Error | None = None
+
+    def end(self, error: A2Error | None) -> None:
+        self.error = error
+        self.send.close()
+
+
+class _Socket:
+    """One open socket: its pending acks and its lanes' subscriptions."""
+
+    def __init__(self, ws: trio_websocket.WebSocketConnection) -> None:
+        self.ws = ws
+        self.acks: dict[int, tuple[trio.Event, list[wire.AckFrame]]] = {}
+        self.subscriptions: dict[str, _Subscription] = {}
+        self.lost: A2Error | None = None
+
+    async def send(self, frame: Mapping[str, Any]) -> None:
+        if self.lost is not None:
+            raise self.lost
         try:
-            return await self._receive.receive()
-        except trio.EndOfChannel:
-            if self._error is not None:
-                raise self._error from None
-            raise StopAsyncIteration from None
+            await self.ws.send_message(wire.encode(frame).decode())
+        except trio_websocket.ConnectionClosed as exc:
+            raise _lost(_closed(exc.reason)) from None
 
-    def __aiter__(self) -> Lane:
-        return self
+    async def read(self, watchdog_s: float) -> None:
+        """Route frames until the socket closes or goes silent; never raises."""
+        why = "closed"
+        try:
+            while True:
+                with trio.move_on_after(watchdog_s) as silence:
+                    message = await self.ws.get_message()
+                if silence.cancelled_caught:
+                    why = f"no frame for {watchdog_s} s"
+                    with trio.move_on_after(1):
+                        await self.ws.aclose(code=1001, reason="watchdog")
+                    return
+                await self._route(wire.decode_down_frame(message))
+        except trio_websocket.ConnectionClosed as exc:
+            why = _closed(exc.reason)
+        finally:
+            self._fail_all(_lost(why))
 
-    async def __anext__(self) -> LaneFrame:
-        return await self.receive()
+    async def _route(self, frame: wire.DownFrame | None) -> None:
+        match frame:
+            case wire.AckFrame(req=req) if req in self.acks:
+                arrived, slot = self.acks[req]
+                slot.append(frame)
+                arrived.set()
+            case wire.UnsubscribedFrame(session_id=sid) if sid in self.subscriptions:
+                error = None
+                if isinstance(frame.error, wire.WireErrorBody):
+                    error = wire.error_from_wire(frame.error) or _lost("unintelligible error")
+                elif isinstance(frame.reason, str):
+                    error = _lost(frame.reason)
+                self.subscriptions.pop(sid).end(error)
+            case (
+                wire.SubscribedFrame(session_id=str(sid))
+                | wire.EventFrame(session_id=str(sid))
+                | wire.PresenceFrame(session_id=str(sid))
+                | wire.PresenceSnapshotFrame(session_id=str(sid))
+            ) if sid in self.subscriptions:
+                try:
+                    await self.subscriptions[sid].send.send(frame)
+                except trio.BrokenResourceError:
+                    pass  # that try was abandoned (reconnect()); its lane resubscribes
 
-    def _end(self, error: A2Error | None) -> None:
-        self._error = error
-        self.subscribed.set()
-        self._send.close()
+    def _fail_all(self, error: A2Error) -> None:
+        self.lost = error
+        for arrived, _ in self.acks.values():
+            arrived.set()
+        for subscription in self.subscriptions.values():
+            subscription.end(error)
+        self.subscriptions.clear()
 
 
 class Client:
     """The handle :func:`open_client` yields."""
 
-    def __init__(self, ws: trio_websocket.WebSocketConnection) -> None:
-        self._ws = ws
+    def __init__(
+        self, url: str, nursery: trio.Nursery, policy: ReconnectPolicy, watchdog_s: float
+    ) -> None:
+        self.url = url
+        self._nursery = nursery
+        self._policy = policy
+        self._watchdog_s = watchdog_s
+        self._socket: _Socket | None = None
+        self._connecting = trio.Lock()
         self._reqs = itertools.count(1)
-        self._acks: dict[int, tuple[trio.Event, list[wire.AckFrame]]] = {}
         self._lanes: dict[str, Lane] = {}
-        self._lost: A2Error | None = None
+
+    async def _current(self) -> _Socket:
+        """The open socket, opened (once, for every waiter) if there is none."""
+        async with self._connecting:
+            if self._socket is None or self._socket.lost is not None:
+                self._socket = await self._nursery.start(self._serve_socket)
+            return self._socket
+
+    async def _serve_socket(self, *, task_status: trio.TaskStatus[_Socket]) -> None:
+        started = False
+        try:
+            async with trio_websocket.open_websocket_url(self.url, max_message_size=2**24) as ws:
+                socket = _Socket(ws)
+                task_status.started(socket)
+                started = True
+                await socket.read(self._watchdog_s)
+        except (OSError, trio_websocket.HandshakeError, trio_websocket.ConnectionClosed) as exc:
+            if not started:
+                raise _refused(exc) from exc
+            logger.debug("socket closed: %r", exc)
+
+    # -- pushes ------------------------------------------------------------------
 
     async def push(self, session_id: str, *events: Mapping[str, Any]) -> list[wire.WireEvent]:
         """Append events (``{type, payload, id?}``) to a session; wait for the ack.
+
+        Events without an ``id`` get a client-generated one. A lost socket or a
+        ``STORE_UNAVAILABLE`` answer is retried (``PUSH_ATTEMPTS`` tries in all,
+        reopening the socket), and the retry replays by id: a push whose ack was
+        lost is stored once. A paused lane stays paused.
 
         Returns:
           The stored events, in order (the original ones on a replay).
 
         Raises:
-          A2Error: the server's refusal, or ``STORE_UNAVAILABLE`` when the socket
-            is lost before the ack (the push may have committed: retry with
-            the same ids).
+          A2Error: the server's refusal with its code, at once; or
+            ``STORE_UNAVAILABLE`` once the attempts are spent (the push may
+            have committed: push the same events again to learn).
 
         Cancellation: a cancelled push may still commit on the server; retry
         with the same ids to learn its outcome.
         """
-        if self._lost is not None:
-            raise self._lost
+        frame = {"kind": "push", "events": with_ids(events), "sessionId": session_id}
+        return await retrying(lambda: self._push_once(frame))
+
+    async def _push_once(self, frame: dict[str, Any]) -> list[wire.WireEvent]:
+        socket = await self._current()
         req = next(self._reqs)
         arrived = trio.Event()
         slot: list[wire.AckFrame] = []
-        self._acks[req] = (arrived, slot)
-        frame = {"kind": "push", "req": req, "events": list(events), "sessionId": session_id}
+        socket.acks[req] = (arrived, slot)
         try:
-            await self._ws.send_message(wire.encode(frame).decode())
+            await socket.send({**frame, "req": req})
             await arrived.wait()
-        except trio_websocket.ConnectionClosed as exc:
-            raise _lost(_closed(exc.reason)) from None
         finally:
-            del self._acks[req]
+            del socket.acks[req]
         if not slot:
-            assert self._lost is not None
-            raise self._lost
+            assert socket.lost is not None
+            raise socket.lost
         ack = slot[0]
         if isinstance(ack.error, wire.WireErrorBody):
             raise wire.error_from_wire(ack.error) or _lost("unintelligible ack")
@@ -144,6 +248,10 @@ class Client:
     ) -> None:
         """Send a presence patch. There is no ack: a refused patch is dropped.
 
+        Raises:
+          A2Error: ``STORE_UNAVAILABLE`` when no socket could be opened or it
+            was lost while sending (sending it again is harmless).
+
         Cancellation: the patch was sent or not; sending it again is harmless.
         """
         frame: dict[str, Any] = {
@@ -156,123 +264,135 @@ class Client:
             frame["seen"] = seen
         if at_ms is not None:
             frame["at"] = at_ms
-        try:
-            await self._ws.send_message(wire.encode(frame).decode())
-        except trio_websocket.ConnectionClosed as exc:
-            raise _lost(_closed(exc.reason)) from None
+        await (await self._current()).send(frame)
+
+    # -- lanes -------------------------------------------------------------------
 
     @asynccontextmanager
     async def subscribe(self, session_id: str, start_after: int = 0) -> AsyncIterator[Lane]:
         """Follow a session from ``start_after`` (exclusive) for the block.
 
+        The lane connects in the background (state ``Connecting``); await
+        ``lane.wait_live()`` to know it is subscribed. Refusals and losses go
+        to the reconnect policy (the lane's ``connection`` carries the error).
+
         Raises:
           RuntimeError: this client already follows the session.
-          A2Error: the server refused the lane (``FORBIDDEN``, ...), or the
-            socket was lost.
 
-        Cancellation: leaving the block unsubscribes; a cancelled subscribe
-        leaves no lane behind.
+        Cancellation: leaving the block unsubscribes and closes the lane.
         """
-        if self._lost is not None:
-            raise self._lost
         if session_id in self._lanes:
             raise RuntimeError(f"this client already follows {session_id!r}")
-        lane = self._lanes[session_id] = Lane(session_id)
+        lane = self._lanes[session_id] = Lane(session_id, start_after, self._policy)
+        scope = trio.CancelScope()
         try:
-            frame = {"kind": "subscribe", "sessions": [{"id": session_id, "index": start_after}]}
-            await self._ws.send_message(wire.encode(frame).decode())
-            await lane.subscribed.wait()
-            if lane._error is not None:
-                raise lane._error
+            await self._nursery.start(self._run_lane, lane, scope)
             yield lane
-        except trio_websocket.ConnectionClosed as exc:
-            raise _lost(_closed(exc.reason)) from None
         finally:
-            if self._lanes.get(session_id) is lane:
-                del self._lanes[session_id]
-                if self._lost is None:
-                    with trio.CancelScope(shield=True), trio.move_on_after(1):
-                        unsubscribe = {"kind": "unsubscribe", "sessions": [session_id]}
-                        try:
-                            await self._ws.send_message(wire.encode(unsubscribe).decode())
-                        except trio_websocket.ConnectionClosed:
-                            pass
+            scope.cancel(reason="unsubscribed")
+            lane.connection.set(Closed())
+            del self._lanes[session_id]
+            await self._unsubscribe(session_id)
 
-    async def _read(self, watchdog_s: float) -> None:
-        """Route frames until the socket closes or goes silent; never raises."""
-        why = "closed"
+    async def _run_lane(
+        self, lane: Lane, scope: trio.CancelScope, *, task_status: trio.TaskStatus[None]
+    ) -> None:
+        with scope:
+
+            async def attach(start_after: int, live: Any, deliver: Any) -> None:
+                await self._attach(lane.session_id, start_after, live, deliver)
+
+            await lane.run(attach, task_status=task_status)
+
+    async def _attach(self, session_id: str, start_after: int, live: Any, deliver: Any) -> None:
+        socket = await self._current()
+        subscription = socket.subscriptions[session_id] = _Subscription()
         try:
-            while True:
-                with trio.move_on_after(watchdog_s) as silence:
-                    message = await self._ws.get_message()
-                if silence.cancelled_caught:
-                    why = f"no frame for {watchdog_s} s"
-                    await self._ws.aclose(code=1001, reason="watchdog")
-                    return
-                frame = wire.decode_down_frame(message)
-                await self._route(frame)
-        except trio_websocket.ConnectionClosed as exc:
-            why = _closed(exc.reason)
+            entry = {"id": session_id, "index": start_after}
+            await socket.send({"kind": "subscribe", "sessions": [entry]})
+            async for frame in subscription.receive:
+                if isinstance(frame, wire.SubscribedFrame):
+                    live()
+                else:
+                    await deliver(frame)
         finally:
-            self._fail_all(_lost(why))
+            subscription.receive.close()
+            if socket.subscriptions.get(session_id) is subscription:
+                del socket.subscriptions[session_id]
+        if subscription.error is not None:
+            raise subscription.error
 
-    async def _route(self, frame: wire.DownFrame | None) -> None:
-        match frame:
-            case wire.AckFrame(req=req) if req in self._acks:
-                arrived, slot = self._acks[req]
-                slot.append(frame)
-                arrived.set()
-            case wire.SubscribedFrame(session_id=sid) if sid in self._lanes:
-                self._lanes[sid].subscribed.set()
-            case wire.UnsubscribedFrame(session_id=sid) if sid in self._lanes:
-                error = None
-                if isinstance(frame.error, wire.WireErrorBody):
-                    error = wire.error_from_wire(frame.error) or _lost("unintelligible error")
-                elif isinstance(frame.reason, str):
-                    error = _lost(frame.reason)
-                self._lanes.pop(sid)._end(error)
-            case wire.EventFrame(session_id=sid) if sid in self._lanes:
-                await self._lanes[sid]._send.send(frame)
-            case (
-                wire.PresenceFrame(session_id=str(sid))
-                | wire.PresenceSnapshotFrame(session_id=str(sid))
-            ) if sid in self._lanes:
-                await self._lanes[sid]._send.send(frame)
+    async def _unsubscribe(self, session_id: str) -> None:
+        socket = self._socket
+        if socket is None or socket.lost is not None:
+            return
+        with trio.CancelScope(shield=True), trio.move_on_after(1):
+            try:
+                await socket.send({"kind": "unsubscribe", "sessions": [session_id]})
+            except A2Error:
+                pass
 
-    def _fail_all(self, error: A2Error) -> None:
-        self._lost = error
-        for arrived, _ in self._acks.values():
-            arrived.set()
-        for lane in self._lanes.values():
-            lane._end(error)
+    @asynccontextmanager
+    async def follow(
+        self,
+        session_id: str,
+        reducer: Reducer[S],
+        *,
+        contract: Contract | None = None,
+        start_after: int = 0,
+        state: S | None = None,
+    ) -> AsyncIterator[Fold[S]]:
+        """Follow a session folded locally by ``reducer``: iterate the
+        :class:`~a2trio.transport.lane.Fold` for ``(state, index)`` updates.
+
+        ``state`` is the state at ``start_after`` (the reducer's fresh state by
+        default, right for ``start_after=0``); ``contract`` types the payloads.
+        """
+        async with self.subscribe(session_id, start_after) as lane:
+            yield Fold(lane, reducer, contract, state)
+
+    def reconnect(self, session_id: str | None = None) -> None:
+        """Restart one lane (or every lane) from its index now: see
+        :meth:`Lane.reconnect`. Other lanes of the socket keep running."""
+        for sid, lane in list(self._lanes.items()):
+            if session_id is None or sid == session_id:
+                lane.reconnect()
+
+    async def _aclose(self) -> None:
+        socket = self._socket
+        if socket is not None and socket.lost is None:
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                await socket.ws.aclose()
 
 
 @asynccontextmanager
-async def open_client(url: str, *, watchdog_s: float = 45.0) -> AsyncIterator[Client]:
-    """Connect to a multiplexed socket, ``ws://host:port/{contract}/ws``.
+async def open_client(
+    url: str, *, reconnect: ReconnectPolicy = DEFAULT_RECONNECT, watchdog_s: float = 45.0
+) -> AsyncIterator[Client]:
+    """A client of a multiplexed socket, ``ws://host:port/{contract}/ws``.
+
+    Connects on first use and reconnects by itself (see the module docstring).
 
     Args:
       url: the socket's URL (add ``?presence=1`` for presence frames).
+      reconnect: the reconnect policy, ``(session_id, error, attempt) ->
+        delay_s | False`` (:data:`~a2trio.transport.DEFAULT_RECONNECT`).
       watchdog_s: silence after which the socket counts as lost; three of the
         server's default 15 s pings.
 
-    Raises:
-      trio_websocket.HandshakeError: the server refused the connection.
-
     Cancellation: leaving the block (or being cancelled) closes the socket and
-    stops the reader; pushes not yet acknowledged may have committed.
+    every lane; pushes not yet acknowledged may have committed.
     """
-    async with trio_websocket.open_websocket_url(url, max_message_size=2**24) as ws:
-        client = Client(ws)
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(client._read, watchdog_s)
-                try:
-                    yield client
-                finally:
-                    nursery.cancel_scope.cancel(reason="client closed")
-        except BaseExceptionGroup as group:
-            # The reader never raises, so a group holds the caller's own error.
-            if len(group.exceptions) == 1:
-                raise group.exceptions[0] from None
-            raise
+    try:
+        async with trio.open_nursery() as nursery:
+            client = Client(url, nursery, reconnect, watchdog_s)
+            try:
+                yield client
+            finally:
+                await client._aclose()
+                nursery.cancel_scope.cancel(reason="client closed")
+    except BaseExceptionGroup as group:
+        # The client's tasks never raise, so a group holds the caller's own error.
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
