@@ -40,12 +40,25 @@ was not committed. A transaction that failed on the server is rolled back
 before its connection is reused. So every operation committed entirely or not
 at all, and retrying it with the same ids is safe (replay).
 
+**Sharing.** Stores with matching settings in one Trio run share one pool
+and one LISTEN connection (``_pg_shared``, the seed's sharing model): a pool
+by its effective settings (or, passed in, by identity), the listener by its
+conninfo, whatever the stores' schemas. Each store takes its share of the
+pool at its first operation and gives it back at its last ``async with``
+exit or ``aclose()``; the last one out closes it. The schema's DDL runs once
+per revision per shared pool. Each store keeps its own clock, ids, origin,
+feeds, presence subscribers and group committers.
+
 **Live feeds.** With ``listen=True`` the schema gets transactional notify
 triggers (``a2_events`` per inserted session, ``a2_presence`` per changed
-field). ``async with store:`` opens the store's nursery; the first feed or
-presence subscriber starts **one** listener task there, on its own connection,
-serving every local feed and subscriber (connections scale with processes, not
-viewers). A notification only says *when* to read: the feed pump reads from
+field). ``async with store:`` opens the store's nursery; while the store has
+a feed, a presence subscriber or a pending watcher, a task there subscribes
+the store's channels to the shared listener, **one** connection serving every
+store and viewer of the process (connections scale with processes, not
+viewers). The listener's own task is a Trio system task: it must outlive
+whichever store opened it, so no store's nursery can own it (see
+``_pg_shared``); it closes when its last subscriber leaves and reopens on
+demand. A notification only says *when* to read: the feed pump reads from
 its cursor, and re-reads every ``notify_safety_s`` anyway. A lost listener
 wakes every feed (catch-up from each cursor), and reconnects with backoff;
 meanwhile, and always with ``listen=False``, feeds poll adaptively:
@@ -63,15 +76,17 @@ schema under a transaction-scoped advisory lock, the seed's
 can start together); a failure is retried by the next operation. Connection
 attempts time out after ``connect_timeout_s``, so an unreachable database is
 ``STORE_UNAVAILABLE`` with the cause, never a hang. Leaving the last ``async
-with store:`` stops the listener and closes idle connections; ``aclose()``
-closes everything the store opened and refuses later use.
+with store:`` leaves the listener (waiting, if it was the last subscriber,
+until its connection is closed) and gives the pool back; ``aclose()`` does
+the same and refuses later use.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractAsyncContextManager, contextmanager
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from functools import partial
 from types import TracebackType
 from typing import Any, Literal, NamedTuple, cast
 
@@ -86,8 +101,9 @@ from ..timings import DEFAULT_TIMINGS, Timings
 from . import _pg_sql as sql
 from . import _verdicts as verdicts
 from ._feed import Feed, FeedStatistics, Wakeups, adaptive_poll, open_pump_feed
-from ._pg_conn import Param, PgConnection, PgError, PgPool, Preamble, Row, Statement
+from ._pg_conn import Param, PgError, PgPool, Preamble, Row, Statement
 from ._pg_group import LOCKING, GroupCommitter, GroupStatistics, Kind, Request
+from ._pg_shared import PoolLease, SharedListener, acquire_pool, listener
 from .base import (
     AppendEvent,
     AppendResult,
@@ -194,6 +210,21 @@ def _check_pooler(pooler: str | None, *, listen: bool, listen_dsn: str | None) -
             "LISTEN does not work through a transaction-mode pooler: pass"
             " `listen_dsn` (a direct connection to the same database) or `listen=False`"
         )
+
+
+class _Hearing:
+    """One subscription of a store to its shared listener (a fresh one per
+    join, so a late unsubscribe never drops a newer one)."""
+
+    def __init__(self, store: PostgresStore, channels: tuple[str, str]) -> None:
+        self._store = store
+        self.channels: tuple[str, ...] = channels
+
+    def heard(self, channel: str, payload: str) -> None:
+        self._store._heard(channel, payload)
+
+    def listening(self, on: bool) -> None:
+        self._store._listening_changed(on)
 
 
 class _Presence(msgspec.Struct, frozen=True):
@@ -367,9 +398,10 @@ class _PostgresPresence:
     ) -> Callable[[], None]:
         subscribers = self._subscribers.setdefault(session_id, set())
         subscribers.add(on_patch)
-        self._store._start_listener()
+        release = self._store._subscribe()
 
         def unsubscribe() -> None:
+            release()
             subscribers.discard(on_patch)
             if not subscribers and self._subscribers.get(session_id) is subscribers:
                 del self._subscribers[session_id]
@@ -449,24 +481,27 @@ class PostgresStore:
             # Transaction-mode poolers hand each transaction to any server
             # connection, where a statement prepared earlier may not exist.
             prepare = pooler != "transaction"
-        self._listen_conninfo = None if listen_dsn is None else _with_keepalive(listen_dsn)
         if isinstance(dsn, PgPool):
-            self._pool, self._owns_pool = dsn, False
+            injected = dsn
+            # Shared by identity; never closed here.
+            self._pool_key: Hashable = injected
+            self._make_pool: Callable[[], PgPool] = lambda: injected
+            self._owns_pool = False
+            listen_conninfo = injected.conninfo
+            connect_timeout_s = injected.connect_timeout_s
         else:
             given = conninfo_to_dict(dsn)
             extra = _keepalive_for(given)
+            # LISTEN needs none of the pool's options, so stores in other
+            # schemas on the same server share the listener.
+            listen_conninfo = make_conninfo(dsn, **extra)
             if pooler == "transaction":
                 # The pooler refuses (or drops) startup `options`, and a
                 # session setting would leak to its other clients: each
                 # pipeline sets them for its own transaction instead.
-                self._pool = PgPool(
-                    make_conninfo(dsn, **extra),
-                    max_size=max_connections,
-                    connect_timeout_s=connect_timeout_s,
-                    prepare=prepare,
-                    preamble=_preamble(schema, str(given.get("options") or "")),
-                )
-                dsn = self._pool.conninfo
+                conninfo = make_conninfo(dsn, **extra)
+                preamble: Preamble | None = _preamble(schema, str(given.get("options") or ""))
+                dsn = conninfo
             else:
                 if schema is not None:
                     # Keep the caller's options (e.g. -csynchronous_commit=off).
@@ -482,28 +517,41 @@ class PostgresStore:
                     # with no holder: ~1 ms of planning per append). Only the
                     # store's own connections get this; `dsn` stays as given.
                     options = f"{options} -cplan_cache_mode=force_generic_plan".strip()
-                self._pool = PgPool(
-                    make_conninfo(dsn, options=options),
-                    max_size=max_connections,
-                    connect_timeout_s=connect_timeout_s,
-                    prepare=prepare,
-                )
+                conninfo = make_conninfo(dsn, options=options)
+                preamble = None
+            # Matching settings share one pool (``_pg_shared``).
+            self._pool_key = (conninfo, max_connections, connect_timeout_s, prepare, preamble)
+            self._make_pool = partial(
+                PgPool,
+                conninfo,
+                max_size=max_connections,
+                connect_timeout_s=connect_timeout_s,
+                prepare=prepare,
+                preamble=preamble,
+            )
             self._owns_pool = True
-        self.dsn: str = dsn if isinstance(dsn, str) else self._pool.conninfo
+        self._listen_conninfo = (
+            listen_conninfo if listen_dsn is None else _with_keepalive(listen_dsn)
+        )
+        self._connect_timeout_s = connect_timeout_s
+        self.dsn: str = dsn if isinstance(dsn, str) else dsn.conninfo
         self.clock = clock
         self._new_id: IdSource = random_id if ids is None else ids
         self.listen = listen
         self.timings = timings
         self._schema = schema
+        self._schema_script = sql.schema_sql(schema=schema, triggers=listen)
         self._channels: tuple[str, str] | None = None
-        self._init_lock = trio.Lock()
+        self._lease: PoolLease | None = None
         self._origin = random_id()
         self._wakeups = Wakeups()
         self._pending_watchers: set[Callable[[str], None]] = set()
         self._nursery: trio.Nursery | None = None
         self._nursery_cm: AbstractAsyncContextManager[trio.Nursery] | None = None
         self._entered = 0
-        self._listener_started = False
+        self._subscribers = 0
+        self._join: trio.CancelScope | None = None
+        self._listener: SharedListener | None = None
         self._listening = trio.Event()
         self._notifications = 0
         self._own_notifications = 0
@@ -532,6 +580,7 @@ class PostgresStore:
             self._nursery = await manager.__aenter__()
             self._nursery_cm = manager
         self._entered += 1
+        self._join_listener()
         return self
 
     async def __aexit__(
@@ -543,18 +592,34 @@ class PostgresStore:
         self._entered -= 1
         if self._entered > 0:
             return
-        await self._stop_nursery()
-        if self._owns_pool:
-            self._pool.discard_idle()
+        try:
+            await self._stop_nursery()
+        finally:
+            self._release_pool()
 
     async def _stop_nursery(self) -> None:
+        """Cancel the store's tasks (the committers, the listener subscription)
+        and wait for them; if that left the shared listener without
+        subscribers, wait until its connection is closed too."""
         manager, self._nursery_cm = self._nursery_cm, None
         nursery, self._nursery = self._nursery, None
-        self._listener_started = False
+        self._join = None
         if manager is None or nursery is None:
             return
         nursery.cancel_scope.cancel(reason="store closed")
         await manager.__aexit__(None, None, None)
+        shared, self._listener = self._listener, None
+        if shared is not None and shared.idle:
+            # Bounded: the listener's task closes its connection synchronously
+            # once cancelled, at its next scheduling.
+            with trio.CancelScope(shield=True):
+                await shared.closed()
+
+    def _release_pool(self) -> None:
+        """Give back this store's share of the pool; the last one closes it."""
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.release()
 
     async def aclose(self) -> None:
         """Stop the listener, close the pool (if the store created it). Idempotent.
@@ -566,8 +631,7 @@ class PostgresStore:
         try:
             await self._stop_nursery()
         finally:
-            if self._owns_pool:
-                self._pool.close()
+            self._release_pool()
             self._wakeups.notify_all()
         await trio.lowlevel.checkpoint()
 
@@ -579,12 +643,17 @@ class PostgresStore:
     async def wait_listening(self) -> None:
         """Wait until the listener is subscribed (readiness probes, tests).
 
-        Starts the listener if the store is entered and ``listen`` is on.
+        Subscribes while it waits, so it opens the listener if the store is
+        entered and ``listen`` is on; with no feed or subscriber left after
+        it, the listener closes again.
 
-        Cancellation: a plain wait; nothing to undo.
+        Cancellation: a plain wait; the subscription is dropped.
         """
-        self._start_listener()
-        await self._listening.wait()
+        release = self._subscribe()
+        try:
+            await self._listening.wait()
+        finally:
+            release()
 
     def feed_statistics(self) -> FeedStatistics:
         """Live feeds and presence subscribers (leak checks in tests)."""
@@ -594,17 +663,20 @@ class PostgresStore:
         )
 
     async def _ready(self) -> PgPool:
-        """Create the schema once (retried on the next call if it fails)."""
+        """The shared pool, taking this store's share of it on first use, and
+        the schema created (once per revision and pool; a failure is retried
+        by the next call)."""
         if self._closed:
             raise trio.ClosedResourceError("this Postgres store was closed: create a new one")
+        lease = self._lease
+        if lease is None:
+            lease = self._lease = acquire_pool(
+                self._pool_key, self._make_pool, owned=self._owns_pool
+            )
         if self._channels is None:
-            async with self._init_lock:
-                if self._channels is None:
-                    async with self._pool.connection() as conn:
-                        await conn.script(sql.schema_sql(schema=self._schema, triggers=self.listen))
-                        [[(schema,)]] = await conn.run([(_CURRENT_SCHEMA, ())])
-                    self._channels = (f"{schema}.a2_events", f"{schema}.a2_presence")
-        return self._pool
+            schema = await lease.schema(self._schema_script)
+            self._channels = (f"{schema}.a2_events", f"{schema}.a2_presence")
+        return lease.pool
 
     async def _query(self, statement: Statement, params: Sequence[Param]) -> list[Row]:
         pool = await self._ready()
@@ -694,79 +766,97 @@ class PostgresStore:
 
     # -- listener ----------------------------------------------------------
 
-    def _start_listener(self) -> None:
-        if self.listen and not self._listener_started and self._nursery is not None:
-            self._listener_started = True
-            self._nursery.start_soon(self._serve_listener)
+    def _subscribe(self) -> Callable[[], None]:
+        """Count a local subscriber (a feed, a presence subscriber, a pending
+        watcher); the first one joins the shared listener, the last one out
+        leaves it. Returns the (idempotent) release."""
+        self._subscribers += 1
+        self._join_listener()
+        released = False
 
-    async def _serve_listener(self) -> None:
-        """Hold one LISTEN connection; wake feeds and deliver presence patches.
+        def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            self._subscribers -= 1
+            if self._subscribers == 0 and self._join is not None:
+                self._join.cancel()
+                self._join = None
 
-        Runs until the store's nursery is cancelled. Every (re)connection wakes
-        every feed so each catches up from its cursor.
-        """
-        backoff = _LISTENER_BACKOFF_S[0]
-        while True:
+        return release
+
+    def _join_listener(self) -> None:
+        if self.listen and self._subscribers and self._join is None and self._nursery is not None:
+            self._join = trio.CancelScope()
+            self._nursery.start_soon(self._hear, self._join)
+
+    async def _hear(self, scope: trio.CancelScope) -> None:
+        """This store's subscription to the shared listener (``_pg_shared``),
+        in the store's nursery: create the schema (its channel names), then
+        subscribe until ``scope`` is cancelled (no local subscriber left, or
+        the store's last exit)."""
+        with scope:
+            backoff = _LISTENER_BACKOFF_S[0]
+            while True:
+                try:
+                    with _errors("listen"):
+                        await self._ready()
+                    break
+                except Exception:
+                    # Feeds poll meanwhile; the next try may find the server.
+                    self._wakeups.notify_all()
+                    await trio.sleep(backoff)
+                    backoff = min(backoff * 2, _LISTENER_BACKOFF_S[1])
+            assert self._channels is not None
+            hearing = _Hearing(self, self._channels)
+            shared = self._listener = listener(
+                self._listen_conninfo, timeout_s=self._connect_timeout_s
+            )
+            shared.subscribe(hearing)
             try:
-                await self._listen_once()
-            except Exception:
-                # Whatever broke (the connection, the server, a subscriber's
-                # callback), the store must outlive it: reconnect and let every
-                # feed catch up. Cancellation is a BaseException and ends this.
-                pass
-            if self._listening.is_set():
-                self._listening = trio.Event()
-            self._wakeups.notify_all()
-            await trio.sleep(backoff)
-            backoff = min(backoff * 2, _LISTENER_BACKOFF_S[1])
+                await trio.sleep_forever()
+            finally:
+                shared.unsubscribe(hearing)
+                self._listening_changed(False)
 
-    async def _listen_once(self) -> None:
-        with _errors("listen"):
-            pool = await self._ready()
+    def _listening_changed(self, on: bool) -> None:
+        """Subscribed (catch up, then follow notifications) or lost (catch up, poll)."""
+        if on:
+            self._listening.set()
+        elif self._listening.is_set():
+            self._listening = trio.Event()
+        self._wakeups.notify_all()
+
+    def _heard(self, channel: str, payload: str) -> None:
         assert self._channels is not None
         events, presence = self._channels
-        if self._listen_conninfo is None:
-            conn = await pool.open_connection()
-        else:
-            # The direct connection beside a pooled `dsn`: only LISTEN runs
-            # there, and every query goes through the pool.
-            conn = await PgConnection.connect(
-                self._listen_conninfo, timeout_s=pool.connect_timeout_s, prepare=False
-            )
-        try:
-            await conn.script(f'listen "{events}"; listen "{presence}"'.encode())
-            self._listening.set()
-            self._wakeups.notify_all()
-            while True:
-                await trio.lowlevel.wait_readable(conn.socket)
-                for channel, payload in conn.notifies():
-                    if channel == events:
-                        self._notifications += 1
-                        origin, _, session_id = payload.partition(" ")
-                        if origin == self._origin:
-                            self._own_notifications += 1
-                        else:
-                            self._wakeups.notify(session_id)
-                            self._announce(session_id)
-                    elif channel == presence:
-                        self._deliver_remote(payload)
-        finally:
-            conn.close()
+        if channel == events:
+            self._notifications += 1
+            origin, _, session_id = payload.partition(" ")
+            if origin == self._origin:
+                self._own_notifications += 1
+            else:
+                self._wakeups.notify(session_id)
+                self._announce(session_id)
+        elif channel == presence:
+            self._deliver_remote(payload)
 
     def watch_pending(self, on_session: Callable[[str], None]) -> Callable[[], None]:
         """Call ``on_session(session_id)`` when another process appends to a session.
 
         The optional cross-process wake-up: a server with handlers passes its
         drain wake-up here, so work appended elsewhere starts at once instead of
-        waiting for a watchdog. Notifications come through the store's one
-        listener (``listen=True``, inside ``async with store``); echoes of this
-        store's own writes are filtered out. Returns the function that stops it.
+        waiting for a watchdog. Notifications come through the shared listener
+        (``listen=True``, inside ``async with store``); echoes of this store's
+        own writes are filtered out. Returns the function that stops it.
         """
         self._pending_watchers.add(on_session)
-        self._start_listener()
+        release = self._subscribe()
 
         def unwatch() -> None:
             self._pending_watchers.discard(on_session)
+            release()
 
         return unwatch
 
@@ -1236,23 +1326,30 @@ class PostgresStore:
     def stream(
         self, session_id: str, *, start_after: int = 0
     ) -> AbstractAsyncContextManager[Feed[StoredEvent]]:
-        """A live feed: catch up, then follow on notifications (or polling)."""
+        """A live feed: catch up, then follow on notifications (or polling).
+        While it is open it subscribes to the shared listener."""
+        return self._open_feed(session_id, start_after)
 
+    @asynccontextmanager
+    async def _open_feed(
+        self, session_id: str, start_after: int
+    ) -> AsyncIterator[Feed[StoredEvent]]:
         async def read_after(cursor: int) -> list[StoredEvent]:
             return await self.read(session_id, after_index=cursor)
 
-        self._start_listener()
-        return open_pump_feed(
-            session_id,
-            read_after,
-            _index_of,
-            self._wakeups,
-            start_after=start_after,
-            poll=self._feed_poll(),
-        )
-
-
-_CURRENT_SCHEMA = Statement("select current_schema()")
+        release = self._subscribe()
+        try:
+            async with open_pump_feed(
+                session_id,
+                read_after,
+                _index_of,
+                self._wakeups,
+                start_after=start_after,
+                poll=self._feed_poll(),
+            ) as feed:
+                yield feed
+        finally:
+            release()
 
 
 def postgres(
@@ -1273,7 +1370,9 @@ def postgres(
 
     Args:
       dsn: a libpq URL or conninfo string, or a :class:`PgPool` you own (the
-        store then never closes it).
+        store then never closes it; stores given the same pool share it).
+        Stores with matching settings in one Trio run share one pool and one
+        listener (``docs/stores-postgres.md``, "Sharing").
       listen: LISTEN/NOTIFY live feeds and presence push. Off, feeds poll
         adaptively.
       listen_dsn: where the one LISTEN connection connects (a direct
@@ -1293,7 +1392,8 @@ def postgres(
         its notifications so it skips its own echoes, is always random.
       schema: keep the tables in this schema (created if missing), e.g. one
         per test run or per tenant.
-      max_connections: pool bound (the listener's connection is extra).
+      max_connections: pool bound (the listener's connection is extra),
+        shared by the stores that share the pool.
       connect_timeout_s: each connection attempt fails after this long, as
         ``STORE_UNAVAILABLE``.
       prepare: named prepared statements. Default: on, except with
