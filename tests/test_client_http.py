@@ -34,7 +34,10 @@ from tests.test_transport import (  # the autouse collector keeps client garbage
     serving,
 )
 
-pytestmark = pytest.mark.filterwarnings(r"ignore:Async generator 'http(x|core)\..*:ResourceWarning")
+pytestmark = [
+    pytest.mark.filterwarnings(r"ignore:Async generator 'http(x|core)\..*:ResourceWarning"),
+    pytest.mark.filterwarnings("ignore:unclosed <socket.socket:ResourceWarning"),
+]
 
 FAST = Limits(heartbeat_s=0.05, ping_s=0.05)
 

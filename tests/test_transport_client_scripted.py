@@ -22,7 +22,10 @@ import trio_websocket
 
 import a2trio
 from a2trio.transport import Connecting, ConnectionState, Lane, Live, Paused, open_client, wire
-from tests.test_transport import guarded
+from tests.test_transport import (  # the autouse collector keeps client garbage here
+    collect_client_garbage,  # noqa: F401
+    guarded,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:unclosed <socket.socket:ResourceWarning")
 
