@@ -12,6 +12,7 @@ history                     ``GET ?gte=&lte=``               ``{"events": [...]}
 socket                      ``GET /{contract}/{session}/ws`` socket frames (:mod:`.ws`)
 multiplexed socket          ``GET /{contract}/ws``           socket frames, tagged by session
 scheduler                   ``POST /_a2/scheduler`` (signed) 204 (:mod:`.scheduler_route`)
+inspector                   ``/_a2/inspect[/...]``           page, JSON (:mod:`.inspector`)
 =========================== ================================ ===============================
 
 The app is a thin shell over :mod:`.wire` and :mod:`.sse` (sans-I/O). Its
@@ -31,11 +32,9 @@ from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from typing import Final
 
-import msgspec
 import trio
 
 from ..errors import A2Error, ErrorCode
-from ..inspection import InspectionUnsupportedError
 from ..push import PushedEvent, PushedPresence
 from ..server import Server
 from . import sse, wire
@@ -57,12 +56,12 @@ from .access import Grants, RevokePredicate, reauthorize
 from .auth import (
     Authorize,
     HistoryOperation,
-    InspectOperation,
     PushOperation,
     Request,
     StreamOperation,
     check_authorized,
 )
+from .inspector import serve_inspector
 from .limits import DEFAULT_LIMITS, Limits
 from .scheduler_route import deliver_signed
 from .ws import serve_multiplexed_socket, serve_session_socket
@@ -199,10 +198,15 @@ class App:
             await send({"type": "http.response.start", "status": 204, "headers": []})
             await send({"type": "http.response.body", "body": b""})
             return
-        if segments[:2] == ["_a2", "inspect"] and self.inspect and len(segments) in (3, 4):
-            if method not in ("GET", "HEAD"):
-                raise Refusal(405, "inspection routes take GET")
-            await respond(send, 200, await self._inspect(segments[2:], request))
+        if segments[:2] == ["_a2", "inspect"] and self.inspect:
+            await serve_inspector(
+                self.servers,
+                self.authorize,
+                segments[2:],
+                request,
+                lambda: self._body(request, receive),
+                send,
+            )
             return
         if segments == ["_a2", "health"]:
             if method not in ("GET", "HEAD"):
@@ -245,37 +249,6 @@ class App:
                 ) from exc
             stores[name] = {"roundTripMs": round(round_trip_s * 1000, 3)}
         return wire.encode({"status": "ok", "stores": stores})
-
-    # -- inspection --------------------------------------------------------------------
-
-    async def _inspect(self, target: list[str], request: Request) -> bytes:
-        """``/_a2/inspect/{contract}`` (sessions) and ``/{contract}/{session}``
-        (a page of events with their status), behind ``authorize``."""
-        server = self._server(target[0])
-        with bad_input():
-            session_id = server.session(target[1]).id if len(target) == 2 else ""
-        await check_authorized(
-            self.authorize, request, InspectOperation(server.contract.name, session_id)
-        )
-        query = request.query
-        limit = index_param("limit", query.get("limit"))
-        limit = 100 if limit is None else limit
-        try:
-            with bad_input():
-                if not session_id:
-                    listed = await server.inspect.list_sessions(
-                        limit=limit, cursor=query.get("cursor")
-                    )
-                    return wire.encode(msgspec.to_builtins(listed))
-                page = await server.inspect.read_session_page(
-                    session_id,
-                    after_index=index_param("after", query.get("after")) or 0,
-                    limit=limit,
-                    through_index=index_param("through", query.get("through")),
-                )
-                return wire.encode(msgspec.to_builtins(page))
-        except InspectionUnsupportedError as exc:
-            raise Refusal(404, str(exc)) from None
 
     # -- push --------------------------------------------------------------------------
 
@@ -486,10 +459,12 @@ def asgi(
       limits: body, batch, frame and lane limits and the heartbeat intervals.
       scheduler_secret: enables ``POST /_a2/scheduler`` with HMAC-signed tasks
         (:func:`~a2trio.transport.sign_task`). Without it the route is 404.
-      inspect: enables ``GET /_a2/inspect/{contract}[/{session}]`` (JSON of
-        ``server.inspect``), each request authorized as an
-        :class:`~a2trio.transport.InspectOperation` (refused without a policy
-        that allows it). Off by default: the routes are 404.
+      inspect: enables ``/_a2/inspect``: the inspector page, and the JSON
+        of ``server.inspect`` and its actions (:mod:`.inspector`), each
+        request authorized as an :class:`~a2trio.transport.InspectOperation`
+        (reads) or a ``RedriveOperation``, ``SkipOperation`` or
+        ``RetryNowOperation`` (refused without a policy that allows it). Off
+        by default: the routes are 404.
 
     Raises:
       TypeError: no servers, or something that is not a server.

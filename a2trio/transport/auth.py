@@ -10,7 +10,12 @@ error's status. The operation is a tagged union, dispatched with ``match``:
 * :class:`StreamOperation` - an SSE stream (or a single-session socket);
 * :class:`HistoryOperation` - a bounded read of the log;
 * :class:`SubscribeOperation` - one lane of a multiplexed socket;
-* :class:`InspectOperation` - an operator's read through ``/_a2/inspect``.
+* :class:`InspectOperation` - an operator's read through ``/_a2/inspect``;
+* :class:`RedriveOperation`, :class:`SkipOperation`,
+  :class:`RetryNowOperation` - an operator's action through ``/_a2/inspect``.
+
+The inspection operations are refused unless ``authorize`` allows them: with
+no ``authorize`` at all, always.
 
 Pushed events and presence also pass the server's ``validate_push``, after
 ``authorize`` and before schema validation, as in the seed.
@@ -33,7 +38,10 @@ __all__ = [
     "InspectOperation",
     "Operation",
     "PushOperation",
+    "RedriveOperation",
     "Request",
+    "RetryNowOperation",
+    "SkipOperation",
     "StreamOperation",
     "SubscribeOperation",
     "check_authorized",
@@ -95,8 +103,51 @@ class InspectOperation(msgspec.Struct, frozen=True, tag="inspect"):
     session_id: str = ""
 
 
+class RedriveOperation(msgspec.Struct, frozen=True, tag="redrive"):
+    """An operator's redrive of a dead letter through ``/_a2/inspect``, with
+    the ``by`` and ``reason`` it will be recorded with. Refused unless
+    ``authorize`` says ``True`` to it (always, with no ``authorize``)."""
+
+    contract: str
+    session_id: str
+    index: int
+    by: str
+    reason: str
+
+
+class SkipOperation(msgspec.Struct, frozen=True, tag="skip"):
+    """An operator's skip of an event through ``/_a2/inspect`` (refused as
+    :class:`RedriveOperation` is)."""
+
+    contract: str
+    session_id: str
+    index: int
+    by: str
+    reason: str
+
+
+class RetryNowOperation(msgspec.Struct, frozen=True, tag="retry_now"):
+    """An operator's retry-now of a session through ``/_a2/inspect`` (refused
+    as :class:`RedriveOperation` is)."""
+
+    contract: str
+    session_id: str
+    by: str
+    reason: str
+
+
+#: The operations an app must allow explicitly: refused without ``authorize``.
+_OPERATOR = (InspectOperation, RedriveOperation, SkipOperation, RetryNowOperation)
+
 Operation = (
-    PushOperation | StreamOperation | HistoryOperation | SubscribeOperation | InspectOperation
+    PushOperation
+    | StreamOperation
+    | HistoryOperation
+    | SubscribeOperation
+    | InspectOperation
+    | RedriveOperation
+    | SkipOperation
+    | RetryNowOperation
 )
 
 Authorize = Callable[[Request, Operation], "bool | Awaitable[bool]"]
@@ -112,10 +163,10 @@ async def check_authorized(authorize: Authorize | None, request: Request, op: Op
     Cancellation: a checkpoint only if the policy is async; nothing is written.
     """
     if authorize is None:
-        if isinstance(op, InspectOperation):
+        if isinstance(op, _OPERATOR):
             raise A2Error(
                 ErrorCode.FORBIDDEN,
-                "inspection needs an authorize policy that allows InspectOperation",
+                f"inspection needs an authorize policy that allows {type(op).__name__}",
             )
         return
     verdict: Any = authorize(request, op)

@@ -1,0 +1,228 @@
+"""``/_a2/inspect``: the operator's JSON API over ``server.inspect``, and the
+inspector page that uses it (issue 18). Mounted by ``asgi(..., inspect=True)``.
+
+=========================================================== =====================
+request                                                     answer
+=========================================================== =====================
+``GET /_a2/inspect``                                        the inspector page
+``GET /_a2/inspect/{contract}``                             sessions
+``GET /_a2/inspect/{contract}?view=dead-letters``           dead letters
+``GET /_a2/inspect/{contract}/{session}``                   events, status, actions
+``POST /_a2/inspect/{contract}/{session}/{index}/redrive``  ``{"actions": [...]}``
+``POST /_a2/inspect/{contract}/{session}/{index}/skip``     ``{"actions": [...]}``
+``POST /_a2/inspect/{contract}/{session}/retry-now``        ``{"actions": [...]}``
+=========================================================== =====================
+
+Reads take ``?limit=``, ``?cursor=`` (sessions, dead letters), ``?after=`` and
+``?through=`` (events). Actions take a JSON body ``{"by": ..., "reason":
+...}`` and must say ``content-type: application/json``, which a cross-site
+form cannot send without the browser asking first (no CSRF through a
+cookie). Each data request is authorized first: reads as an
+:class:`~a2trio.transport.InspectOperation`, actions as a
+:class:`~a2trio.transport.RedriveOperation`,
+:class:`~a2trio.transport.SkipOperation` or
+:class:`~a2trio.transport.RetryNowOperation`; without a policy that allows
+them, refused. The page itself is a static file (``inspector.html``, shipped
+in the package) holding no data but the mounted contracts' names: everything
+it shows comes through those requests, with the browser's cookies.
+
+A refused action answers 404 (``no_event``) or 409 (``not_dead_lettered``,
+``settled``, ``claimed``, ``nothing_to_retry``) with the error envelope, its
+``details`` naming the reason.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from functools import cache
+from importlib import resources
+from typing import Final
+
+import msgspec
+
+from ..errors import A2Error, ErrorCode
+from ..inspection import InspectionUnsupportedError
+from ..server import Server
+from ..stores.base import OperatorAction, OperatorActionError
+from . import wire
+from ._http import Refusal, Send, bad_input, index_param, respond
+from .auth import (
+    Authorize,
+    InspectOperation,
+    RedriveOperation,
+    Request,
+    RetryNowOperation,
+    SkipOperation,
+    check_authorized,
+)
+
+__all__ = ["serve_inspector"]
+
+_PAGE_HEADERS: Final = [
+    (b"content-type", b"text/html; charset=utf-8"),
+    (b"cache-control", b"no-store"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+]
+#: Where the page finds the mounted contracts (replaced once per app).
+_CONTRACTS_SLOT: Final = "/*A2_CONTRACTS*/[]"
+
+
+class _ActionBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    by: str
+    reason: str = ""
+
+
+_decode_action = msgspec.json.Decoder(_ActionBody).decode
+
+
+@cache
+def _page_template() -> str:
+    return resources.files(__package__).joinpath("inspector.html").read_text("utf-8")
+
+
+def page(contracts: list[str]) -> bytes:
+    """The inspector page, listing ``contracts`` (JSON inside a script: ``<``
+    is escaped so no name can close the element)."""
+    names = json.dumps(contracts).replace("<", "\\u003c")
+    return _page_template().replace(_CONTRACTS_SLOT, names).encode()
+
+
+async def serve_inspector(
+    servers: Mapping[str, Server],
+    authorize: Authorize | None,
+    target: list[str],
+    request: Request,
+    body: Callable[[], Awaitable[bytes]],
+    send: Send,
+) -> None:
+    """Answer one request under ``/_a2/inspect`` (``target``: the segments
+    after it, percent-decoded).
+
+    Raises:
+      Refusal / A2Error: a bad path, method, body or bound, a refusal by
+        ``authorize`` or by the store (the caller answers the envelope).
+    """
+    method = request.method
+    reads = method in ("GET", "HEAD")
+    if target in ([], [""]):
+        if not reads:
+            raise Refusal(405, "the inspector page takes GET")
+        content = page(list(servers))
+        await send({"type": "http.response.start", "status": 200, "headers": _PAGE_HEADERS})
+        await send({"type": "http.response.body", "body": content})
+        return
+    if len(target) in (1, 2):
+        if not reads:
+            raise Refusal(405, "inspection reads take GET; actions are POSTed to their own routes")
+        await respond(send, 200, await _read(servers, authorize, target, request))
+        return
+    action = target[-1]
+    if not (
+        (len(target) == 3 and action == "retry-now")
+        or (len(target) == 4 and action in ("redrive", "skip"))
+    ):
+        raise Refusal(
+            404,
+            "inspection actions are POST /_a2/inspect/{contract}/{session}/{index}/redrive "
+            "(or /skip) and /{contract}/{session}/retry-now",
+        )
+    if method != "POST":
+        raise Refusal(405, f"{action} takes POST")
+    if request.headers.get("content-type", "").partition(";")[0].strip() != "application/json":
+        raise Refusal(415, f"{action} takes a JSON body: content-type: application/json")
+    raw = await body()
+    with bad_input():
+        words = _decode_action(raw or b"{}")
+    actions = await _act(servers, authorize, target, request, words)
+    await respond(send, 200, wire.encode({"actions": msgspec.to_builtins(actions)}))
+
+
+def _server(servers: Mapping[str, Server], name: str) -> Server:
+    server = servers.get(name)
+    if server is None:
+        raise Refusal(404, f"no contract named {name!r} is mounted")
+    return server
+
+
+async def _read(
+    servers: Mapping[str, Server], authorize: Authorize | None, target: list[str], request: Request
+) -> bytes:
+    server = _server(servers, target[0])
+    with bad_input():
+        session_id = server.session(target[1]).id if len(target) == 2 else ""
+    await check_authorized(authorize, request, InspectOperation(server.contract.name, session_id))
+    query = request.query
+    limit = index_param("limit", query.get("limit"))
+    limit = 100 if limit is None else limit
+    view = query.get("view", "sessions")
+    if session_id == "" and view not in ("sessions", "dead-letters"):
+        raise Refusal(400, f"`view` is 'sessions' or 'dead-letters', got {view[:40]!r}")
+    inspect = server.inspect
+    try:
+        with bad_input():
+            if session_id:
+                listed: object = await inspect.read_session_page(
+                    session_id,
+                    after_index=index_param("after", query.get("after")) or 0,
+                    limit=limit,
+                    through_index=index_param("through", query.get("through")),
+                )
+            elif view == "dead-letters":
+                listed = await inspect.list_dead_letters(limit=limit, cursor=query.get("cursor"))
+            else:
+                listed = await inspect.list_sessions(limit=limit, cursor=query.get("cursor"))
+    except InspectionUnsupportedError as exc:
+        raise Refusal(404, str(exc)) from None
+    return wire.encode(msgspec.to_builtins(listed))
+
+
+async def _act(
+    servers: Mapping[str, Server],
+    authorize: Authorize | None,
+    target: list[str],
+    request: Request,
+    words: _ActionBody,
+) -> list[OperatorAction]:
+    server = _server(servers, target[0])
+    contract = server.contract.name
+    with bad_input():
+        session_id = server.session(target[1]).id
+    index = 0
+    if len(target) == 4:
+        index = index_param("index", target[2]) or 0
+        if index < 1:
+            raise Refusal(400, "the event index must be a positive integer")
+    by, reason = words.by, words.reason
+    operation: RedriveOperation | SkipOperation | RetryNowOperation
+    if target[-1] == "retry-now":
+        operation = RetryNowOperation(contract, session_id, by, reason)
+    elif target[-1] == "redrive":
+        operation = RedriveOperation(contract, session_id, index, by, reason)
+    else:
+        operation = SkipOperation(contract, session_id, index, by, reason)
+    await check_authorized(authorize, request, operation)
+    inspect = server.inspect
+    try:
+        with bad_input():
+            try:
+                match operation:
+                    case RetryNowOperation():
+                        return await inspect.retry_now(session_id, by=by, reason=reason)
+                    case RedriveOperation():
+                        return [await inspect.redrive(session_id, index, by=by, reason=reason)]
+                    case SkipOperation():
+                        return [await inspect.skip(session_id, index, by=by, reason=reason)]
+            except OperatorActionError as exc:
+                raise _refused(exc) from None
+    except InspectionUnsupportedError as exc:
+        raise Refusal(404, str(exc)) from None
+
+
+def _refused(exc: OperatorActionError) -> Refusal:
+    """404 for a missing event, 409 for any other refusal; the reason in
+    the envelope's ``details``."""
+    refusal = Refusal(404 if exc.reason == "no_event" else 409, str(exc))
+    refusal.error = A2Error(ErrorCode.INVALID_PAYLOAD, str(exc), {"reason": exc.reason})
+    return refusal
