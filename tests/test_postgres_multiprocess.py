@@ -9,8 +9,17 @@ the same ids; workers recover on their own. Afterwards: every job completed
 exactly once with exactly one returned ``done`` event, every session's indexes
 run 1..n without gaps, and no id appears twice.
 
-Without PostgreSQL's binaries (``initdb``) the test skips with the reason (and
-fails under ``A2_TEST_POSTGRES_REQUIRED=1``).
+The second test runs the same through **PgBouncer in transaction mode**
+(``tests/backends/pgbouncer.py``, in front of the throwaway server) as a
+pooled deployment would: every query through the pooler
+(``pooler="transaction"``), each worker's listener on a separate, direct
+``listen_dsn``; the restart is then the server's behind the pooler.
+PgBouncer's ``SHOW STATS`` proves the transactions went through it, and the
+server shows each surviving worker's LISTEN connection arriving directly.
+
+Without PostgreSQL's binaries (``initdb``), or without ``pgbouncer`` for the
+second test, the tests skip with the reason (and fail under
+``A2_TEST_POSTGRES_REQUIRED=1``).
 """
 
 from __future__ import annotations
@@ -21,16 +30,19 @@ import secrets
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
 
 import psycopg
 import trio
+from psycopg.conninfo import make_conninfo
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tests.backends.pgbouncer import admin_rows, pgbouncer  # noqa: E402
 from tests.backends.postgres import run_sql  # noqa: E402
 from tests.backends.throwaway_pg import throwaway_postgres  # noqa: E402
 
@@ -68,17 +80,73 @@ async def test_exactly_once_across_processes_through_a_kill_and_a_restart(
         await _run(server.dsn, server.restart, tmp_path)
 
 
-async def _run(dsn: str, restart: Callable[[], Awaitable[None]], tmp_path: Path) -> None:
+LISTEN_APP = "a2mp_listen"
+
+
+async def test_exactly_once_through_pgbouncer_in_transaction_mode_with_a_listen_dsn(
+    tmp_path: Path,
+) -> None:
+    async with throwaway_postgres() as server:
+        with ExitStack() as stack:
+            host, port = await trio.to_thread.run_sync(
+                stack.enter_context, pgbouncer("127.0.0.1", server.port, "root")
+            )
+            pooled = make_conninfo(server.dsn, host=host, port=port)
+            listen_dsn = make_conninfo(server.dsn, application_name=LISTEN_APP)
+
+            async def through_the_pooler() -> None:
+                stats = await trio.to_thread.run_sync(admin_rows, host, port, "root", "show stats")
+                [postgres_db] = [row for row in stats if row["database"] == "postgres"]
+                # The appends alone are TOTAL transactions; completions and
+                # claims add more.
+                assert postgres_db["total_xact_count"] > 2 * TOTAL
+                servers = await trio.to_thread.run_sync(
+                    admin_rows, host, port, "root", "show servers"
+                )
+                listeners = await run_sql(
+                    server.dsn,
+                    "select pid from pg_stat_activity"
+                    f" where application_name = '{LISTEN_APP}' and query ~ '^(un)?listen '",
+                )
+                # Each surviving worker's one LISTEN connection, none of them
+                # one of PgBouncer's server connections.
+                assert len(listeners) == WORKERS - 1
+                assert not {pid for (pid,) in listeners} & {row["remote_pid"] for row in servers}
+
+            await _run(
+                server.dsn,
+                server.restart,
+                tmp_path,
+                pooled=(pooled, listen_dsn),
+                before_stop=through_the_pooler,
+            )
+
+
+async def _run(
+    dsn: str,
+    restart: Callable[[], Awaitable[None]],
+    tmp_path: Path,
+    *,
+    pooled: tuple[str, str] | None = None,
+    before_stop: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """The run; ``pooled``: (the pooler's DSN, the listener's direct DSN) for
+    the workers and writers, ``dsn`` staying the test's own direct view.
+    ``before_stop`` runs once every job is processed, the workers still up."""
     schema = f"mp_{secrets.token_hex(6)}"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     python = sys.executable
     table = f'"{schema}".a2_events'
     reports: list[dict[str, int]] = []
     writers_done = trio.Event()
+    store_dsn = dsn if pooled is None else pooled[0]
+    worker_extra = [] if pooled is None else [pooled[1]]
+    writer_extra = [] if pooled is None else ["transaction"]
 
     async def write(n: int) -> None:
+        command = ["tests.pg_workers.writer", store_dsn, schema, str(n), str(EVENTS_PER_WRITER)]
         result = await trio.run_process(
-            [python, "-m", "tests.pg_workers.writer", dsn, schema, str(n), str(EVENTS_PER_WRITER)],
+            [python, "-m", *command, *writer_extra],
             capture_stdout=True,
             env=env,
         )
@@ -87,11 +155,20 @@ async def _run(dsn: str, restart: Callable[[], Awaitable[None]], tmp_path: Path)
             writers_done.set()
 
     try:
-        with trio.fail_after(50):
+        # Generous: two busy cores shared with other test runs.
+        with trio.fail_after(120):
             async with trio.open_nursery() as nursery:
                 workers: list[trio.Process] = []
                 for _ in range(WORKERS):
-                    command = [python, "-m", "tests.pg_workers.worker", dsn, schema, str(tmp_path)]
+                    command = [
+                        python,
+                        "-m",
+                        "tests.pg_workers.worker",
+                        store_dsn,
+                        schema,
+                        str(tmp_path),
+                        *worker_extra,
+                    ]
                     workers.append(
                         await nursery.start(
                             partial(trio.run_process, command, env=env, check=False)
@@ -124,6 +201,8 @@ async def _run(dsn: str, restart: Callable[[], Awaitable[None]], tmp_path: Path)
                     return await _count(dsn, processed) == TOTAL
 
                 await _poll_until(all_processed, 0.25)
+                if before_stop is not None:
+                    await before_stop()
                 nursery.cancel_scope.cancel(reason="all jobs processed")
 
         # Appends during the outage failed as STORE_UNAVAILABLE and were retried.

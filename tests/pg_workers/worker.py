@@ -1,6 +1,9 @@
 """A worker process: a Server with the ``job`` handler, following every session.
 
-Usage: ``python -m tests.pg_workers.worker DSN SCHEMA MARKER_DIR``
+Usage: ``python -m tests.pg_workers.worker DSN SCHEMA MARKER_DIR [LISTEN_DSN]``
+
+With ``LISTEN_DSN``, ``DSN`` goes through a transaction-mode pooler
+(``pooler="transaction"``) and the listener connects to ``LISTEN_DSN``.
 
 Each session has a task that drains it, then follows the session's feed until
 a new job lands (or a second passes, to retry claims lapsed elsewhere) and
@@ -28,7 +31,7 @@ from .app import SESSIONS, Done, Job, jobs, store_key
 TIMINGS = Timings(claim_ttl_s=2.0, heartbeat_s=0.5, renew_retry_s=0.2)
 
 
-async def main(dsn: str, schema: str, marker_dir: Path) -> None:
+async def main(dsn: str, schema: str, marker_dir: Path, listen_dsn: str | None) -> None:
     async def job(ctx: a2trio.HandlerContext[Job]) -> a2trio.AppendInput:
         if ctx.event.payload.stall and ctx.attempt == 1:
             await trio.Path(marker_dir / "stalled").write_text(str(os.getpid()))
@@ -36,7 +39,12 @@ async def main(dsn: str, schema: str, marker_dir: Path) -> None:
         await trio.sleep(0.001)
         return jobs.event("done", Done(job=ctx.event.id))
 
-    store = postgres(dsn, schema=schema, max_connections=4)
+    if listen_dsn is None:
+        store = postgres(dsn, schema=schema, max_connections=4)
+    else:
+        store = postgres(
+            dsn, schema=schema, max_connections=4, listen_dsn=listen_dsn, pooler="transaction"
+        )
     server = a2trio.Server(jobs, store=store, handlers={"job": job}, timings=TIMINGS)
 
     async def follow(session_id: str) -> None:
@@ -68,4 +76,5 @@ async def main(dsn: str, schema: str, marker_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    trio.run(main, sys.argv[1], sys.argv[2], Path(sys.argv[3]))
+    listen_dsn = sys.argv[4] if len(sys.argv) > 4 else None
+    trio.run(main, sys.argv[1], sys.argv[2], Path(sys.argv[3]), listen_dsn)

@@ -1,6 +1,9 @@
 """A writer process: appends its share of ``job`` events, one per append.
 
-Usage: ``python -m tests.pg_workers.writer DSN SCHEMA WRITER_NO COUNT``
+Usage: ``python -m tests.pg_workers.writer DSN SCHEMA WRITER_NO COUNT [transaction]``
+
+With ``transaction``, ``DSN`` goes through a transaction-mode pooler
+(``pooler="transaction"``; the writer never listens).
 
 Ids are ``w<writer>-<n>``; an append that fails with ``STORE_UNAVAILABLE``
 (the database restarting) is retried with the same id, so a retry of an
@@ -25,8 +28,15 @@ from .app import SESSIONS, store_key
 STALL_AT = 10
 
 
-async def main(dsn: str, schema: str, writer: int, count: int) -> None:
-    store = postgres(dsn, schema=schema, max_connections=2, connect_timeout_s=1.0)
+async def main(dsn: str, schema: str, writer: int, count: int, pooled: bool) -> None:
+    store = postgres(
+        dsn,
+        schema=schema,
+        max_connections=2,
+        connect_timeout_s=1.0,
+        listen=not pooled,
+        pooler="transaction" if pooled else None,
+    )
     unavailable = retried = 0
     try:
         for n in range(count):
@@ -54,4 +64,5 @@ async def main(dsn: str, schema: str, writer: int, count: int) -> None:
 
 
 if __name__ == "__main__":
-    trio.run(main, sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    pooled = sys.argv[5:] == ["transaction"]
+    trio.run(main, sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), pooled)
