@@ -30,7 +30,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import trio
 import trio_websocket
@@ -44,7 +44,10 @@ from .lane import LANE_BUFFER, Fold, Lane, LaneFrame
 if TYPE_CHECKING:
     from ..contract import Contract, Reducer
 
-__all__ = ["Client", "open_client", "with_ids"]
+__all__ = ["CONNECT_TIMEOUT_S", "Client", "open_client", "with_ids"]
+
+#: How long opening a socket (TCP and handshake) may take by default.
+CONNECT_TIMEOUT_S: Final = 10.0
 
 S = TypeVar("S")
 _Routed = LaneFrame | wire.SubscribedFrame
@@ -62,14 +65,18 @@ def _closed(reason: Any) -> str:
     return f"{reason.code} {reason.reason or reason.name}"
 
 
-def _refused(exc: Exception) -> A2Error:
+def _refused(exc: Exception, connect_timeout_s: float) -> A2Error:
     """A failed connect as the error a caller can act on."""
     if isinstance(exc, trio_websocket.ConnectionRejected):
         error = wire.error_from_wire(exc.body or b"")
         return error or A2Error(
             ErrorCode.STORE_UNAVAILABLE, f"socket refused with HTTP {exc.status_code}"
         )
-    return A2Error(ErrorCode.STORE_UNAVAILABLE, f"cannot connect: {exc}")
+    if isinstance(exc, trio_websocket.ConnectionTimeout):
+        why = f"no handshake within {connect_timeout_s} s"
+    else:
+        why = str(exc.__cause__ or exc)
+    return A2Error(ErrorCode.STORE_UNAVAILABLE, f"cannot connect: {why}")
 
 
 def with_ids(events: tuple[Mapping[str, Any], ...]) -> list[dict[str, Any]]:
@@ -162,12 +169,18 @@ class Client:
     """The handle :func:`open_client` yields."""
 
     def __init__(
-        self, url: str, nursery: trio.Nursery, policy: ReconnectPolicy, watchdog_s: float
+        self,
+        url: str,
+        nursery: trio.Nursery,
+        policy: ReconnectPolicy,
+        watchdog_s: float,
+        connect_timeout_s: float,
     ) -> None:
         self.url = url
         self._nursery = nursery
         self._policy = policy
         self._watchdog_s = watchdog_s
+        self._connect_timeout_s = connect_timeout_s
         self._socket: _Socket | None = None
         self._connecting = trio.Lock()
         self._reqs = itertools.count(1)
@@ -183,14 +196,16 @@ class Client:
     async def _serve_socket(self, *, task_status: trio.TaskStatus[_Socket]) -> None:
         started = False
         try:
-            async with trio_websocket.open_websocket_url(self.url, max_message_size=2**24) as ws:
+            async with trio_websocket.open_websocket_url(
+                self.url, max_message_size=2**24, connect_timeout=self._connect_timeout_s
+            ) as ws:
                 socket = _Socket(ws)
                 task_status.started(socket)
                 started = True
                 await socket.read(self._watchdog_s)
         except (OSError, trio_websocket.HandshakeError, trio_websocket.ConnectionClosed) as exc:
             if not started:
-                raise _refused(exc) from exc
+                raise _refused(exc, self._connect_timeout_s) from exc
             logger.debug("socket closed: %r", exc)
 
     # -- pushes ------------------------------------------------------------------
@@ -367,7 +382,11 @@ class Client:
 
 @asynccontextmanager
 async def open_client(
-    url: str, *, reconnect: ReconnectPolicy = DEFAULT_RECONNECT, watchdog_s: float = 45.0
+    url: str,
+    *,
+    reconnect: ReconnectPolicy = DEFAULT_RECONNECT,
+    watchdog_s: float = 45.0,
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
 ) -> AsyncIterator[Client]:
     """A client of a multiplexed socket, ``ws://host:port/{contract}/ws``.
 
@@ -379,13 +398,16 @@ async def open_client(
         delay_s | False`` (:data:`~a2trio.transport.DEFAULT_RECONNECT`).
       watchdog_s: silence after which the socket counts as lost; three of the
         server's default 15 s pings.
+      connect_timeout_s: how long opening a socket may take. A connection
+        closed during the handshake (a proxy whose upstream is down) is only
+        noticed at this deadline: trio-websocket does not wake on it.
 
     Cancellation: leaving the block (or being cancelled) closes the socket and
     every lane; pushes not yet acknowledged may have committed.
     """
     try:
         async with trio.open_nursery() as nursery:
-            client = Client(url, nursery, reconnect, watchdog_s)
+            client = Client(url, nursery, reconnect, watchdog_s, connect_timeout_s)
             try:
                 yield client
             finally:

@@ -1,0 +1,1 @@
+"""The app ``tests/test_client_restart.py`` serves in a subprocess."""
