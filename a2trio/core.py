@@ -70,8 +70,10 @@ class Appends(Protocol):
         mode: WriteMode,
         causes: Sequence[EventCause] | None = None,
         require_arm: bool = False,
+        expected_index: int | None = None,
     ) -> list[Event[Any]]:
-        """Validate, append durably and hand pending work to a drain."""
+        """Validate, append durably and hand pending work to a drain; with
+        ``expected_index``, only if the log is still at that index."""
         ...
 
 

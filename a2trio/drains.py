@@ -32,6 +32,7 @@ from .stores.base import (
     AppendResult,
     ClaimRequest,
     EventCause,
+    Store,
     StoredEvent,
     SweepsClaimable,
 )
@@ -124,12 +125,14 @@ class DrainRegistry:
         mode: WriteMode,
         causes: Sequence[EventCause] | None = None,
         require_arm: bool = False,
+        expected_index: int | None = None,
     ) -> list[Event[Any]]:
         """Validate and append ``events``, then get their reaction going.
 
         ``mode="inline"`` wakes this process's drain (and arms a watchdog for
         an external append); ``"dispatch"`` arms a scheduler drain instead.
         ``require_arm`` (a scheduler-delivered append) raises if that arm fails.
+        ``expected_index`` makes the commit conditional (``Store.append``).
 
         Raises:
           RuntimeError: the server is not open (checked before writing).
@@ -161,7 +164,9 @@ class DrainRegistry:
                 ttl_ms = int(engine.timings.claim_ttl_s * 1000)
                 grace_ms = int(engine.timings.watchdog_grace_s * 1000)
                 watchdog_at = engine.slot(engine.clock.now_ms() + ttl_ms + grace_ms)
-            result = await self._store_append(session_id, validated, mode, watchdog_at)
+            result = await self._store_append(
+                session_id, validated, mode, watchdog_at, expected_index
+            )
             appended = [engine.to_public(row) for row in result.events]
             if not result.has_pending:
                 return appended
@@ -190,6 +195,7 @@ class DrainRegistry:
         events: Sequence[AppendEvent],
         mode: WriteMode,
         watchdog_at_ms: int | None,
+        expected_index: int | None = None,
     ) -> AppendResult:
         """Append, and get the pending work of an inline append running.
 
@@ -215,7 +221,7 @@ class DrainRegistry:
             or not self.slots.take(pending)
         ):
             with store_unavailable("append"):
-                result = await engine.store.append(key, events)
+                result = await _write(engine.store, key, events, None, expected_index)
             if result.has_pending and mode == "inline" and engine.run_handlers:
                 self.wake(session_id, watchdog_at_ms)
             return result
@@ -234,7 +240,7 @@ class DrainRegistry:
         adopted = 0
         try:
             with store_unavailable("append"):
-                result = await engine.store.append(key, events, claim=claim)
+                result = await _write(engine.store, key, events, claim, expected_index)
             if result.claimed:
                 adopted = len(result.claimed)
                 self.adopt(
@@ -354,3 +360,17 @@ class DrainRegistry:
             signal=signal,
             watchdog_due_at_ms=watchdog_due_at_ms,
         )
+
+
+async def _write(
+    store: Store,
+    key: str,
+    events: Sequence[AppendEvent],
+    claim: ClaimRequest | None,
+    expected_index: int | None,
+) -> AppendResult:
+    """``store.append``, naming ``expected_index`` only for a conditional
+    append, so that stores written before it keep working for the rest."""
+    if expected_index is None:
+        return await store.append(key, events, claim=claim)
+    return await store.append(key, events, claim=claim, expected_index=expected_index)

@@ -18,6 +18,8 @@ code                        meaning
 ``STORE_NOT_CONFIGURED``    ``A2_ENV=production`` and no store was given
 ``UNKNOWN_PRESENCE_FIELD``  the contract declares no such presence field
 ``PRESENCE_NOT_SUPPORTED``  the store has no presence capability
+``INDEX_CONFLICT``          a conditional append found the log past its expected index
+``CALL_REFUSED``            an actor's call refused (:class:`a2trio.Refused`)
 =========================== ==========================================================
 
 HTTP statuses for these codes live in one table, ``a2trio.transport.wire``.
@@ -34,7 +36,7 @@ __all__ = ["A2Error", "ErrorCode", "store_unavailable"]
 
 
 class ErrorCode(enum.StrEnum):
-    """The seed's ten error codes, spelled as on the wire."""
+    """The seed's ten error codes and the actors' two, spelled as on the wire."""
 
     INVALID_PAYLOAD = "INVALID_PAYLOAD"
     FORBIDDEN = "FORBIDDEN"
@@ -46,6 +48,8 @@ class ErrorCode(enum.StrEnum):
     STORE_NOT_CONFIGURED = "STORE_NOT_CONFIGURED"
     UNKNOWN_PRESENCE_FIELD = "UNKNOWN_PRESENCE_FIELD"
     PRESENCE_NOT_SUPPORTED = "PRESENCE_NOT_SUPPORTED"
+    INDEX_CONFLICT = "INDEX_CONFLICT"
+    CALL_REFUSED = "CALL_REFUSED"
 
 
 class A2Error(Exception):

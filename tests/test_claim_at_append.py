@@ -59,12 +59,13 @@ class CountingStore(MemoryStore):
         events: Sequence[AppendEvent],
         *,
         claim: ClaimRequest | None = None,
+        expected_index: int | None = None,
     ) -> AppendResult:
         if claim is not None and self.append_delay:
             await trio.sleep(self.append_delay)
         if claim is not None and self.append_fails:
             raise a2trio.A2Error("STORE_UNAVAILABLE", "the append's reply was lost")
-        return await super().append(session_id, events, claim=claim)
+        return await super().append(session_id, events, claim=claim, expected_index=expected_index)
 
 
 def drains(telemetry: RecordingTelemetry) -> int:

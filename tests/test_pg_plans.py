@@ -185,7 +185,7 @@ def _cases(now: int) -> list[Case]:
         ids = [] if event_id is None else [event_id]
         causes = [] if cause is None else [cause]
         # One row: the verdict (no already-stored events to list).
-        params = (SESSION, json.dumps(batch), ids, causes, now, holder, later)
+        params = (SESSION, json.dumps(batch), ids, causes, now, holder, later, None)
         return Step(sql.APPEND, params, rows=1)
 
     def fresh(holder: str | None) -> Step:

@@ -256,7 +256,10 @@ verdict as (
       where p.attempt_count <> (b.cause->>'attempt')::int or p.failed_at is not null)
       as superseded,{state}
 ),"""
-        clean = "\n   where v.n_existing = 0 and v.missing_parent is null and v.superseded is null"
+        clean = (
+            "\n   where v.n_existing = 0 and v.missing_parent is null and v.superseded is null"
+            "\n     and ($8::bigint is null or v.base = $8::bigint)"
+        )
         tail = f"""
 select v.n_existing, v.missing_parent, v.superseded, v.had_pending, v.base,
        {{claimed}}, v.others_claimable,
@@ -324,8 +327,12 @@ inserted as (
 # a claim at insert, so the row is written once instead of twice. `claimed`
 # lists those indexes; `others_claimable` says whether the session held
 # other events a claim would take now (the caller claims them as usual).
+# With an expected index ($8, `Store.append(expected_index=...)`) it inserts
+# only if the index base is still that index; the caller reads `base` back
+# to tell the conflict.
 #   $1 session, $2 batch (jsonb array), $3 supplied ids, $4 cause indexes,
-#   $5 now, $6 holder (null: no claim), $7 claim expiry
+#   $5 now, $6 holder (null: no claim), $7 claim expiry, $8 expected index
+#   (null: unconditional)
 APPEND = Statement(_append_sql(checked=True))
 
 # `APPEND` for the common batch: no supplied ids and no causes, so there is
@@ -340,6 +347,12 @@ APPEND_FRESH = Statement(_append_sql(checked=False))
 READ = Statement(
     f"select {EVENT_COLUMNS} from a2_events"
     " where session_id = $1::text and idx > $2::bigint and idx <= $3::bigint order by idx"
+)
+
+# `Store.find_event`: the row stored under an id, in this session only.
+#   $1 session, $2 event id
+FIND_EVENT = Statement(
+    f"select {EVENT_COLUMNS} from a2_events where event_id = $2::text and session_id = $1::text"
 )
 
 # Sessions with work a claim would take now (`claimable_sessions`, the sweep):

@@ -56,6 +56,7 @@ __all__ = [
     "DEAD_LETTERS",
     "FAIL_READ",
     "FAIL_WRITE",
+    "FIND",
     "PRESENCE_READ",
     "PRESENCE_SET",
     "PUT_SNAPSHOT",
@@ -184,13 +185,15 @@ end
 #: store-postgres.ts ``append``. KEYS: log, meta, open, head, ids, sessions,
 #: watched, pending-watched, open-sessions. ARGV: session, now, origin, holder ('' for
 #: none), claim expiry, notify channel, pending channel, n events, m supplied
-#: ids, the m ids, then per event: id, entry, lane ('' or '=' .. lane),
-#: settled ('1'/'0'), cause index ('' for none), cause attempt.
+#: ids, expected index ('' for none), the m ids, then per event: id, entry,
+#: lane ('' or '=' .. lane), settled ('1'/'0'), cause index ('' for none),
+#: cause attempt.
 #:
 #: Returns ``{'pending', 0|1}`` (empty batch), ``{'replay', pending, others,
 #: stored rows...}`` (``stored_rows``), ``{'missing', index}`` /
-#: ``{'superseded', position}`` (the fence), or ``{'ok', base, had_pending,
-#: others_claimable, {claimed indexes}}``.
+#: ``{'superseded', position}`` (the fence), ``{'stale', frontier}`` (not at
+#: the expected index), or ``{'ok', base, had_pending, others_claimable,
+#: {claimed indexes}}``.
 APPEND = (
     _PRELUDE
     + r"""
@@ -211,7 +214,7 @@ local function others()
 end
 
 local supplied = {}
-for i = 1, m do supplied[i] = ARGV[9 + i] end
+for i = 1, m do supplied[i] = ARGV[10 + i] end
 local replay = stored_rows(KEYS[5], sid, supplied, {})
 if #replay > 0 then
   local found = others()
@@ -220,7 +223,7 @@ if #replay > 0 then
   return out
 end
 
-local at = 10 + m
+local at = 11 + m
 local front = frontier()
 for k = 0, n - 1 do
   local b = at + k * 6
@@ -232,6 +235,7 @@ for k = 0, n - 1 do
     if (pm.a or 0) ~= tonumber(ARGV[b + 5]) or pm.d then return {'superseded', k + 1} end
   end
 end
+if ARGV[10] ~= '' and tonumber(ARGV[10]) ~= front then return {'stale', front} end
 
 local found, lanes = others()
 local claimed = {}
@@ -259,6 +263,15 @@ advance_head(sid, KEYS[6], front, n, ARGV[2])
 if unsettled then index_open(KEYS[9], sid) end
 wake(KEYS[7], ARGV[6], origin, KEYS[8], ARGV[7], sid, unsettled)
 return {'ok', front, pending, found, claimed}
+"""
+)
+
+#: ``find_event``. KEYS: log, meta, open, head, ids. ARGV: session, event id.
+#: Returns ``stored_rows`` of the id (empty when it is not stored).
+FIND = (
+    _PRELUDE
+    + r"""
+return stored_rows(KEYS[5], ARGV[1], {ARGV[2]}, {})
 """
 )
 

@@ -44,6 +44,7 @@ __all__ = [
     "retry_targets",
     "returned_id_taken",
     "returned_ids",
+    "stale_index",
     "superseded_attempt",
     "supplied_ids",
 ]
@@ -139,6 +140,16 @@ def replayed_batch(
             f"{len(events) - len(stored)} fresh events",
         )
     return replay(events, stored)
+
+
+def stale_index(session_id: str, expected: int, frontier: int) -> A2Error:
+    """``INDEX_CONFLICT`` for a conditional append (``expected_index``) that
+    found the session's log elsewhere: nothing was written."""
+    return A2Error(
+        ErrorCode.INDEX_CONFLICT,
+        f"session {session_id!r} is at index {frontier}, not the expected {expected}",
+        {"expected": expected, "index": frontier},
+    )
 
 
 def superseded_attempt(session_id: str, cause: EventCause) -> A2Error:

@@ -16,7 +16,12 @@ Obligations every backend keeps:
   cause's attempt must still be the parent's latest and the parent not dead
   lettered, else ``SUPERSEDED_ATTEMPT`` and nothing is written. An append
   with a :class:`ClaimRequest` writes its claimable events claimed, as a
-  claim in the same transaction would (see there).
+  claim in the same transaction would (see there). An append with an
+  ``expected_index`` commits only if the session's last index is still that
+  one (after the replay verdict and the fence), else ``INDEX_CONFLICT`` and
+  nothing is written: the conditional commit of actor calls.
+* **Lookup**: ``find_event`` finds a stored id in its session (what makes an
+  actor call's ``messageId`` answer durable).
 * **Lanes**: ``lane_ready`` is true only for the oldest unprocessed event of
   its lane; completing it hands readiness to the next.
 * **Settled** events (types without a handler) are stored processed.
@@ -449,10 +454,23 @@ class Store(Protocol):
         events: Sequence[AppendEvent],
         *,
         claim: ClaimRequest | None = None,
+        expected_index: int | None = None,
     ) -> AppendResult:
         """Append atomically (see the obligations). An empty batch only reports
         ``has_pending`` (and claims nothing). With ``claim``, also claim the
-        eligible set in the same transaction (see :class:`ClaimRequest`)."""
+        eligible set in the same transaction (see :class:`ClaimRequest`).
+
+        With ``expected_index``, commit only if the session's last index is
+        still ``expected_index`` (0: empty), checked in the append's own
+        transaction after the replay verdict and the fence: a batch whose ids
+        are all stored replays whatever the index. Otherwise raise
+        ``A2Error(INDEX_CONFLICT)`` (``details``: ``expected`` and ``index``,
+        the frontier found) and write nothing."""
+        ...
+
+    async def find_event(self, session_id: str, event_id: str) -> StoredEvent | None:
+        """The row stored under ``event_id`` if it is in ``session_id``, else
+        None (an id in another session is not this session's)."""
         ...
 
     async def read(

@@ -629,6 +629,71 @@ async def check_append_concurrent_writers(open_store: StoreFactory) -> None:
         assert _indexes(await store.read(sid, after_index=24)) == [25, 26]
 
 
+async def check_append_expected_index(open_store: StoreFactory) -> None:
+    """A conditional append commits only at its expected index (else
+    ``INDEX_CONFLICT``, nothing written); a stored batch replays whatever the
+    index; of conditional writers racing at one index exactly one commits."""
+    async with open_store(ManualClock()) as store:
+        sid = _sid("expected")
+        first = await store.append(sid, [_ev("a")], expected_index=0)
+        assert _indexes(first.events) == [1]
+        for stale in (0, 5):
+            refused: A2Error | None = None
+            try:
+                await store.append(sid, [_ev("b")], expected_index=stale)
+            except A2Error as exc:
+                refused = exc
+            assert refused is not None, f"an append expecting index {stale} at 1 committed"
+            assert refused.code is ErrorCode.INDEX_CONFLICT, f"got {refused.code}"
+            assert refused.details == {"expected": stale, "index": 1}, refused.details
+        await _unchanged(store, sid, first.events)
+        x = _uid("x")
+        batch = [_ev("c", {"k": 0}, id=x), _ev("c", {"k": 1}, id=_uid("y"))]
+        written = await store.append(sid, batch, expected_index=1)
+        assert _indexes(written.events) == [2, 3]
+        replayed = await store.append(sid, batch, expected_index=1)
+        assert replayed.events == written.events, "a stored batch replays at any index"
+
+        results: list[int] = []
+        codes: list[ErrorCode] = []
+
+        async def racer(n: int) -> None:
+            try:
+                result = await store.append(sid, [_ev("r", {"n": n})], expected_index=3)
+            except A2Error as exc:
+                codes.append(exc.code)
+            else:
+                results.append(result.events[0].index)
+
+        async with trio.open_nursery() as nursery:
+            for n in range(6):
+                nursery.start_soon(racer, n)
+        assert results == [4], f"racing conditional appends committed at {results}"
+        assert codes == [ErrorCode.INDEX_CONFLICT] * 5, codes
+        assert _indexes(await store.read(sid)) == [1, 2, 3, 4]
+
+
+async def check_find_event(open_store: StoreFactory) -> None:
+    """``find_event`` returns the stored row of an id in its session, and None
+    for an unknown id or one stored in another session."""
+    async with open_store(ManualClock()) as store:
+        sid, other = _sid("find"), _sid("find-other")
+        a, b = _uid("a"), _uid("b")
+        await store.append(sid, [_ev("x"), _ev("found", {"v": [1, "two"]}, id=a)])
+        await store.append(other, [_ev("y", id=b)])
+        row = await store.find_event(sid, a)
+        assert row is not None, "a stored id was not found"
+        assert (row.id, row.type, row.payload, row.index, row.session_id) == (
+            a,
+            "found",
+            {"v": [1, "two"]},
+            2,
+            sid,
+        ), row
+        assert await store.find_event(sid, b) is None, "found another session's id"
+        assert await store.find_event(sid, _uid("missing")) is None
+
+
 async def check_cancelled_calls_commit_all_or_nothing(open_store: StoreFactory) -> None:
     """An append or completion cancelled at any point either committed or did
     not, and retrying it with the same ids is safe."""
@@ -1613,6 +1678,8 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_identifiers_and_values_at_the_limits,
     check_append_with_claim,
     check_append_concurrent_writers,
+    check_append_expected_index,
+    check_find_event,
     check_cancelled_calls_commit_all_or_nothing,
     check_aclose_is_idempotent,
     check_read_bounds,

@@ -345,6 +345,7 @@ class MemoryStore:
         events: Sequence[AppendEvent],
         *,
         claim: ClaimRequest | None = None,
+        expected_index: int | None = None,
     ) -> AppendResult:
         await trio.lowlevel.checkpoint()
         if not events:
@@ -363,6 +364,8 @@ class MemoryStore:
                 index = event.cause.index
                 parent = rows[index - 1] if 1 <= index <= len(rows) else None
                 verdicts.check_cause(session_id, event.cause, parent)
+        if expected_index is not None and len(rows) != expected_index:
+            raise verdicts.stale_index(session_id, expected_index, len(rows))
         had_pending = self._pending(session_id)
         others_claimable = claim is not None and self._claimable(session_id)
         now = self.clock.now_ms()
@@ -387,6 +390,11 @@ class MemoryStore:
             [row for row in inserted if row.index in claimed],
             others_claimable,
         )
+
+    async def find_event(self, session_id: str, event_id: str) -> StoredEvent | None:
+        await trio.lowlevel.checkpoint()
+        row = self._ids.get(event_id)
+        return row.stored() if row is not None and row.session_id == session_id else None
 
     def _claimable(self, session_id: str) -> bool:
         """Whether a claim would take any of the session's events now."""

@@ -912,9 +912,11 @@ class PostgresStore:
         events: Sequence[AppendEvent],
         *,
         claim: ClaimRequest | None = None,
+        expected_index: int | None = None,
     ) -> AppendResult:
         """Append atomically, in one round trip (see the module docstring); with
-        ``claim``, the claimable events are inserted claimed (``_pg_sql.APPEND``).
+        ``claim``, the claimable events are inserted claimed (``_pg_sql.APPEND``);
+        with ``expected_index``, only if the session is still at it.
 
         Cancellation: committed entirely or not at all; retry with the same ids
         replays.
@@ -943,12 +945,21 @@ class PostgresStore:
                 (None, None) if claim is None else (claim.holder, now + claim.ttl_ms)
             )
             # Nothing to replay, refuse or fence: the lean statement.
-            fresh = not supplied and not causes
+            fresh = not supplied and not causes and expected_index is None
             kind: Kind = "append_fresh" if fresh else "append"
             params: tuple[Param, ...] = (
                 (session_id, _encode(batch), now, holder, expires_at)
                 if fresh
-                else (session_id, _encode(batch), supplied, causes, now, holder, expires_at)
+                else (
+                    session_id,
+                    _encode(batch),
+                    supplied,
+                    causes,
+                    now,
+                    holder,
+                    expires_at,
+                    expected_index,
+                )
             )
             with self._inserting(session_id):
                 if self._nursery is None:
@@ -967,6 +978,8 @@ class PostgresStore:
                 )
                 return AppendResult(replayed, had_pending, [], others_claimable)
             _check_fence(session_id, events, missing_parent, superseded)
+            if expected_index is not None and base != expected_index:
+                raise verdicts.stale_index(session_id, expected_index, base)
         inserted = [
             StoredEvent(
                 id=event_id,
@@ -1023,6 +1036,13 @@ class PostgresStore:
                 ),
             )
         return [_stored(row) for row in rows]
+
+    async def find_event(self, session_id: str, event_id: str) -> StoredEvent | None:
+        """See :meth:`Store.find_event`: one probe of the event id index.
+        Cancellation: a read."""
+        with _errors("read"):
+            rows = await self._query(sql.FIND_EVENT, (session_id, event_id))
+        return _stored(rows[0]) if rows else None
 
     async def claimable_sessions(self, prefix: str, *, limit: int) -> list[str]:
         """See :meth:`SweepsClaimable.claimable_sessions`: one statement over

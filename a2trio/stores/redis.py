@@ -1005,9 +1005,11 @@ class RedisStore:
         events: Sequence[AppendEvent],
         *,
         claim: ClaimRequest | None = None,
+        expected_index: int | None = None,
     ) -> AppendResult:
         """Append atomically in one script (see the module docstring); with
-        ``claim``, the claimable events are written claimed.
+        ``claim``, the claimable events are written claimed; with
+        ``expected_index``, only if the session is still at it.
 
         Cancellation: written entirely or not at all; retry with the same ids
         replays.
@@ -1026,6 +1028,7 @@ class RedisStore:
             self._global("pending"),
             len(events),
             len(supplied),
+            "" if expected_index is None else expected_index,
             *supplied,
         ]
         entries = []
@@ -1056,6 +1059,9 @@ class RedisStore:
             cause = events[int(reply[1]) - 1].cause
             assert cause is not None
             raise verdicts.superseded_attempt(session_id, cause)
+        if verdict == b"stale":
+            assert expected_index is not None
+            raise verdicts.stale_index(session_id, expected_index, int(reply[1]))
         _, base, had_pending, others_claimable, claimed_indexes = reply
         claimed_set = {int(i) for i in claimed_indexes}
         inserted = []
@@ -1121,6 +1127,18 @@ class RedisStore:
         after = max(0, after_index or 0)
         through = None if through_index is None else max(0, through_index)
         return await self._read(session_id, after, through)
+
+    async def find_event(self, session_id: str, event_id: str) -> StoredEvent | None:
+        """See :meth:`Store.find_event`: one ``HGET`` of the id index and the
+        row, in one script. Cancellation: a read."""
+        with _errors("read"):
+            flat = await self._eval(
+                lua.FIND,
+                [*self._session_keys(session_id), self._global("ids")],
+                [session_id, event_id],
+            )
+        rows = [row for row in _stored(session_id, flat) if row.session_id == session_id]
+        return rows[0] if rows else None
 
     async def claim_available(
         self,

@@ -359,6 +359,7 @@ def _append_rows(
     claim: ClaimRequest | None,
     now: int,
     ids: Sequence[str] | None = None,
+    expected_index: int | None = None,
 ) -> tuple[AppendResult, bool]:
     """The append transaction's statements; whether it wrote, beside the result.
 
@@ -385,6 +386,8 @@ def _append_rows(
                 session_id, event.cause, None if parent is None else _Bookkeeping(*parent)
             )
     top, had_pending = conn.execute(_TOP_AND_PENDING, (session_id,)).fetchone()
+    if expected_index is not None and top != expected_index:
+        raise verdicts.stale_index(session_id, expected_index, top)
     base = top + 1
     others_claimable = claim is not None and _claimable(conn, session_id, now)
     if ids is None:
@@ -555,9 +558,10 @@ class SqliteStore:
         events: Sequence[AppendEvent],
         *,
         claim: ClaimRequest | None = None,
+        expected_index: int | None = None,
     ) -> AppendResult:
         """See :meth:`Store.append`: the seed's ``append``, one ``BEGIN IMMEDIATE``
-        (the ``claim`` too, when asked).
+        (the ``claim`` and the ``expected_index`` check too, when asked).
 
         Cancellation: committed entirely or not at all; retrying with the
         same ids replays.
@@ -573,7 +577,7 @@ class SqliteStore:
         now = self.clock.now_ms()
 
         def work(conn: sqlite3.Connection) -> tuple[AppendResult, bool]:
-            return _append_rows(conn, session_id, events, supplied, claim, now, ids)
+            return _append_rows(conn, session_id, events, supplied, claim, now, ids, expected_index)
 
         appended, wrote = await self._write("append", work)
         if wrote:
@@ -592,6 +596,15 @@ class SqliteStore:
         def work(conn: sqlite3.Connection) -> list[StoredEvent]:
             rows = conn.execute(_READ, (session_id, after_index or 0, through_index)).fetchall()
             return [_stored(row) for row in rows]
+
+        return await self._read("read", work)
+
+    async def find_event(self, session_id: str, event_id: str) -> StoredEvent | None:
+        """See :meth:`Store.find_event`. Cancellation: a read; nothing to undo."""
+
+        def work(conn: sqlite3.Connection) -> StoredEvent | None:
+            rows = _rows_by_ids(conn, [event_id])
+            return rows[0] if rows and rows[0].session_id == session_id else None
 
         return await self._read("read", work)
 

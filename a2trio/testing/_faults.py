@@ -47,6 +47,7 @@ T = TypeVar("T")
 #: method names).
 Operation = Literal[
     "append",
+    "find_event",
     "read",
     "claim_available",
     "renew_claims",
@@ -373,10 +374,17 @@ class FaultyStore:
         events: Sequence[AppendEvent],
         *,
         claim: ClaimRequest | None = None,
+        expected_index: int | None = None,
     ) -> AppendResult:
         return await self._call(
-            "append", lambda: self.inner.append(session_id, events, claim=claim)
+            "append",
+            lambda: self.inner.append(
+                session_id, events, claim=claim, expected_index=expected_index
+            ),
         )
+
+    async def find_event(self, session_id: str, event_id: str) -> StoredEvent | None:
+        return await self._call("find_event", lambda: self.inner.find_event(session_id, event_id))
 
     async def read(
         self,

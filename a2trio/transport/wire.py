@@ -95,6 +95,8 @@ ERROR_STATUS: Final[dict[ErrorCode, int]] = {
     ErrorCode.STORE_NOT_CONFIGURED: 500,
     ErrorCode.UNKNOWN_PRESENCE_FIELD: 400,
     ErrorCode.PRESENCE_NOT_SUPPORTED: 500,
+    ErrorCode.INDEX_CONFLICT: 409,
+    ErrorCode.CALL_REFUSED: 409,
 }
 
 _KNOWN_CODES: Final = frozenset(code.value for code in ERROR_STATUS)
