@@ -11,6 +11,8 @@ explicitly, like ``trio.testing``.
 from __future__ import annotations
 
 from . import schedulers, stores
+from .actor import Actor, ActorCall, Refused, actor, call
+from .actor_calls import ActorHandle, ActorState
 from .clock import SYSTEM_CLOCK, Clock, SystemClock, TrioClock
 from .contract import AppendInput, Contract, Event, Reducer, contract
 from .drain import DrainResult
@@ -42,6 +44,10 @@ __all__ = [
     "NOOP_TELEMETRY",
     "SYSTEM_CLOCK",
     "A2Error",
+    "Actor",
+    "ActorCall",
+    "ActorHandle",
+    "ActorState",
     "AppendInput",
     "AppendTask",
     "Clock",
@@ -66,6 +72,7 @@ __all__ = [
     "PushedEvent",
     "PushedPresence",
     "Reducer",
+    "Refused",
     "Returned",
     "ScheduledEvent",
     "Scheduler",
@@ -79,6 +86,8 @@ __all__ = [
     "Telemetry",
     "Timings",
     "TrioClock",
+    "actor",
+    "call",
     "contract",
     "handler",
     "schedulers",

@@ -193,7 +193,7 @@ class Contract:
                 ErrorCode.UNKNOWN_EVENT_TYPE,
                 f"contract '{self.name}' has no event type {type!r}",
             )
-        return self._convert(schema, payload, f"event '{type}'")
+        return self.convert(schema, payload, f"event '{type}'")
 
     def validate_presence(self, field: str, value: Any) -> Any:
         """Validate a presence value; return its JSON builtins."""
@@ -203,7 +203,7 @@ class Contract:
                 ErrorCode.UNKNOWN_PRESENCE_FIELD,
                 f"contract '{self.name}' has no presence field {field!r}",
             )
-        return self._convert(schema, value, f"presence field '{field}'")[1]
+        return self.convert(schema, value, f"presence field '{field}'")[1]
 
     def decode(self, type: str, payload: Any) -> Any:
         """Convert stored JSON builtins back to the declared type (trusted data)."""
@@ -219,7 +219,14 @@ class Contract:
             return value
         return msgspec.convert(value, schema)
 
-    def _convert(self, schema: Any, payload: Any, what: str) -> tuple[Any, Any]:
+    def convert(self, schema: Any, payload: Any, what: str) -> tuple[Any, Any]:
+        """Validate ``payload`` against any msgspec type ``schema`` by the
+        payload rules (no U+0000, at most :data:`MAX_DEPTH` deep): return
+        (typed value, JSON builtins). ``what`` names it in the message.
+
+        Raises:
+          A2Error: ``INVALID_PAYLOAD``, ``details`` with msgspec's message and path.
+        """
         try:
             builtins = msgspec.to_builtins(payload)
             _check_storable(builtins)

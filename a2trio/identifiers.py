@@ -20,6 +20,7 @@ __all__ = [
     "MAX_ID_LENGTH",
     "MAX_SAFE_INTEGER",
     "check_event_id",
+    "check_message_id",
     "check_participant",
     "check_session_id",
 ]
@@ -65,6 +66,17 @@ def check_event_id(event_id: object) -> str:
       ValueError: too long, or holds a control character or a lone surrogate.
     """
     return _check("event id", event_id)
+
+
+def check_message_id(message_id: object) -> str:
+    """``message_id`` if it is a valid actor call ``messageId`` (the same rule:
+    it reaches the store inside the call's event ids).
+
+    Raises:
+      TypeError: not a non-empty string.
+      ValueError: too long, or holds a control character or a lone surrogate.
+    """
+    return _check("message id", message_id)
 
 
 def check_participant(participant: object) -> str:

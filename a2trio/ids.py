@@ -21,6 +21,7 @@ from typing import Protocol
 
 __all__ = [
     "IdSource",
+    "call_event_id",
     "deterministic_id",
     "handler_event_id",
     "random_id",
@@ -47,6 +48,17 @@ def handler_event_id(trigger_id: str, name: str, position: int) -> str:
 def returned_event_id(trigger_id: str, position: int) -> str:
     """Id of the ``position``-th event a handler returns."""
     return deterministic_id("returned", trigger_id, position)
+
+
+def call_event_id(contract: str, actor_id: str, message_id: str, position: int, count: int) -> str:
+    """Id of the ``position``-th of the ``count`` events an actor call with
+    ``message_id`` commits (``actor_calls.py``). The first id leaves the count
+    out, so a retry finds it without knowing it; the others carry it, so a
+    batch of another size under the same ``message_id`` never replays as a
+    part of this one (the store refuses the mix)."""
+    if position == 0:
+        return deterministic_id("call", contract, actor_id, message_id, 0)
+    return deterministic_id("call", contract, actor_id, message_id, position, count)
 
 
 def schedule_id(contract: str, session_id: str, trigger_id: str | None, name: str) -> str:

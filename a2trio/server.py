@@ -28,6 +28,8 @@ from typing import Any
 import msgspec
 import trio
 
+from .actor import Actor
+from .actor_calls import ActorCalls, ActorHandle
 from .clock import Clock
 from .contract import AppendInput, Contract
 from .core import Engine
@@ -175,6 +177,11 @@ class Server:
         if isinstance(max_handlers, bool) or not isinstance(max_handlers, int) or max_handlers < 1:
             raise ValueError(f"max_handlers must be a positive integer, got {max_handlers!r}")
         self._drains = DrainRegistry(self._engine, specs, max_handlers)
+        self._calls = (
+            ActorCalls(self._engine, self._drains, contract)
+            if isinstance(contract, Actor)
+            else None
+        )
         #: The contract's sessions and events with their processing status
         #: (:class:`~a2trio.inspection.ServerInspection`).
         self.inspect = ServerInspection(self._engine, self._drains.wake)
@@ -314,6 +321,20 @@ class Server:
           character (U+0000-U+001F, U+007F-U+009F) or a lone surrogate.
         """
         return Session(self._engine, self._drains, check_session_id(session_id))
+
+    def actor(self, actor_id: str) -> ActorHandle:
+        """A handle on one actor of the server's :func:`a2trio.actor` (its
+        calls, state and live states). Does no I/O.
+
+        Raises:
+          TypeError: the server's contract is not an actor; a bad id, as
+            :meth:`session`. ValueError: as :meth:`session`.
+        """
+        if self._calls is None:
+            raise TypeError(
+                f"{self!r} implements a contract, not an actor: declare it with a2trio.actor()"
+            )
+        return ActorHandle(self._calls, check_session_id(actor_id))
 
     def key(self, session_id: str) -> str:
         """The store key of a session (``<contract>\\x1f<session>``): what the
