@@ -13,6 +13,7 @@ from .access import RevokePredicate
 from .asgi import App, asgi
 from .auth import (
     Authorize,
+    CallOperation,
     HistoryOperation,
     InspectOperation,
     Operation,
@@ -21,6 +22,7 @@ from .auth import (
     Request,
     RetryNowOperation,
     SkipOperation,
+    StateOperation,
     StreamOperation,
     SubscribeOperation,
 )
@@ -52,6 +54,7 @@ __all__ = [
     "Authorize",
     "Backoff",
     "Backscroll",
+    "CallOperation",
     "Client",
     "Closed",
     "Connecting",
@@ -77,6 +80,7 @@ __all__ = [
     "RetryNowOperation",
     "RevokePredicate",
     "SkipOperation",
+    "StateOperation",
     "StreamOperation",
     "SubscribeOperation",
     "asgi",

@@ -34,6 +34,7 @@ from typing import Final
 
 import trio
 
+from ..actor import Actor
 from ..errors import A2Error, ErrorCode
 from ..push import PushedEvent, PushedPresence
 from ..server import Server
@@ -53,6 +54,7 @@ from ._http import (
     respond,
 )
 from .access import Grants, RevokePredicate, reauthorize
+from .actor_routes import View, serve_actor_http, serve_actor_socket
 from .auth import (
     Authorize,
     HistoryOperation,
@@ -94,6 +96,7 @@ class App:
         limits: Limits = DEFAULT_LIMITS,
         scheduler_secret: str | bytes | None = None,
         inspect: bool = False,
+        views: Mapping[str, View] | None = None,
     ) -> None:
         if not servers:
             raise TypeError("asgi() needs at least one a2trio.Server")
@@ -110,6 +113,7 @@ class App:
         if scheduler_secret is not None and not scheduler_secret:
             raise ValueError("`scheduler_secret` must not be empty")
         self.servers: Mapping[str, Server] = mounted
+        self.views: Mapping[str, View] = _check_views(mounted, views or {})
         self.authorize = authorize
         self.limits = limits
         self.scheduler_secret = scheduler_secret
@@ -218,6 +222,20 @@ class App:
         server = self._server(segments[0])
         with bad_input():
             session_id = server.session(segments[1]).id
+        if isinstance(server.contract, Actor):
+            await serve_actor_http(
+                server,
+                session_id,
+                request,
+                receive,
+                send,
+                body=lambda: self._body(request, receive),
+                authorize=self.authorize,
+                limits=self.limits,
+                view=self.views.get(server.contract.name),
+                grants=self.grants,
+            )
+            return
         if method == "POST":
             await self._push(server, session_id, request, receive, send)
         elif method not in ("GET", "HEAD"):
@@ -385,6 +403,23 @@ class App:
             if len(segments) not in (2, 3) or segments[-1] != "ws":
                 raise Refusal(404, "sockets are /{contract}/{session}/ws and /{contract}/ws")
             server = self._server(segments[0])
+            if isinstance(server.contract, Actor) and len(segments) == 3:
+                with bad_input():
+                    actor_id = server.session(segments[1]).id
+                await serve_actor_socket(
+                    server,
+                    actor_id,
+                    request,
+                    receive,
+                    send,
+                    authorize=self.authorize,
+                    limits=self.limits,
+                    view=self.views.get(server.contract.name),
+                    grants=self.grants,
+                )
+                return
+            if isinstance(server.contract, Actor):
+                raise Refusal(404, "an actor's socket is /{actor}/{id}/ws")
             presence = request.query.get("presence", "") in _TRUE
             if presence and not server.contract.declares_presence:
                 raise A2Error(
@@ -434,6 +469,16 @@ class App:
             )
 
 
+def _check_views(servers: Mapping[str, Server], views: Mapping[str, View]) -> dict[str, View]:
+    for name, view in views.items():
+        server = servers.get(name)
+        if server is None or not isinstance(server.contract, Actor):
+            raise ValueError(f"views= names {name!r}, which is not a mounted actor")
+        if not callable(view):
+            raise TypeError(f"the view for {name!r} must be callable, got {view!r}")
+    return dict(views)
+
+
 async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
     while True:
         message = await receive()
@@ -448,6 +493,7 @@ def asgi(
     limits: Limits = DEFAULT_LIMITS,
     scheduler_secret: str | bytes | None = None,
     inspect: bool = False,
+    views: Mapping[str, View] | None = None,
 ) -> App:
     """An ASGI app mounting every server by its contract's name.
 
@@ -465,10 +511,15 @@ def asgi(
         (reads) or a ``RedriveOperation``, ``SkipOperation`` or
         ``RetryNowOperation`` (refused without a policy that allows it). Off
         by default: the routes are 404.
+      views: actor name -> ``view(state, request)``: what that actor's mount
+        shows of its state, on every lane alike (:mod:`.actor_routes`). A
+        server of an :func:`a2trio.actor` is mounted with the actor lanes.
 
     Raises:
-      TypeError: no servers, or something that is not a server.
-      ValueError: two servers for one contract; an empty secret.
+      TypeError: no servers, or something that is not a server; a view that
+        is not callable.
+      ValueError: two servers for one contract; an empty secret; a view for
+        a name that is not a mounted actor.
     """
     return App(
         servers,
@@ -476,4 +527,5 @@ def asgi(
         limits=limits,
         scheduler_secret=scheduler_secret,
         inspect=inspect,
+        views=views,
     )

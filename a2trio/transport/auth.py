@@ -12,7 +12,10 @@ error's status. The operation is a tagged union, dispatched with ``match``:
 * :class:`SubscribeOperation` - one lane of a multiplexed socket;
 * :class:`InspectOperation` - an operator's read through ``/_a2/inspect``;
 * :class:`RedriveOperation`, :class:`SkipOperation`,
-  :class:`RetryNowOperation` - an operator's action through ``/_a2/inspect``.
+  :class:`RetryNowOperation` - an operator's action through ``/_a2/inspect``;
+* :class:`StateOperation` - an actor's snapshot (``GET ?snapshot=1``);
+* :class:`CallOperation` - a call on an actor (``POST``); an actor's live
+  state is a :class:`StreamOperation` (see ``docs/actors.md``).
 
 The inspection operations are refused unless ``authorize`` allows them: with
 no ``authorize`` at all, always.
@@ -34,6 +37,7 @@ from ..push import PushedEvent, PushedPresence
 
 __all__ = [
     "Authorize",
+    "CallOperation",
     "HistoryOperation",
     "InspectOperation",
     "Operation",
@@ -42,6 +46,7 @@ __all__ = [
     "Request",
     "RetryNowOperation",
     "SkipOperation",
+    "StateOperation",
     "StreamOperation",
     "SubscribeOperation",
     "check_authorized",
@@ -139,6 +144,25 @@ class RetryNowOperation(msgspec.Struct, frozen=True, tag="retry_now"):
 #: The operations an app must allow explicitly: refused without ``authorize``.
 _OPERATOR = (InspectOperation, RedriveOperation, SkipOperation, RetryNowOperation)
 
+
+class StateOperation(msgspec.Struct, frozen=True, tag="state"):
+    """A read of an actor's current ``{state, index}`` (``GET ?snapshot=1``)."""
+
+    contract: str
+    session_id: str
+
+
+class CallOperation(msgspec.Struct, frozen=True, tag="call"):
+    """A call on an actor: its name (``event`` on the wire), its input as sent
+    (not yet validated) and its ``messageId``."""
+
+    contract: str
+    session_id: str
+    event: str
+    input: Any = None
+    message_id: str | None = None
+
+
 Operation = (
     PushOperation
     | StreamOperation
@@ -148,6 +172,8 @@ Operation = (
     | RedriveOperation
     | SkipOperation
     | RetryNowOperation
+    | StateOperation
+    | CallOperation
 )
 
 Authorize = Callable[[Request, Operation], "bool | Awaitable[bool]"]

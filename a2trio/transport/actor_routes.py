@@ -1,0 +1,331 @@
+"""The actor lanes of the ASGI app: calls, snapshots and live state frames.
+
+A server whose contract is an :func:`a2trio.actor` is mounted with these
+routes instead of the session lanes (its log is written only by calls and by
+its own handlers and schedules, never by raw pushes):
+
+=========== ==================================== ==========================================
+lane        request                              answer
+=========== ==================================== ==========================================
+call        ``POST /{actor}/{id}`` with           ``{"state", "index"}`` after the call's
+            ``{"event", "input", "messageId"?}``  own commit; a refusal is 409 ``CALL_REFUSED``
+snapshot    ``GET /{actor}/{id}?snapshot=1``      ``{"state", "index"}``
+stream      ``GET`` + ``Accept:                   SSE ``state`` frames, ``id:`` the index;
+            text/event-stream``                   resumes after ``startAfter`` / ``Last-Event-ID``
+socket      ``GET /{actor}/{id}/ws``              ``{"kind": "state", "state", "index"}`` frames
+=========== ==================================== ==========================================
+
+Snapshot and call answers carry ``Cache-Control: private, no-store``.
+``authorize`` is asked before anything is read, written or followed: a
+:class:`~.auth.CallOperation`, a :class:`~.auth.StateOperation`, a
+:class:`~.auth.StreamOperation`. A mount's ``view(state, request)`` projects
+the state on every lane alike (answers, snapshots, frames), so no lane shows
+what another hides.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import msgspec
+import trio
+
+from ..actor_calls import ActorState
+from ..errors import A2Error, ErrorCode
+from ..identifiers import check_message_id
+from ..server import Server
+from . import sse, wire
+from ._http import Receive, Refusal, Send, bad_input, failure, index_param, report
+from .access import Grants, reauthorize
+from .auth import (
+    Authorize,
+    CallOperation,
+    Request,
+    StateOperation,
+    StreamOperation,
+    check_authorized,
+)
+from .limits import Limits
+
+__all__ = [
+    "ANSWER_HEADERS",
+    "CallBody",
+    "StateFrame",
+    "View",
+    "decode_call_body",
+    "encode_state",
+    "serve_actor_http",
+    "serve_actor_socket",
+]
+
+#: ``view(state, request) -> public shape``: what one mount shows of the
+#: state (anything msgspec encodes). It may be async.
+View = Callable[[Any, Request], Any]
+
+#: Headers of snapshot and call answers: per user, never cached.
+ANSWER_HEADERS: Final = [
+    (b"content-type", b"application/json"),
+    (b"cache-control", b"private, no-store"),
+]
+_SSE_HEADERS: Final = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"private, no-store"),
+    (b"x-accel-buffering", b"no"),
+]
+_TRUE: Final = frozenset({"1", "true"})
+_POLICY: Final = 1008
+_INTERNAL: Final = 1011
+
+
+class CallBody(msgspec.Struct, frozen=True, rename="camel"):
+    """The call lane's body: ``{"event", "input"?, "messageId"?}``."""
+
+    event: str
+    input: Any = None
+    message_id: str | None = None
+
+
+class StateFrame(msgspec.Struct, frozen=True, tag_field="kind", tag="state"):
+    """The socket frame of one state: ``{"kind": "state", "state", "index"}``."""
+
+    state: Any
+    index: int
+
+
+_call_body = msgspec.json.Decoder(CallBody)
+
+
+def decode_call_body(data: bytes) -> CallBody:
+    """Decode the call lane's body.
+
+    Raises:
+      A2Error: ``INVALID_PAYLOAD`` for bad JSON or a wrong shape (the path
+        names the field).
+    """
+    try:
+        return _call_body.decode(data)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise A2Error(ErrorCode.INVALID_PAYLOAD, f"malformed call body: {exc}") from None
+
+
+async def _shown(state: ActorState[Any], view: View | None, request: Request) -> Any:
+    """The state as this mount shows it (JSON builtins)."""
+    if view is None:
+        return msgspec.to_builtins(state.state)
+    shown: Any = view(state.state, request)
+    if inspect.isawaitable(shown):
+        shown = await shown
+    return msgspec.to_builtins(shown)
+
+
+async def encode_state(state: ActorState[Any], view: View | None, request: Request) -> bytes:
+    """``{"state", "index"}`` with the mount's view applied."""
+    return wire.encode({"state": await _shown(state, view, request), "index": state.index})
+
+
+async def _answer(send: Send, body: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [*ANSWER_HEADERS, (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def _start_after(request: Request) -> int | None:
+    resume = request.headers.get("last-event-id")
+    if resume is not None:
+        return index_param("Last-Event-ID", resume)
+    return index_param("startAfter", request.query.get("startAfter"))
+
+
+async def serve_actor_http(
+    server: Server,
+    actor_id: str,
+    request: Request,
+    receive: Receive,
+    send: Send,
+    *,
+    body: Callable[[], Awaitable[bytes]],
+    authorize: Authorize | None,
+    limits: Limits,
+    view: View | None,
+    grants: Grants,
+) -> None:
+    """Answer one HTTP request on an actor mount (the table above).
+
+    Args:
+      body: reads the request body within the app's limits.
+
+    Raises:
+      A2Error / Refusal: the envelope the app answers with (nothing written).
+
+    Cancellation: a call cancelled midway committed all or nothing; the
+    client's retry with the same ``messageId`` answers the original.
+    """
+    name = server.contract.name
+    method = request.method
+    if method == "POST":
+        call = decode_call_body(await body())
+        if call.message_id is not None:
+            with bad_input():
+                check_message_id(call.message_id)
+        await check_authorized(
+            authorize,
+            request,
+            CallOperation(name, actor_id, call.event, call.input, call.message_id),
+        )
+        answer = await server.actor(actor_id).call(
+            call.event, call.input, message_id=call.message_id
+        )
+        await _answer(send, await encode_state(answer, view, request))
+    elif method not in ("GET", "HEAD"):
+        raise Refusal(405, f"{method} is not allowed: use GET or POST")
+    elif "text/event-stream" in request.headers.get("accept", ""):
+        await _stream(server, actor_id, request, receive, send, authorize, limits, view, grants)
+    elif request.query.get("snapshot", "") in _TRUE:
+        await check_authorized(authorize, request, StateOperation(name, actor_id))
+        state = await server.actor(actor_id).state()
+        await _answer(send, await encode_state(state, view, request))
+    else:
+        raise Refusal(
+            400,
+            f"'{name}' is an actor: GET ?snapshot=1 for its state, "
+            "or Accept: text/event-stream to follow it",
+        )
+
+
+async def _stream(
+    server: Server,
+    actor_id: str,
+    request: Request,
+    receive: Receive,
+    send: Send,
+    authorize: Authorize | None,
+    limits: Limits,
+    view: View | None,
+    grants: Grants,
+) -> None:
+    start_after = _start_after(request)
+    operation = StreamOperation(server.contract.name, actor_id, start_after or 0)
+    await check_authorized(authorize, request, operation)
+    revoked: list[A2Error] = []
+
+    async def chunk(data: bytes) -> None:
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async with server.actor(actor_id).states(start_after) as feed:
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        await chunk(sse.encode_comment("ok"))
+        async with trio.open_nursery() as nursery:
+
+            def end(error: A2Error) -> None:
+                if not revoked:
+                    revoked.append(error)
+                    nursery.cancel_scope.cancel(reason="access withdrawn")
+
+            nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
+            if authorize is not None and limits.reauthorize_s is not None:
+                nursery.start_soon(
+                    reauthorize, authorize, request, operation, limits.reauthorize_s, end
+                )
+            with grants.holding(request, operation, end):
+                try:
+                    while True:
+                        with trio.move_on_after(limits.heartbeat_s) as idle:
+                            state = await feed.receive()
+                        if idle.cancelled_caught:
+                            await chunk(sse.encode_comment("ping"))
+                            continue
+                        data = await encode_state(state, view, request)
+                        await chunk(sse.encode_frame("state", data, str(state.index)))
+                except Exception as exc:
+                    report(exc)
+                    await chunk(sse.encode_error_frame(exc))
+            nursery.cancel_scope.cancel(reason="stream ended")
+    if revoked:
+        await chunk(sse.encode_error_frame(revoked[0]))
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    while True:
+        message = await receive()
+        if message["type"] in ("http.disconnect", "websocket.disconnect"):
+            scope.cancel(reason="client disconnected")
+            return
+
+
+async def serve_actor_socket(
+    server: Server,
+    actor_id: str,
+    request: Request,
+    receive: Receive,
+    send: Send,
+    *,
+    authorize: Authorize | None,
+    limits: Limits,
+    view: View | None,
+    grants: Grants,
+) -> None:
+    """Serve ``GET /{actor}/{id}/ws``: state frames, pings every ``ping_s``.
+
+    The handshake is authorized as a :class:`~.auth.StreamOperation`
+    (``startAfter`` from the query); a refusal answers the upgrade with the
+    envelope. Client frames are read and ignored (calls go over ``POST``). A
+    withdrawn access closes the socket with 1008, a failed feed with 1011.
+
+    Cancellation: cancelling closes the feed; nothing is written.
+    """
+    if (await receive())["type"] != "websocket.connect":
+        return
+    try:
+        start_after = index_param("startAfter", request.query.get("startAfter"))
+        operation = StreamOperation(server.contract.name, actor_id, start_after or 0)
+        await check_authorized(authorize, request, operation)
+    except Exception as exc:
+        status, body = failure(exc)
+        await send(
+            {
+                "type": "websocket.http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "websocket.http.response.body", "body": body})
+        return
+    await send({"type": "websocket.accept"})
+    closing: list[tuple[int, str]] = []
+    async with server.actor(actor_id).states(start_after) as feed, trio.open_nursery() as nursery:
+
+        def end(error: A2Error) -> None:
+            if not closing:
+                closing.append((_POLICY, error.message))
+                nursery.cancel_scope.cancel(reason="access withdrawn")
+
+        nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
+        if authorize is not None and limits.reauthorize_s is not None:
+            nursery.start_soon(
+                reauthorize, authorize, request, operation, limits.reauthorize_s, end
+            )
+        with grants.holding(request, operation, end):
+            try:
+                while True:
+                    with trio.move_on_after(limits.ping_s) as idle:
+                        state = await feed.receive()
+                    if idle.cancelled_caught:
+                        await send({"type": "websocket.send", "text": wire.PING_FRAME.decode()})
+                        continue
+                    frame = StateFrame(await _shown(state, view, request), state.index)
+                    await send({"type": "websocket.send", "text": wire.encode(frame).decode()})
+            except Exception as exc:
+                report(exc)
+                closing.append((_INTERNAL, wire.as_a2_error(exc).message))
+                nursery.cancel_scope.cancel(reason="feed failed")
+    if closing:
+        code, reason = closing[0]
+        await send({"type": "websocket.close", "code": code, "reason": reason[:120]})
