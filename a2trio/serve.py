@@ -40,6 +40,7 @@ import hypercorn.typing
 import msgspec
 import trio
 
+from .actor import Actor
 from .server import Server
 from .transport import DEFAULT_LIMITS, App, Limits, asgi
 from .tuning import GC_THRESHOLD, tune_gc
@@ -160,7 +161,16 @@ def lanes(app: App | Any, url: str) -> list[str]:
         return [f"  ASGI app {app!r} at {url}"]
     ws = "ws" + url.removeprefix("http")
     lines = []
-    for name in app.servers:
+    for name, server in app.servers.items():
+        if isinstance(server.contract, Actor):
+            lines += [
+                f"  POST {url}/{name}/{{id}}           call "
+                '{"event", "input", "messageId"?} (actor)',
+                f"  GET  {url}/{name}/{{id}}           ?snapshot=1, or SSE state frames with "
+                "Accept: text/event-stream (?startAfter=)",
+                f"  GET  {ws}/{name}/{{id}}/ws        state frames",
+            ]
+            continue
         lines += [
             f"  POST {url}/{name}/{{session}}      push events and presence",
             f"  GET  {url}/{name}/{{session}}      history (?gte=&lte=), or SSE with "

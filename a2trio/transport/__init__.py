@@ -4,12 +4,15 @@
 ASGI server on Trio, such as hypercorn's trio worker); :mod:`.wire` holds the
 frames, byte-compatible with the seed's ``wire.ts``; :func:`open_client` (the
 multiplexed socket) and :func:`open_http_client` (SSE and HTTP) are Trio clients
-that reconnect, resume and retry (``docs/client.md``).
+that reconnect, resume and retry (``docs/client.md``); :func:`open_actor_client`
+is one of an actor's lanes (``docs/actors.md``).
 """
 
 from __future__ import annotations
 
 from .access import RevokePredicate
+from .actor_client import ActorClient, ActorRequestError, open_actor_client
+from .actor_routes import View
 from .asgi import App, asgi
 from .auth import (
     Authorize,
@@ -50,6 +53,8 @@ __all__ = [
     "DEFAULT_RECONNECT",
     "SIGNATURE_HEADER",
     "TIMESTAMP_HEADER",
+    "ActorClient",
+    "ActorRequestError",
     "App",
     "Authorize",
     "Backoff",
@@ -83,7 +88,9 @@ __all__ = [
     "StateOperation",
     "StreamOperation",
     "SubscribeOperation",
+    "View",
     "asgi",
+    "open_actor_client",
     "open_client",
     "open_http_client",
     "sign_task",

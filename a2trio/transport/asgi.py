@@ -15,6 +15,9 @@ scheduler                   ``POST /_a2/scheduler`` (signed) 204 (:mod:`.schedul
 inspector                   ``/_a2/inspect[/...]``           page, JSON (:mod:`.inspector`)
 =========================== ================================ ===============================
 
+A server of an :func:`a2trio.actor` is mounted with the actor lanes instead
+(calls, snapshots, state frames: :mod:`.actor_routes`, ``docs/actors.md``).
+
 The app is a thin shell over :mod:`.wire` and :mod:`.sse` (sans-I/O). Its
 lifespan opens the servers (``async with server``) and closes them on shutdown,
 which cancels their drains (claims lapse, as after a crash). Every stream is
