@@ -22,6 +22,7 @@ from a2trio.stores.postgres import postgres
 from a2trio.timings import Timings
 
 from .backends.postgres import database_dsn, run_sql
+from .backends.throwaway_pg import throwaway_postgres
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -92,6 +93,10 @@ async def test_two_stores_on_one_dsn_share_one_pool_and_one_listener() -> None:
                     assert (await feed_b.receive()).id == "e1"
                     assert (await feed_a.receive()).id == "e1"
                 assert b.listener_statistics().notifications == 1
+            # A presence subscriber counts too; unsubscribing twice counts once.
+            unsubscribe = b.presence.subscribe("room", lambda patch: None)
+            unsubscribe()
+            unsubscribe()
             # The listener closes when its last subscriber leaves...
             await _until(app, None, 0)
             assert not a.listening
@@ -101,6 +106,9 @@ async def test_two_stores_on_one_dsn_share_one_pool_and_one_listener() -> None:
                 with trio.fail_after(10):
                     await b.wait_listening()
                 await _until(app, None, 1)
+                # Held by the feed, not by wait_listening's own subscription.
+                await trio.sleep(0.2)
+                assert (await _backends(app))[1] == 1
                 await a.append("s", [AppendEvent("note", {}, id="e2")])
                 with trio.fail_after(10):
                     assert (await feed.receive()).id == "e2"
@@ -204,18 +212,22 @@ async def test_the_schema_is_created_once_per_revision_per_pool() -> None:
     async with _tagged(schema) as (dsn, _):
         first = postgres(dsn, schema=schema)
         second = postgres(dsn, schema=schema)
+        third = postgres(dsn, schema=schema)
         polling = postgres(dsn, schema=schema, listen=False)
         holder = await PgConnection.connect(await database_dsn(), timeout_s=5, prepare=False)
         try:
-            async with first, second, polling:
-                await first.read("s")
-                # Schema creation waits on this lock: `second` never takes it,
+            async with first, second, third, polling:
+                # At once: one runs the DDL, the other waits for its answer.
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(first.read, "s")
+                    nursery.start_soon(second.read, "s")
+                # Schema creation waits on this lock: `third` never takes it,
                 # its revision already ran on the shared pool...
                 await holder.script(
                     b"begin; select pg_advisory_xact_lock(hashtext('a2:postgres:schema'))"
                 )
                 with trio.fail_after(10):
-                    await second.read("s")
+                    await third.read("s")
                 # ... while another revision (no triggers) runs its own DDL.
                 with trio.move_on_after(0.3) as waited:
                     await polling.read("s")
@@ -225,7 +237,7 @@ async def test_the_schema_is_created_once_per_revision_per_pool() -> None:
                     await polling.read("s")
         finally:
             holder.close()
-            for store in (first, second, polling):
+            for store in (first, second, third, polling):
                 await store.aclose()
 
 
@@ -249,3 +261,21 @@ async def test_each_trio_run_has_its_own_pools() -> None:
         # its own, and closes it.
         assert await trio.to_thread.run_sync(other_run) == 2
         await _until(app, 1, 0)
+
+
+async def test_a_subscription_made_while_the_database_is_down_listens_once_it_is_back() -> None:
+    async with throwaway_postgres() as server:
+        store = postgres(server.dsn, connect_timeout_s=1.0)
+        await server.stop()
+        try:
+            async with store:
+                unsubscribe = store.presence.subscribe("room", lambda patch: None)
+                # Creating the schema (for its channel names) fails, and is retried.
+                await trio.sleep(0.3)
+                assert not store.listening
+                await server.start()
+                with trio.fail_after(20):
+                    await store.wait_listening()
+                unsubscribe()
+        finally:
+            await store.aclose()

@@ -94,7 +94,6 @@ class PoolLease:
     def __init__(self, entry: _PoolEntry) -> None:
         self._entry = entry
         self.pool = entry.pool
-        self._released = False
 
     async def schema(self, script: bytes) -> str:
         """Run the DDL ``script`` unless this pool already ran that revision;
@@ -118,15 +117,11 @@ class PoolLease:
         return done
 
     def release(self) -> None:
-        """Give the share back; the last one closes a pool the registry made. Idempotent."""
-        if self._released:
-            return
-        self._released = True
+        """Give the share back, once; the last one closes a pool the registry made."""
         entry = self._entry
         entry.leases -= 1
         if entry.leases == 0:
-            if entry.registry.pools.get(entry.key) is entry:
-                del entry.registry.pools[entry.key]
+            del entry.registry.pools[entry.key]
             if entry.owned:
                 entry.pool.close()
 
@@ -144,7 +139,8 @@ class SharedListener:
         self._key = key
         self._subscribers: set[ListenSubscriber] = set()
         self._ready: set[ListenSubscriber] = set()
-        self._scope: trio.CancelScope | None = None
+        self._scope = trio.CancelScope()
+        self._started = False
         self._wait: trio.CancelScope | None = None
         self._done = trio.Event()
 
@@ -157,25 +153,24 @@ class SharedListener:
         """Hear ``subscriber.channels`` from now on; its ``listening(True)``
         says when. The first subscriber opens the connection."""
         self._subscribers.add(subscriber)
-        if self._scope is None:
-            self._scope = trio.CancelScope()
-            trio.lowlevel.spawn_system_task(self._serve, self._scope)
+        if not self._started:
+            self._started = True
+            trio.lowlevel.spawn_system_task(self._serve)
         elif self._wait is not None:
             self._wait.cancel()  # LISTEN the new channels now
 
     def unsubscribe(self, subscriber: ListenSubscriber) -> None:
-        """Stop delivering to ``subscriber``. The last one out closes the
-        connection and retires this listener: :func:`listener` makes the next."""
+        """Stop delivering to ``subscriber`` (once per :meth:`subscribe`). The
+        last one out closes the connection and retires this listener:
+        :func:`listener` makes the next."""
         self._subscribers.discard(subscriber)
         self._ready.discard(subscriber)
         if self._subscribers:
             if self._wait is not None:
                 self._wait.cancel()  # UNLISTEN what nobody hears now
             return
-        if self._registry.listeners.get(self._key) is self:
-            del self._registry.listeners[self._key]
-        if self._scope is not None:
-            self._scope.cancel()
+        del self._registry.listeners[self._key]
+        self._scope.cancel()
 
     async def closed(self) -> None:
         """Wait until the task a subscriber started has ended and closed its
@@ -185,11 +180,11 @@ class SharedListener:
         """
         await self._done.wait()
 
-    async def _serve(self, scope: trio.CancelScope) -> None:
+    async def _serve(self) -> None:
         """The system task: hold the connection, reconnect after a loss, until
-        the last subscriber cancels ``scope`` (or the run ends)."""
+        the last subscriber cancels it (or the run ends)."""
         try:
-            with scope:
+            with self._scope:
                 backoff = _BACKOFF_S[0]
                 while True:
                     try:

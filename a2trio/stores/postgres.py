@@ -829,9 +829,9 @@ class PostgresStore:
         self._wakeups.notify_all()
 
     def _heard(self, channel: str, payload: str) -> None:
+        """A notification on one of this store's two channels."""
         assert self._channels is not None
-        events, presence = self._channels
-        if channel == events:
+        if channel == self._channels[0]:
             self._notifications += 1
             origin, _, session_id = payload.partition(" ")
             if origin == self._origin:
@@ -839,7 +839,7 @@ class PostgresStore:
             else:
                 self._wakeups.notify(session_id)
                 self._announce(session_id)
-        elif channel == presence:
+        else:
             self._deliver_remote(payload)
 
     def watch_pending(self, on_session: Callable[[str], None]) -> Callable[[], None]:
