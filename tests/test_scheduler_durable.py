@@ -1,8 +1,8 @@
 """The durable scheduler on real sqlite files and a real Postgres server.
 
-The scheduler's queries run in worker threads, which autojump would count as
-idle, so these tests take pytest-trio's ``mock_clock`` (no autojump) and move
-time with ``MockClock.jump``. With time frozen between jumps, an event's
+The scheduler's queries run in worker threads (sqlite) or wait on sockets
+(Postgres), which autojump would count as idle, so these tests take
+pytest-trio's ``mock_clock`` (no autojump) and move time with ``MockClock.jump``. With time frozen between jumps, an event's
 ``created_at`` says exactly at which jump it was delivered. A real-time
 limit guards every test against hangs (the Trio clock does not move by
 itself). The event store is the memory store: the scheduler keeps its own
@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import sqlite3
 import subprocess
 import sys
 import threading
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, closing
 from pathlib import Path
@@ -325,11 +327,15 @@ async def test_a_cancelled_schedule_commits_whole_or_writes_nothing(
         assert await scheduler.queued() == 0
         async with trio.open_nursery() as nursery:
             nursery.start_soon(scheduler.schedule, task(2))
-            # Blocked means its insert is in the worker thread, which runs to the end.
+            # Blocked means its insert is in flight (a sqlite thread, a
+            # Postgres pipeline): cancelled there, it committed or rolled back.
             await trio.testing.wait_all_tasks_blocked()
             nursery.cancel_scope.cancel()
+        assert await scheduler.queued() in (0, 1)
+        # Retrying is safe either way, and no transaction was left open: the
+        # connections keep working.
+        await scheduler.schedule(task(2))
         assert await scheduler.queued() == 1
-        # No transaction was left open on the connection: it keeps working.
         await scheduler.schedule(task(3))
         assert await scheduler.queued() == 2
 
@@ -430,3 +436,176 @@ async def test_two_processes_deliver_each_task_exactly_once(shared_target: str) 
     # Exactly once between them. How they split the work is up to timing: on
     # sqlite's single write lock one worker can take every task.
     assert not set(delivered[0]) & set(delivered[1])
+
+
+# -- group commits under cancellation and SIGKILL -----------------------------
+#
+# Writes that arrive together share one transaction (schedulers/_group.py).
+# Whatever interrupts a group (a caller's cancellation, the process's death),
+# every schedule() that returned is committed, nothing is half-written, and
+# every task is delivered with its events appended exactly once. The killed
+# processes are tests/sched_workers/crasher.py.
+
+CRASHER = Path(__file__).parent / "sched_workers" / "crasher.py"
+
+
+class Tick(msgspec.Struct, frozen=True):
+    n: int
+
+
+fleet = a2trio.contract("fleet", events={"tick": Tick})
+SESSIONS = 10
+
+
+def tick_task(n: int, due_at_ms: int) -> AppendTask:
+    event = ScheduledEvent(f"tick-{n}", "tick", {"n": n})
+    return AppendTask(f"task-{n}", "fleet", f"s{n % SESSIONS}", due_at_ms, [event])
+
+
+def stored_ids(target: str) -> set[str]:
+    """The task ids in the table, read behind the scheduler's back."""
+    if target.startswith("postgresql://"):
+        with psycopg.connect(target) as conn:
+            rows = conn.execute("SELECT id FROM a2_scheduler_tasks").fetchall()
+    else:
+        with closing(sqlite3.connect(target)) as conn:
+            rows = conn.execute("SELECT id FROM a2_scheduler_tasks").fetchall()
+    return {row[0] for row in rows}
+
+
+class Ahead:
+    """Epoch ms past every lease a killed process held (30 s)."""
+
+    def now_ms(self) -> int:
+        return a2trio.SystemClock().now_ms() + 31_000
+
+
+async def deliver_all(scheduler: DurableScheduler, store: a2trio.stores.Store) -> Counter[str]:
+    """Bind a server until the queue is empty; count each appended event id."""
+    async with a2trio.Server(fleet, store=store, scheduler=scheduler) as server:
+        with trio.fail_after(60):
+            while await scheduler.queued("fleet"):  # noqa: ASYNC110 - polls the table
+                await trio.sleep(0.02)
+        events = [
+            event.id for n in range(SESSIONS) for event in await server.session(f"s{n}").history()
+        ]
+    return Counter(events)
+
+
+async def test_schedules_cancelled_mid_group_commit_whole_or_not_at_all(
+    make_scheduler: MakeScheduler,
+) -> None:
+    total = 300
+    clock = a2trio.SystemClock()
+    scheduler = make_scheduler()
+    acknowledged: set[str] = set()
+    scopes: dict[int, trio.CancelScope] = {}
+
+    async def schedule(n: int) -> None:
+        with scopes[n]:
+            await scheduler.schedule(tick_task(n, clock.now_ms()))
+            acknowledged.add(f"task-{n}")
+            if len(acknowledged) == total // 10:
+                # Once some groups have committed, cancel every third caller:
+                # some are queued, some in a group in flight, some done.
+                for m in range(0, total, 3):
+                    scopes[m].cancel()
+
+    async with scheduler:
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for n in range(total):
+                    scopes[n] = trio.CancelScope()
+                    nursery.start_soon(schedule, n)
+        assert scheduler.statistics().largest_group > 1
+        cancelled = sum(1 for n in range(0, total, 3) if f"task-{n}" not in acknowledged)
+        assert cancelled > 0
+        # Every caller that was not cancelled returned.
+        assert {f"task-{n}" for n in range(total) if n % 3} <= acknowledged
+        queued = await scheduler.queued()
+        assert len(acknowledged) <= queued <= total
+        delivered = await deliver_all(scheduler, a2trio.stores.memory())
+    # Each stored task, acknowledged or not, was delivered once, whole.
+    assert set(delivered.values()) == {1}
+    assert len(delivered) == queued
+    assert {f"task-{e.removeprefix('tick-')}" for e in delivered} >= acknowledged
+
+
+async def read_lines(process: trio.Process, until_count: int, prefix: str) -> list[str]:
+    stdout = process.stdout
+    assert stdout is not None
+    buffer = b""
+    lines: list[str] = []
+    while len(lines) < until_count:
+        chunk = await stdout.receive_some()
+        assert chunk, "the process ended early"
+        buffer += chunk
+        *complete, buffer = buffer.split(b"\n")
+        lines += [line.decode() for line in complete if line.startswith(prefix.encode())]
+    return lines
+
+
+async def kill(process: trio.Process) -> bytes:
+    """SIGKILL the process; return what it printed that was not read yet."""
+    process.send_signal(signal.SIGKILL)
+    await process.wait()
+    assert process.returncode == -signal.SIGKILL
+    stdout = process.stdout
+    assert stdout is not None
+    rest = b""
+    while chunk := await stdout.receive_some():
+        rest += chunk
+    return rest
+
+
+async def test_a_process_killed_mid_group_loses_no_acknowledged_schedule(
+    shared_target: str,
+) -> None:
+    process = await trio.lowlevel.open_process(
+        [sys.executable, str(CRASHER), "schedule", shared_target], stdout=subprocess.PIPE
+    )
+    try:
+        with trio.fail_after(60):
+            acknowledged = await read_lines(process, 400, "task-")
+    finally:
+        rest = await kill(process)
+    # Printed before the kill: every one of them returned from schedule().
+    acknowledged += [line for line in rest.decode().splitlines() if line.startswith("task-")]
+    stored = stored_ids(shared_target)
+    assert set(acknowledged) <= stored
+    async with open_shared(shared_target) as scheduler:
+        delivered = await deliver_all(scheduler, a2trio.stores.memory())
+    assert set(delivered.values()) == {1}
+    assert {f"task-{e.removeprefix('tick-')}" for e in delivered} == stored
+
+
+async def test_a_process_killed_mid_delivery_leaves_each_event_appended_once(
+    shared_target: str, tmp_path: Path
+) -> None:
+    total = 300
+    clock = a2trio.SystemClock()
+    store_path = tmp_path / "events.db"
+    async with open_shared(shared_target) as scheduler:
+        for n in range(total):
+            await scheduler.schedule(tick_task(n, clock.now_ms()))
+    process = await trio.lowlevel.open_process(
+        [sys.executable, str(CRASHER), "deliver", shared_target, str(store_path)],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        with trio.fail_after(60):
+            await read_lines(process, 50, "delivered ")
+    finally:
+        await kill(process)
+    left = stored_ids(shared_target)
+    assert 0 < len(left) < total
+    # The killed process's leases look lapsed to this clock: its claimed
+    # tasks (delivered or not, deleted or not) are delivered again.
+    scheduler = (
+        DurableScheduler.postgres(shared_target, clock=Ahead())
+        if shared_target.startswith("postgresql://")
+        else DurableScheduler.sqlite(shared_target, clock=Ahead())
+    )
+    delivered = await deliver_all(scheduler, a2trio.stores.sqlite(str(store_path)))
+    assert delivered == Counter({f"tick-{n}": 1 for n in range(total)})
+    assert stored_ids(shared_target) == set()

@@ -96,6 +96,11 @@ class SchedulerStatistics(msgspec.Struct, frozen=True):
       passes: worker passes completed (claim, then look ahead), so a test
         can wait until a worker has looked at the queue after moving time.
       waiting: workers between passes, waiting for a due time or a wake-up.
+      write_transactions: transactions that committed the queue's writes
+        (inserts, deletes, renewals, reschedules); fewer than ``writes`` when
+        writes arriving together shared one (group commit).
+      writes: writes committed in them.
+      largest_group: the most writes one transaction committed.
     """
 
     bound: tuple[str, ...]
@@ -105,6 +110,9 @@ class SchedulerStatistics(msgspec.Struct, frozen=True):
     queue_errors: int
     passes: int
     waiting: int
+    write_transactions: int = 0
+    writes: int = 0
+    largest_group: int = 0
 
 
 class _Binding:
@@ -143,6 +151,8 @@ class QueueScheduler:
         self._clock = clock
         self._lease_s = lease_s
         self._max_in_flight = max_in_flight
+        #: Free slots the worker waits for before claiming again.
+        self._refill = max(1, max_in_flight // 2)
         self._bindings: dict[str, _Binding] = {}
         self._wakeups = Wakeups()
         self._users = 0
@@ -270,6 +280,7 @@ class QueueScheduler:
 
     def statistics(self) -> SchedulerStatistics:
         """Counters for tests and debugging; does no I/O."""
+        groups = self._queue.group_statistics()
         return SchedulerStatistics(
             bound=tuple(sorted(self._bindings)),
             in_flight=sum(b.in_flight for b in self._bindings.values()),
@@ -278,6 +289,9 @@ class QueueScheduler:
             queue_errors=self._queue_errors,
             passes=self._passes,
             waiting=self._waiting,
+            write_transactions=groups.groups,
+            writes=groups.members,
+            largest_group=groups.largest,
         )
 
     # -- the worker ----------------------------------------------------------
@@ -322,7 +336,10 @@ class QueueScheduler:
     async def _pump(self, binding: _Binding, nursery: trio.Nursery) -> float:
         """Claim and start due deliveries; return how long to wait before the next pass."""
         free = self._max_in_flight - binding.in_flight
-        if free <= 0:
+        if free < self._refill:
+            # Wait for slots to free up and claim them in one batch: a claim
+            # per finished delivery would make the claim's round trip the
+            # bound on throughput.
             return math.inf
         token = str(uuid.uuid4())
         rows = await self._queue.claim(
@@ -336,9 +353,10 @@ class QueueScheduler:
             binding.in_flight += 1
             nursery.start_soon(self._deliver, binding, row, token)
         if len(rows) == free:
-            # More may be due. At capacity, the delivery that frees a slot wakes
-            # the worker; if deliveries finished during the claim, go again now.
-            return math.inf if binding.in_flight >= self._max_in_flight else 0.0
+            # More may be due. Short of a refill's worth of slots, the delivery
+            # that frees the last of them wakes the worker; if deliveries
+            # finished during the claim, go again now.
+            return math.inf if self._max_in_flight - binding.in_flight < self._refill else 0.0
         wait_s = self._poll_s(binding)
         next_due = await self._queue.next_due(binding.contract)
         if next_due is not None:
@@ -371,11 +389,12 @@ class QueueScheduler:
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT_S):
                 await self._settle(binding, row, token, delivered, error)
-            # Wake the worker when this frees a slot it is waiting for, or when
-            # the task went back to the queue with a new due time.
-            if binding.in_flight >= self._max_in_flight or not delivered:
-                self._wakeups.notify(binding.contract)
+            # Wake the worker when this frees the slots it waits for (a
+            # refill's worth), or when the task went back to the queue with a
+            # new due time.
             binding.in_flight -= 1
+            if self._max_in_flight - binding.in_flight == self._refill or not delivered:
+                self._wakeups.notify(binding.contract)
 
     async def _settle(
         self, binding: _Binding, row: TaskRow, token: str, delivered: bool, error: str | None

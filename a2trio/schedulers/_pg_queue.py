@@ -1,32 +1,37 @@
-"""Scheduler tasks in a Postgres table, on the scheduler's own connections.
+"""Scheduler tasks in a Postgres table, on the Postgres store's Trio-native driver.
 
 Any number of processes share one table. A claim is one statement that
 leases due rows ``FOR UPDATE SKIP LOCKED``: concurrent claimers skip each
 other's rows instead of waiting or double-claiming, so every task goes to one
 worker. An insert that adds a row sends ``NOTIFY a2_scheduler, '<contract>'``
-in the same transaction, so other processes' workers wake when it commits.
+in the same statement, so other processes' workers wake when it commits.
 
-Driving psycopg from Trio (see ``notes/postgres-on-trio.md``): correctness
-over speed here. Row operations use one synchronous connection, one call at
-a time under a Trio lock, each call a whole transaction in a worker thread
-through ``trio.to_thread.run_sync``. The thread is not abandoned on
-cancellation, so the transaction always commits or rolls back before the
-caller sees ``Cancelled``; a connection is never left mid-transaction. A
-connection error closes the connection; the next call reconnects.
+Driver: the store's :class:`~a2trio.stores._pg_conn.PgPool` (libpq through
+psycopg's public ``pq`` layer, Trio socket waits, each call one pipelined
+round trip; see ``docs/stores-postgres.md``), on connections of the
+scheduler's own. Writes (inserts, deletes, renewals, reschedules) go through
+:class:`~a2trio.schedulers._group.GroupCommit`: the writes that arrive while
+others are in flight share the next transaction, ``begin; w1; w2; ...;
+commit``, one round trip and one WAL flush. Claims and reads run alone.
 
-Notifications use a second, autocommit connection: ``LISTEN``, then wait with
-``trio.lowlevel.wait_readable`` on its socket and drain ``notifies(timeout=0)``
-(public psycopg API, cancellable at once).
+Cancellation: the pool closes a connection whose pipeline was cancelled (the
+driver first cancels the statement on the server), so a cancelled call
+committed entirely or not at all; a connection error closes the connection
+and the next call opens another.
+
+Notifications: one more connection, outside the pool, runs ``LISTEN`` and
+waits on its socket with ``trio.lowlevel.wait_readable``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
 
-import psycopg
 import trio
 
+from ..stores._pg_conn import Param, PgConnection, PgError, PgPool, Row, Statement
+from ._group import GroupCommit, GroupCommitStatistics
 from ._queue import TaskRow
 
 if TYPE_CHECKING:
@@ -34,13 +39,19 @@ if TYPE_CHECKING:
 
 __all__ = ["PostgresQueue"]
 
-T = TypeVar("T")
-
 CHANNEL = "a2_scheduler"
 #: Pause before reconnecting a lost notification listener.
 LISTEN_RETRY_S = 1.0
+#: Connections in the pool: the group commit's leaders, a claim and a read.
+MAX_CONNECTIONS = 4
+#: Each connection attempt fails after this long (``STORE_UNAVAILABLE``).
+CONNECT_TIMEOUT_S = 5.0
 
-_SCHEMA = """
+#: Serializes schema creation: concurrent CREATE TABLE IF NOT EXISTS can
+#: still collide on the catalog's unique index.
+_SCHEMA_LOCK = 0x61325F73636864
+_SCHEMA = f"""
+SELECT pg_advisory_xact_lock({_SCHEMA_LOCK});
 CREATE TABLE IF NOT EXISTS a2_scheduler_tasks (
   id text PRIMARY KEY,
   contract text NOT NULL,
@@ -52,12 +63,47 @@ CREATE TABLE IF NOT EXISTS a2_scheduler_tasks (
   last_error text
 );
 CREATE INDEX IF NOT EXISTS a2_scheduler_tasks_due ON a2_scheduler_tasks (contract, due_at);
-"""
-#: Serializes schema creation: concurrent CREATE TABLE IF NOT EXISTS can
-#: still collide on the catalog's unique index.
-_SCHEMA_LOCK = 0x61325F73636864
+""".encode()
 
-_Conn = psycopg.Connection[tuple[Any, ...]]
+_BEGIN = Statement("begin")
+_COMMIT = Statement("commit")
+# One row (the notification) if this call added the task.
+_INSERT = Statement(
+    "with added as ("
+    " insert into a2_scheduler_tasks (id, contract, due_at, body)"
+    " values ($1::text, $2::text, $3::bigint, $4::text::jsonb)"
+    " on conflict (id) do nothing returning contract)"
+    f" select pg_notify('{CHANNEL}', contract) from added"
+)
+_CLAIM = Statement(
+    "update a2_scheduler_tasks t"
+    " set attempts = t.attempts + 1, leased_until = $1::bigint, lease_token = $2::text"
+    " from (select id from a2_scheduler_tasks"
+    "       where contract = $3::text and due_at <= $4::bigint"
+    "         and (leased_until is null or leased_until <= $4::bigint)"
+    "       order by due_at limit $5::integer for update skip locked) due"
+    " where t.id = due.id"
+    " returning t.id, t.body::text, t.attempts, t.due_at"
+)
+_RENEW = Statement(
+    "update a2_scheduler_tasks set leased_until = $3::bigint"
+    " where id = $1::text and lease_token = $2::text returning 1"
+)
+_DELETE = Statement("delete from a2_scheduler_tasks where id = $1::text and lease_token = $2::text")
+_RESCHEDULE = Statement(
+    "update a2_scheduler_tasks set due_at = $3::bigint, leased_until = null,"
+    " lease_token = null, last_error = coalesce($4::text, last_error)"
+    " where id = $1::text and lease_token = $2::text"
+)
+_NEXT_DUE = Statement(
+    "select min(greatest(due_at, coalesce(leased_until, 0)))"
+    " from a2_scheduler_tasks where contract = $1::text"
+)
+_COUNT = Statement(
+    "select count(*) from a2_scheduler_tasks where $1::text is null or contract = $1::text"
+)
+
+_Work = tuple[Statement, Sequence[Param]]
 
 
 class PostgresQueue:
@@ -67,127 +113,81 @@ class PostgresQueue:
 
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
-        self._conn: _Conn | None = None
-        self._lock = trio.Lock()
+        self._pool: PgPool | None = None
+        self._writes: GroupCommit[_Work, list[Row]] = GroupCommit(
+            self._run_group, rejected=(PgError,)
+        )
 
     def __repr__(self) -> str:
         return "PostgresQueue(...)"
 
-    def _transaction(self, fn: Callable[[_Conn], T]) -> T:
-        conn = self._conn
-        if conn is None or conn.closed:
-            conn = self._conn = psycopg.connect(self.dsn, autocommit=True)
-        try:
-            with conn.transaction():
-                return fn(conn)
-        except psycopg.OperationalError:
-            conn.close()
-            self._conn = None
-            raise
+    def group_statistics(self) -> GroupCommitStatistics:
+        """How the writes were group-committed (tests, benchmarks)."""
+        return self._writes.statistics()
 
-    async def _run(self, fn: Callable[[_Conn], T]) -> T:
-        async with self._lock:
-            return await trio.to_thread.run_sync(self._transaction, fn)
+    def _ready(self) -> PgPool:
+        if self._pool is None:
+            raise trio.ClosedResourceError("the scheduler's Postgres queue is not open")
+        return self._pool
+
+    async def _run(self, work: _Work) -> list[Row]:
+        async with self._ready().connection() as conn:
+            [rows] = await conn.run([work])
+        return rows
+
+    async def _run_group(self, works: Sequence[_Work]) -> list[list[Row]]:
+        async with self._ready().connection() as conn:
+            if len(works) == 1:
+                # One statement is its own (implicit) transaction.
+                return await conn.run(works)
+            rows = await conn.run([(_BEGIN, ()), *works, (_COMMIT, ())])
+        return rows[1:-1]
 
     async def open(self) -> None:
-        def create(conn: _Conn) -> None:
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-            conn.execute(_SCHEMA)
-
-        await self._run(create)
+        pool = PgPool(self.dsn, max_size=MAX_CONNECTIONS, connect_timeout_s=CONNECT_TIMEOUT_S)
+        try:
+            async with pool.connection() as conn:
+                # The simple protocol runs the script as one transaction: the
+                # advisory lock holds until the DDL commits.
+                await conn.script(_SCHEMA)
+        except BaseException:
+            pool.close()
+            raise
+        self._pool = pool
 
     async def aclose(self) -> None:
-        async with self._lock:
-            conn, self._conn = self._conn, None
-            if conn is not None:
-                await trio.to_thread.run_sync(conn.close)
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+        await trio.lowlevel.checkpoint()
 
     async def insert(self, task_id: str, contract: str, due_at_ms: int, body: bytes) -> bool:
-        def insert(conn: _Conn) -> bool:
-            cursor = conn.execute(
-                "INSERT INTO a2_scheduler_tasks (id, contract, due_at, body) "
-                "VALUES (%s, %s, %s, %s::jsonb) ON CONFLICT (id) DO NOTHING",
-                (task_id, contract, due_at_ms, body.decode()),
-            )
-            if cursor.rowcount != 1:
-                return False
-            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, contract))
-            return True
-
-        return await self._run(insert)
+        rows = await self._writes.submit(task_id, (_INSERT, (task_id, contract, due_at_ms, body)))
+        return bool(rows)
 
     async def claim(
         self, contract: str, now_ms: int, lease_ms: int, token: str, limit: int
     ) -> list[TaskRow]:
-        def claim(conn: _Conn) -> list[TaskRow]:
-            rows = conn.execute(
-                "UPDATE a2_scheduler_tasks t "
-                "SET attempts = t.attempts + 1, leased_until = %s, lease_token = %s "
-                "FROM (SELECT id FROM a2_scheduler_tasks "
-                "      WHERE contract = %s AND due_at <= %s "
-                "        AND (leased_until IS NULL OR leased_until <= %s) "
-                "      ORDER BY due_at LIMIT %s FOR UPDATE SKIP LOCKED) due "
-                "WHERE t.id = due.id "
-                "RETURNING t.id, t.body::text, t.attempts, t.due_at",
-                (now_ms + lease_ms, token, contract, now_ms, now_ms, limit),
-            ).fetchall()
-            rows.sort(key=lambda row: (row[3], row[0]))
-            return [
-                TaskRow(task_id, body.encode(), attempts) for task_id, body, attempts, _ in rows
-            ]
-
-        return await self._run(claim)
+        rows = await self._run((_CLAIM, (now_ms + lease_ms, token, contract, now_ms, limit)))
+        rows.sort(key=lambda row: (row[3], row[0]))
+        return [TaskRow(task_id, body.encode(), attempts) for task_id, body, attempts, _ in rows]
 
     async def renew(self, task_id: str, token: str, until_ms: int) -> bool:
-        def renew(conn: _Conn) -> bool:
-            cursor = conn.execute(
-                "UPDATE a2_scheduler_tasks SET leased_until = %s "
-                "WHERE id = %s AND lease_token = %s",
-                (until_ms, task_id, token),
-            )
-            return cursor.rowcount == 1
-
-        return await self._run(renew)
+        return bool(await self._writes.submit(task_id, (_RENEW, (task_id, token, until_ms))))
 
     async def delete(self, task_id: str, token: str) -> None:
-        await self._run(
-            lambda conn: conn.execute(
-                "DELETE FROM a2_scheduler_tasks WHERE id = %s AND lease_token = %s",
-                (task_id, token),
-            )
-        )
+        await self._writes.submit(task_id, (_DELETE, (task_id, token)))
 
     async def reschedule(self, task_id: str, token: str, due_at_ms: int, error: str | None) -> None:
-        await self._run(
-            lambda conn: conn.execute(
-                "UPDATE a2_scheduler_tasks SET due_at = %s, leased_until = NULL, "
-                "lease_token = NULL, last_error = coalesce(%s, last_error) "
-                "WHERE id = %s AND lease_token = %s",
-                (due_at_ms, error, task_id, token),
-            )
-        )
+        await self._writes.submit(task_id, (_RESCHEDULE, (task_id, token, due_at_ms, error)))
 
     async def next_due(self, contract: str) -> int | None:
-        def next_due(conn: _Conn) -> int | None:
-            row = conn.execute(
-                "SELECT min(greatest(due_at, coalesce(leased_until, 0))) "
-                "FROM a2_scheduler_tasks WHERE contract = %s",
-                (contract,),
-            ).fetchone()
-            return None if row is None or row[0] is None else int(row[0])
-
-        return await self._run(next_due)
+        [(due,)] = await self._run((_NEXT_DUE, (contract,)))
+        return None if due is None else int(due)
 
     async def count(self, contract: str | None = None) -> int:
-        def count(conn: _Conn) -> int:
-            row = conn.execute(
-                "SELECT count(*) FROM a2_scheduler_tasks WHERE %s::text IS NULL OR contract = %s",
-                (contract, contract),
-            ).fetchone()
-            assert row is not None
-            return int(row[0])
-
-        return await self._run(count)
+        [(n,)] = await self._run((_COUNT, (contract,)))
+        return int(n)
 
     async def listen(
         self, wakeups: Wakeups, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -202,9 +202,12 @@ class PostgresQueue:
         """
         started = False
         while True:
-            conn: _Conn | None = None
+            conn: PgConnection | None = None
             try:
-                conn = await trio.to_thread.run_sync(self._listener)
+                conn = await PgConnection.connect(
+                    self.dsn, timeout_s=CONNECT_TIMEOUT_S, prepare=False
+                )
+                await conn.script(f"LISTEN {CHANNEL}".encode())
                 if started:
                     # Reconnected: anything sent meanwhile was lost.
                     wakeups.notify_all()
@@ -212,9 +215,9 @@ class PostgresQueue:
                     started = True
                     task_status.started()
                 while True:
-                    await trio.lowlevel.wait_readable(conn.fileno())
-                    for notify in conn.notifies(timeout=0):
-                        wakeups.notify(notify.payload)
+                    await trio.lowlevel.wait_readable(conn.socket)
+                    for _, contract in conn.notifies():
+                        wakeups.notify(contract)
             except Exception:
                 # No listener: the worker's safety re-read (notify_safety_s) covers the gap.
                 if not started:
@@ -224,12 +227,3 @@ class PostgresQueue:
                 if conn is not None:
                     conn.close()
             await trio.sleep(LISTEN_RETRY_S)
-
-    def _listener(self) -> _Conn:
-        conn = psycopg.connect(self.dsn, autocommit=True)
-        try:
-            conn.execute(f"LISTEN {CHANNEL}")
-        except BaseException:
-            conn.close()
-            raise
-        return conn

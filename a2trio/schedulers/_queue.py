@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 import msgspec
 import trio
 
+from ._group import GroupCommitStatistics
+
 if TYPE_CHECKING:
     from ..stores._feed import Wakeups
 
@@ -72,6 +74,9 @@ class TaskQueue(Protocol):
 
     async def count(self, contract: str | None = None) -> int:
         """How many tasks are queued (leased or not), for one contract or all."""
+
+    def group_statistics(self) -> GroupCommitStatistics:
+        """How the writes were committed (no I/O)."""
 
 
 @runtime_checkable
@@ -198,3 +203,7 @@ class MemoryQueue:
     async def count(self, contract: str | None = None) -> int:
         await trio.lowlevel.checkpoint()
         return sum(1 for row in self._rows.values() if contract in (None, row.contract))
+
+    def group_statistics(self) -> GroupCommitStatistics:
+        # Every write is a dict operation: nothing is committed in groups.
+        return GroupCommitStatistics(0, 0, 0)

@@ -1,13 +1,21 @@
-"""Scheduler tasks in a sqlite table, on the scheduler's own connection.
+"""Scheduler tasks in a sqlite table, on the sqlite store's connection pool.
 
-One ``sqlite3`` connection (WAL, so readers in other processes never block on
-us) serves every call, one at a time under a Trio lock. Each call is a whole
-transaction (``BEGIN IMMEDIATE`` for writes) run in a worker thread through
-``trio.to_thread.run_sync``, which is not abandoned on cancellation: the
-transaction always finishes (commit, or rollback on error) before the caller
-sees ``Cancelled``, so a transaction is never left open. ``BEGIN IMMEDIATE``
-takes the write lock up front, so two processes' claims serialize instead of
-failing to upgrade a read lock.
+The scheduler keeps its own :class:`~a2trio.stores._sqlite_conn.ConnectionPool`
+on its file (which may be the store's): one writer connection behind a Trio
+lock and a few WAL readers, each call a whole transaction in a worker thread
+(``BEGIN IMMEDIATE`` for writes). A cancelled call is interrupted or runs to
+its end, so it committed entirely or not at all, and no transaction is left
+open (see that module). The pool creates the table on first use.
+
+Writes (inserts, deletes, renewals, reschedules) go through
+:class:`~a2trio.schedulers._group.GroupCommit` with one leader (sqlite has one
+writer): the writes that arrive while a transaction is in flight share the
+next one, one thread call and one commit. Claims run alone on the writer;
+``next_due`` and ``count`` read a snapshot on a reader.
+
+Durability: ``synchronous = full``, so a ``schedule()`` that returned is on
+disk (the store's own connections use ``normal``; see
+``docs/stores-sqlite.md``).
 
 sqlite sends no notifications: another process's task is noticed by the
 worker's poll (``Timings.poll_idle_s``).
@@ -17,23 +25,17 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Callable
-from typing import Literal, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Literal
 
-import trio
-
-from ..stores._sqlite_conn import use_wal
+from ..stores._sqlite_conn import ConnectionPool
+from ._group import GroupCommit, GroupCommitStatistics
 from ._queue import TaskRow
 
 __all__ = ["SqliteQueue"]
 
-T = TypeVar("T")
-
-#: How long a call waits for another process's write lock before failing.
-BUSY_TIMEOUT_S = 5.0
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS a2_scheduler_tasks (
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS a2_scheduler_tasks (
   id TEXT PRIMARY KEY,
   contract TEXT NOT NULL,
   due_at INTEGER NOT NULL,
@@ -42,9 +44,16 @@ CREATE TABLE IF NOT EXISTS a2_scheduler_tasks (
   leased_until INTEGER,
   lease_token TEXT,
   last_error TEXT
-);
-CREATE INDEX IF NOT EXISTS a2_scheduler_tasks_due ON a2_scheduler_tasks (contract, due_at);
-"""
+)""",
+    "CREATE INDEX IF NOT EXISTS a2_scheduler_tasks_due ON a2_scheduler_tasks (contract, due_at)",
+)
+
+_Work = Callable[[sqlite3.Connection], object]
+
+
+def _create(conn: sqlite3.Connection) -> None:
+    for statement in _SCHEMA:
+        conn.execute(statement)
 
 
 class SqliteQueue:
@@ -54,55 +63,27 @@ class SqliteQueue:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        self._conn: sqlite3.Connection | None = None
-        self._lock = trio.Lock()
+        self._pool = ConnectionPool(self.path, migrate=_create, synchronous="full")
+        self._writes: GroupCommit[_Work, object] = GroupCommit(
+            self._run_group, rejected=(), leaders=1
+        )
 
     def __repr__(self) -> str:
         return f"SqliteQueue({self.path!r})"
 
-    def _connect(self) -> sqlite3.Connection:
-        directory = os.path.dirname(self.path)
-        if directory:
-            os.makedirs(directory, exist_ok=True)
-        # isolation_level=None: we issue BEGIN/COMMIT ourselves.
-        conn = sqlite3.connect(
-            self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
-        )
-        try:
-            use_wal(conn, timeout_s=BUSY_TIMEOUT_S)
-            conn.executescript(_SCHEMA)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+    def group_statistics(self) -> GroupCommitStatistics:
+        """How the writes were group-committed (tests, benchmarks)."""
+        return self._writes.statistics()
 
-    def _transaction(self, fn: Callable[[sqlite3.Connection], T], begin: str) -> T:
-        conn = self._conn
-        if conn is None:
-            conn = self._conn = self._connect()
-        conn.execute(begin)
-        try:
-            result = fn(conn)
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
-        return result
-
-    async def _run(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True) -> T:
-        # Reads take a deferred transaction: a WAL snapshot, no write lock.
-        begin = "BEGIN IMMEDIATE" if write else "BEGIN"
-        async with self._lock:
-            return await trio.to_thread.run_sync(self._transaction, fn, begin)
+    async def _run_group(self, works: Sequence[_Work]) -> list[object]:
+        return await self._pool.write(lambda conn: [work(conn) for work in works])
 
     async def open(self) -> None:
-        await self._run(lambda conn: None)
+        # The first write opens the writer and creates the table.
+        await self._pool.write(lambda conn: None)
 
     async def aclose(self) -> None:
-        async with self._lock:
-            conn, self._conn = self._conn, None
-            if conn is not None:
-                await trio.to_thread.run_sync(conn.close)
+        await self._pool.aclose()
 
     async def insert(self, task_id: str, contract: str, due_at_ms: int, body: bytes) -> bool:
         def insert(conn: sqlite3.Connection) -> bool:
@@ -113,7 +94,7 @@ class SqliteQueue:
             )
             return cursor.rowcount == 1
 
-        return await self._run(insert)
+        return bool(await self._writes.submit(task_id, insert))
 
     async def claim(
         self, contract: str, now_ms: int, lease_ms: int, token: str, limit: int
@@ -135,7 +116,7 @@ class SqliteQueue:
                 TaskRow(task_id, body.encode(), attempts + 1) for task_id, body, attempts in rows
             ]
 
-        return await self._run(claim)
+        return await self._pool.write(claim)
 
     async def renew(self, task_id: str, token: str, until_ms: int) -> bool:
         def renew(conn: sqlite3.Connection) -> bool:
@@ -145,23 +126,25 @@ class SqliteQueue:
             )
             return cursor.rowcount == 1
 
-        return await self._run(renew)
+        return bool(await self._writes.submit(task_id, renew))
 
     async def delete(self, task_id: str, token: str) -> None:
-        await self._run(
+        await self._writes.submit(
+            task_id,
             lambda conn: conn.execute(
                 "DELETE FROM a2_scheduler_tasks WHERE id = ? AND lease_token = ?", (task_id, token)
-            )
+            ),
         )
 
     async def reschedule(self, task_id: str, token: str, due_at_ms: int, error: str | None) -> None:
-        await self._run(
+        await self._writes.submit(
+            task_id,
             lambda conn: conn.execute(
                 "UPDATE a2_scheduler_tasks SET due_at = ?, leased_until = NULL, "
                 "lease_token = NULL, last_error = coalesce(?, last_error) "
                 "WHERE id = ? AND lease_token = ?",
                 (due_at_ms, error, task_id, token),
-            )
+            ),
         )
 
     async def next_due(self, contract: str) -> int | None:
@@ -173,7 +156,7 @@ class SqliteQueue:
             ).fetchone()
             return None if due is None else int(due)
 
-        return await self._run(next_due, write=False)
+        return await self._pool.read(next_due)
 
     async def count(self, contract: str | None = None) -> int:
         def count(conn: sqlite3.Connection) -> int:
@@ -183,4 +166,4 @@ class SqliteQueue:
             ).fetchone()
             return int(n)
 
-        return await self._run(count, write=False)
+        return await self._pool.read(count)

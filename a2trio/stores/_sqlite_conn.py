@@ -38,7 +38,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from typing import Final, TypeVar
+from typing import Final, Literal, TypeVar
 
 import trio
 
@@ -194,7 +194,7 @@ def use_wal(raw: sqlite3.Connection, *, timeout_s: float = BUSY_TIMEOUT_S) -> No
             time.sleep(0.01)  # a worker thread: opening is not cancellable anyway
 
 
-def _connect(path: str, *, writer: bool) -> sqlite3.Connection:
+def _connect(path: str, *, writer: bool, synchronous: str = "normal") -> sqlite3.Connection:
     if writer and path != ":memory:":
         folder = os.path.dirname(path)
         if folder:
@@ -211,7 +211,7 @@ def _connect(path: str, *, writer: bool) -> sqlite3.Connection:
             raw.execute(f"pragma busy_timeout = {int(BUSY_SLICE_S * 1000)}")
         # NORMAL in WAL mode syncs at checkpoints, not at every commit: a
         # process crash loses nothing; a power cut may lose the last commits.
-        raw.execute("pragma synchronous = normal")
+        raw.execute(f"pragma synchronous = {synchronous}")
     except BaseException:
         raw.close()
         raise
@@ -225,10 +225,26 @@ class ConnectionPool:
     migrates the schema) and retried after a failure. :meth:`aclose` closes
     every connection; a later call opens new ones, except on ``:memory:``
     whose data died with its connection.
+
+    Args:
+      path: the database file, or ``":memory:"``.
+      migrate: run in the writer's first transaction (default: the store's
+        schema); another component keeping its own tables passes its own.
+      synchronous: SQLite's ``synchronous`` setting: ``"normal"`` (the
+        store's: a process crash loses nothing, a power cut may lose the last
+        commits) or ``"full"`` (every commit is flushed to disk).
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        migrate: Callable[[sqlite3.Connection], object] = migrate,
+        synchronous: Literal["normal", "full"] = "normal",
+    ) -> None:
         self.path = path
+        self._migrate = migrate
+        self._synchronous = synchronous
         self._memory = path == ":memory:"
         self._writer: Connection | None = None
         self._write_lock = trio.Lock()
@@ -269,7 +285,9 @@ class ConnectionPool:
             if self._idle:
                 conn = self._idle.pop()
             else:
-                raw = await trio.to_thread.run_sync(_connect_reader, self.path)
+                raw = await trio.to_thread.run_sync(
+                    lambda: _connect(self.path, writer=False, synchronous=self._synchronous)
+                )
                 conn = Connection(raw, self._generation)
             try:
                 return await conn.run(BEGIN_READ, work)
@@ -288,10 +306,12 @@ class ConnectionPool:
         if self._writer is not None:
             return self._writer
         self.check_open()
-        raw = await trio.to_thread.run_sync(_connect_writer, self.path)
+        raw = await trio.to_thread.run_sync(
+            lambda: _connect(self.path, writer=True, synchronous=self._synchronous)
+        )
         conn = Connection(raw, self._generation)
         try:
-            await conn.run(BEGIN_WRITE, migrate)
+            await conn.run(BEGIN_WRITE, self._migrate)
         except BaseException:
             with trio.CancelScope(shield=True):
                 await _close(conn)
@@ -319,14 +339,6 @@ class ConnectionPool:
                 if self._memory and self._writer is not None:
                     self._closed_memory = True
                 await self._discard_writer()
-
-
-def _connect_writer(path: str) -> sqlite3.Connection:
-    return _connect(path, writer=True)
-
-
-def _connect_reader(path: str) -> sqlite3.Connection:
-    return _connect(path, writer=False)
 
 
 async def _close(conn: Connection) -> None:
