@@ -2,7 +2,8 @@
 
 The scheduler's queries run in worker threads (sqlite) or wait on sockets
 (Postgres), which autojump would count as idle, so these tests take
-pytest-trio's ``mock_clock`` (no autojump) and move time with ``MockClock.jump``. With time frozen between jumps, an event's
+pytest-trio's ``mock_clock`` (no autojump) and move time with
+``MockClock.jump``. With time frozen between jumps, an event's
 ``created_at`` says exactly at which jump it was delivered. A real-time
 limit guards every test against hangs (the Trio clock does not move by
 itself). The event store is the memory store: the scheduler keeps its own

@@ -20,8 +20,10 @@ process's task is seen within one ``Timings.poll_idle_s``. The wake-up is
 armed before the claim, so a task added during the claim still wakes the
 worker.
 
-A delivery calls ``server.deliver(task)`` while a sibling task renews the
-lease every third of ``lease_s``, so a long drain keeps its task. Then, in a
+A delivery calls ``server.deliver(task)`` while one task per bound server
+renews the leases of every delivery in flight every third of ``lease_s``
+(the renewals of one beat share a group commit), so a long drain keeps its
+task; a renewal that finds the lease gone stops renewing it. Then, in a
 shielded cleanup: delivered -> delete the row; raised -> reschedule it after
 a backoff (1 s doubling to 60 s, forever: a schedule must fire eventually,
 and the error is kept on the row); cancelled (the server is closing) -> drop
@@ -121,6 +123,8 @@ class _Binding:
         self.contract = server.contract.name
         self.clock = clock
         self.in_flight = 0
+        #: The leases to renew: task id -> token, for deliveries in flight.
+        self.leases: dict[str, str] = {}
 
 
 class QueueScheduler:
@@ -313,6 +317,7 @@ class QueueScheduler:
         async with trio.open_nursery() as nursery:
             if isinstance(self._queue, NotifyingQueue):
                 await nursery.start(self._queue.listen, self._wakeups)
+            nursery.start_soon(self._keep_leases, binding)
             task_status.started()
             failures = 0
             while True:
@@ -368,25 +373,23 @@ class QueueScheduler:
     async def _deliver(self, binding: _Binding, row: TaskRow, token: str) -> None:
         delivered = False
         error: str | None = None
+        binding.leases[row.id] = token
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._keep_lease, binding, row.id, token)
-                try:
-                    task = task_decoder().decode(row.body)
-                    await binding.server.deliver(task)
-                    delivered = True
-                except Exception as exc:
-                    error = "".join(traceback.format_exception(exc))
-                    logger.warning(
-                        "scheduler task %s failed (delivery %d): it is retried after %.1f s",
-                        row.id,
-                        row.attempts,
-                        retry_delay_s(row.attempts),
-                        exc_info=exc,
-                        extra={"a2_contract": binding.contract, "a2_task": row.id},
-                    )
-                nursery.cancel_scope.cancel(reason="delivery finished")
+            task = task_decoder().decode(row.body)
+            await binding.server.deliver(task)
+            delivered = True
+        except Exception as exc:
+            error = "".join(traceback.format_exception(exc))
+            logger.warning(
+                "scheduler task %s failed (delivery %d): it is retried after %.1f s",
+                row.id,
+                row.attempts,
+                retry_delay_s(row.attempts),
+                exc_info=exc,
+                extra={"a2_contract": binding.contract, "a2_task": row.id},
+            )
         finally:
+            binding.leases.pop(row.id, None)
             with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT_S):
                 await self._settle(binding, row, token, delivered, error)
             # Wake the worker when this frees the slots it waits for (a
@@ -415,15 +418,24 @@ class QueueScheduler:
             # The lease lapses instead and the task is delivered again: at least once.
             self._queue_errors += 1
 
-    async def _keep_lease(self, binding: _Binding, task_id_: str, token: str) -> None:
+    async def _keep_leases(self, binding: _Binding) -> None:
+        period_s = self._lease_s / 3
         lease_ms = math.ceil(self._lease_s * 1000)
+        beat = trio.current_time()
         while True:
-            await trio.sleep(self._lease_s / 3)
-            try:
-                held = await self._queue.renew(task_id_, token, binding.clock.now_ms() + lease_ms)
-            except Exception:
-                # A missed renewal spends lease slack; the next beat retries.
-                self._queue_errors += 1
-                continue
-            if not held:
-                return
+            beat += period_s
+            await trio.sleep_until(beat)
+            until_ms = binding.clock.now_ms() + lease_ms
+            async with trio.open_nursery() as renewals:
+                for task_id_, token in list(binding.leases.items()):
+                    renewals.start_soon(self._renew, binding, task_id_, token, until_ms)
+
+    async def _renew(self, binding: _Binding, task_id_: str, token: str, until_ms: int) -> None:
+        try:
+            held = await self._queue.renew(task_id_, token, until_ms)
+        except Exception:
+            # A missed renewal spends lease slack; the next beat retries.
+            self._queue_errors += 1
+            return
+        if not held and binding.leases.get(task_id_) == token:
+            del binding.leases[task_id_]
