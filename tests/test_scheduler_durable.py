@@ -506,11 +506,6 @@ async def test_schedules_cancelled_mid_group_commit_whole_or_not_at_all(
         with scopes[n]:
             await scheduler.schedule(tick_task(n, clock.now_ms()))
             acknowledged.add(f"task-{n}")
-            if len(acknowledged) == total // 10:
-                # Once some groups have committed, cancel every third caller:
-                # some are queued, some in a group in flight, some done.
-                for m in range(0, total, 3):
-                    scopes[m].cancel()
 
     async with scheduler:
         with trio.fail_after(60):
@@ -518,6 +513,12 @@ async def test_schedules_cancelled_mid_group_commit_whole_or_not_at_all(
                 for n in range(total):
                     scopes[n] = trio.CancelScope()
                     nursery.start_soon(schedule, n)
+                # The first writes commit alone; once they have, the rest are
+                # in groups, queued or in flight: cancel every third caller.
+                while scheduler.statistics().writes < 2:  # noqa: ASYNC110 - a counter
+                    await trio.sleep(0.0005)
+                for n in range(0, total, 3):
+                    scopes[n].cancel()
         assert scheduler.statistics().largest_group > 1
         cancelled = sum(1 for n in range(0, total, 3) if f"task-{n}" not in acknowledged)
         assert cancelled > 0
