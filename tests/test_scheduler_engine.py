@@ -14,7 +14,7 @@ import trio
 import trio.testing
 
 import a2trio
-from a2trio.scheduler import AppendTask, DrainTask, ScheduledEvent
+from a2trio.scheduler import AppendTask, DrainTask, ScheduledEvent, task_id
 from a2trio.schedulers import DurableScheduler, LocalScheduler
 from a2trio.schedulers._engine import retry_delay_s
 from a2trio.schedulers._queue import MemoryQueue
@@ -158,3 +158,43 @@ async def test_a_local_scheduler_opens_as_a_context_manager_too(
         await scheduler.schedule(note_task("t", 5))
         assert await scheduler.queued() == 1
     assert repr(scheduler) == "LocalScheduler()"
+
+
+class RenewalLog(MemoryQueue):
+    """A memory queue recording each renewal as (instant, task id)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.renewals: list[tuple[float, str]] = []
+
+    async def renew(self, task_id: str, token: str, until_ms: int) -> bool:
+        self.renewals.append((trio.current_time(), task_id))
+        return await super().renew(task_id, token, until_ms)
+
+
+async def test_one_beat_renews_every_delivery_in_flight(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def slow(ctx: a2trio.HandlerContext[Ordered]) -> None:
+        await trio.sleep(4.5)
+
+    queue = RenewalLog()
+    scheduler = DurableScheduler(queue, lease_s=6)
+    store = memory(clock=a2trio.TrioClock())
+    # sweep=False: only the scheduler's drain tasks start the handlers.
+    server = a2trio.Server(
+        orders, store=store, handlers={"ordered": slow}, scheduler=scheduler, sweep=False
+    )
+    for sid in ("s1", "s2"):
+        await store.append(server.key(sid), [AppendEvent("ordered", {"item": sid})])
+    async with scheduler:
+        await scheduler.schedule(DrainTask("orders", "s1", EPOCH_MS))
+        await scheduler.schedule(DrainTask("orders", "s2", EPOCH_MS + 3_000))
+    async with server:
+        await trio.sleep(10)
+    s1 = task_id(DrainTask("orders", "s1", EPOCH_MS))
+    s2 = task_id(DrainTask("orders", "s2", EPOCH_MS + 3_000))
+    # Beats every lease_s / 3 = 2 s from the bind: s1 runs 0-4.5, s2 3-7.5;
+    # the beat at 4 renews both.
+    assert sorted(queue.renewals) == sorted([(2.0, s1), (4.0, s1), (4.0, s2), (6.0, s2)])
+    assert scheduler.statistics().delivered == 2
