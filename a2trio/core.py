@@ -36,12 +36,11 @@ import trio
 from .clock import Clock, ms_to_datetime
 from .contract import AppendInput, Contract, Event
 from .errors import A2Error, ErrorCode
-from .fanout import SessionFanout, open_shared_feed
+from .fanout import SessionFanout, Subscription, open_store_subscription, open_subscription
 from .identifiers import check_event_id
 from .ids import returned_event_id, schedule_id, scheduled_event_id
 from .push import PushedEvent, PushValidation, ValidatePush
 from .scheduler import AppendTask, DrainTask, ScheduledEvent, Scheduler
-from .stores._feed import Feed
 from .stores.base import AppendEvent, EventCause, StateRead, Store, StoredEvent
 from .telemetry import Telemetry
 from .timings import Timings
@@ -404,23 +403,29 @@ class Engine:
     # -- feeds -------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def open_events(self, session_id: str, start_after: int) -> AsyncIterator[Feed[Any]]:
+    async def open_events(
+        self, session_id: str, start_after: int, *, drop: bool = False
+    ) -> AsyncIterator[Subscription]:
         """A session's typed events after ``start_after``, then live: the
         process's shared feed of the session while the server is open
-        (``fanout.py``), the store's own feed otherwise."""
+        (``fanout.py``; with ``drop`` a reader that lags past its ring is
+        dropped), the store's own feed otherwise."""
+        key = self.key(session_id)
         if self._nursery is not None:
-            async with open_shared_feed(
+            async with open_subscription(
                 self._fanouts,
                 self._nursery,
                 self.store,
-                self.key(session_id),
+                key,
+                session_id,
                 self.to_public,
                 start_after,
+                drop=drop,
             ) as shared:
                 yield shared
             return
-        async with self.store.stream(self.key(session_id), start_after=start_after) as rows:
-            yield _EventFeed(rows, self.to_public)
+        async with open_store_subscription(self.store, key, self.to_public, start_after) as own:
+            yield own
 
 
 class _StateBatch:
@@ -433,17 +438,6 @@ class _StateBatch:
         self.done = trio.Event()
         self.reads: dict[str, StateRead] | None = None
         self.error: BaseException | None = None
-
-
-class _EventFeed(Feed[Event[Any]]):
-    """Maps a store feed of rows onto typed events."""
-
-    def __init__(self, rows: Feed[StoredEvent], to_public: Callable[[StoredEvent], Event[Any]]):
-        self._rows = rows
-        self._to_public = to_public
-
-    async def receive(self) -> Event[Any]:
-        return self._to_public(await self._rows.receive())
 
 
 def _due_at(timing: str | datetime, base_ms: int) -> int:

@@ -1,21 +1,35 @@
 """Fan-out: one store feed per session per process, shared by every local reader.
 
-Theory of operation. Without this, each ``session.stream()`` runs its own
+Theory of operation. Without this, each reader of a session runs its own
 store feed: a pump task, a store read and a payload conversion per reader per
-event, so a session followed by 1,000 SSE clients reads and converts each event
-1,000 times. A :class:`SessionFanout` runs one pump per session (in the
-server's nursery) that converts each event once and keeps the most recent
-``RING`` of them. Readers never block the pump and hold no buffer of their
-own beyond one store page:
+event, and each network lane encodes each event for its own client. A
+:class:`SessionFanout` runs one pump per session (in the server's nursery)
+that converts each event once and keeps the most recent ``RING`` of them as
+:class:`Entry` objects, each caching its encodings: the SSE bytes and the
+socket frame are made on first use and shared by every lane after it. Readers
+never block the pump and hold no buffer of their own beyond one store page:
 
-* a reader whose next index is in the ring takes it from there (indexes are
-  contiguous, so that is a positional lookup);
-* a reader behind the ring (it started earlier than the pump, or fell more than
-  ``RING`` events behind) reads the gap from the store itself, then rejoins;
+* a reader whose next index is in the ring takes the run of entries from
+  there up to the newest (indexes are contiguous: positional lookups);
+* a reader that starts behind the ring (it resumes from an older index)
+  reads the gap from the store in pages, then joins the ring;
 * a reader that is caught up waits for the pump's next event.
 
-So a slow reader costs its own store reads, never the others' memory, and
-nothing is lost: every index is either in the ring, in the store, or not yet
+A reader that falls behind the ring *after* joining it is lagging: it has
+``RING`` events to catch up on while the session goes on. The two kinds of
+subscriptions differ here. A :meth:`~a2trio.SessionView.stream` reader (in
+the process: a presence feed, an app's loop) reads the gap from the store and
+rejoins, since nothing else could resume it. A
+:meth:`~a2trio.SessionView.subscribe` reader (a network lane: SSE, sockets)
+is dropped: :meth:`Subscription.receive_run` raises :class:`Lapped` naming
+the last index it had, and the lane ends resumably, so its client reconnects
+from there (``Last-Event-ID``, ``startAfter``, a subscribe frame's index).
+So the server never buffers more than the shared ring for a slow client,
+never reads the store or encodes on its behalf while it is live, and a
+stalled client delays no one: the pump and the other readers never wait
+for it.
+
+Nothing is lost: every index is either in the ring, in the store, or not yet
 written. The pump stops when its last reader leaves (the store's listener is
 released before that reader's block exits), and a pump failure is raised to
 every reader that needs it.
@@ -23,27 +37,79 @@ every reader that needs it.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import trio
 
 from .contract import Event
-from .errors import store_unavailable
+from .errors import A2Error, ErrorCode, store_unavailable
 from .stores._feed import Feed
 from .stores.base import Store, StoredEvent
 
-__all__ = ["RING", "FanoutFeed", "SessionFanout", "open_shared_feed"]
+__all__ = [
+    "RING",
+    "RUN",
+    "Entry",
+    "Lapped",
+    "SessionFanout",
+    "Subscription",
+    "open_store_subscription",
+    "open_subscription",
+]
+
+T = TypeVar("T")
 
 #: Recent events kept per followed session. Bounds the pump's memory to this
-#: many typed events per session; a reader further behind reads the store.
+#: many entries per session, and how far a subscriber may lag before it is
+#: dropped (:class:`Lapped`).
 RING = 512
+
+#: The most entries one :meth:`Subscription.receive_run` returns, so a
+#: lane's write stays bounded while it catches up.
+RUN = 64
+
+
+class Entry:
+    """One event of a session's feed and its encodings, each made once.
+
+    The same entry is handed to every reader of the session, so a lane that
+    calls :meth:`encoded` with the same encoder as another gets the bytes the
+    first one made.
+    """
+
+    __slots__ = ("_encodings", "event")
+
+    def __init__(self, event: Event[Any]) -> None:
+        self.event = event
+        self._encodings: dict[Callable[[Event[Any]], Any], Any] = {}
+
+    def encoded(self, encoder: Callable[[Event[Any]], T]) -> T:
+        """``encoder(event)``, computed on the first call per encoder."""
+        try:
+            return cast("T", self._encodings[encoder])
+        except KeyError:
+            value = self._encodings[encoder] = encoder(self.event)
+            return value
+
+
+class Lapped(A2Error):
+    """A subscriber fell more than :data:`RING` events behind its session and
+    was dropped. Retryable (``STORE_UNAVAILABLE``): resume after
+    :attr:`last_index`, the last index it received."""
+
+    def __init__(self, session_id: str, last_index: int) -> None:
+        super().__init__(
+            ErrorCode.STORE_UNAVAILABLE,
+            f"the subscriber fell {RING} events behind session {session_id!r} and was "
+            f"dropped: resume after index {last_index}",
+        )
+        self.last_index = last_index
 
 
 class SessionFanout:
-    """The shared pump of one session: a ring of recent typed events."""
+    """The shared pump of one session: a ring of recent entries."""
 
     def __init__(
         self, store: Store, key: str, to_public: Callable[[StoredEvent], Event[Any]]
@@ -51,21 +117,28 @@ class SessionFanout:
         self.store = store
         self.key = key
         self.to_public = to_public
-        self.recent: deque[Event[Any]] = deque(maxlen=RING)
+        # The ring holds indexes first..last_index (empty when first > last_index).
+        self.ring: dict[int, Entry] = {}
+        self.first = 1
         self.last_index = 0
         self.readers = 0
         self.error: BaseException | None = None
         self.done = False
-        self._changed = trio.Event()
+        # Each waiting reader's own wake-up (so one can be woken alone: see
+        # Subscription.interrupt), in arrival order.
+        self.waiting: dict[trio.Event, None] = {}
         self._scope = trio.CancelScope()
         self._stopped = trio.Event()
 
-    def changed(self) -> trio.Event:
-        """Set when the next event (or the end) arrives."""
-        return self._changed
+    def _wake_all(self) -> None:
+        waiting, self.waiting = self.waiting, {}
+        for wake in waiting:
+            wake.set()
 
     async def pump(self, start_after: int, *, task_status: trio.TaskStatus[None]) -> None:
+        self.first = start_after + 1
         self.last_index = start_after
+        ring = self.ring
         started = False
         try:
             with self._scope:
@@ -73,17 +146,19 @@ class SessionFanout:
                     task_status.started()
                     started = True
                     async for row in rows:
-                        self.recent.append(self.to_public(row))
+                        ring[row.index] = Entry(self.to_public(row))
                         self.last_index = row.index
-                        self._changed.set()
-                        self._changed = trio.Event()
+                        if len(ring) > RING:
+                            del ring[self.first]
+                            self.first += 1
+                        self._wake_all()
         except Exception as exc:
             if not started:
                 raise  # to the reader that is starting the pump, as itself
             self.error = exc
         finally:
             self.done = True
-            self._changed.set()
+            self._wake_all()
             self._stopped.set()
 
     async def stop(self) -> None:
@@ -93,54 +168,155 @@ class SessionFanout:
             await self._stopped.wait()
 
 
-class FanoutFeed(Feed[Event[Any]]):
-    """One reader's view of a :class:`SessionFanout`."""
+class Subscription(Feed[Event[Any]]):
+    """One reader of a session's live feed, by runs of shared :class:`Entry`.
 
-    def __init__(self, hub: SessionFanout, start_after: int) -> None:
-        self._hub = hub
-        self._cursor = start_after
-        self._page: deque[Event[Any]] = deque()
+    ``async for event in subscription`` (or :meth:`receive`) yields typed
+    events one at a time; :meth:`receive_run` yields the entries themselves,
+    as many as are ready, for a lane that writes them in one go.
+
+    Cancellation: both are checkpoints; cancelling one loses nothing (the
+    next call returns the same next entries).
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[Entry] = []
+
+    def interrupt(self) -> None:
+        """Make the next (or the waiting) :meth:`receive_run` return no entries
+        if none are ready: how a lane's heartbeat gets its turn to write
+        without a timer around every wait."""
+        raise NotImplementedError
+
+    async def receive_run(self) -> list[Entry]:
+        """The next entries in index order: at least one and at most :data:`RUN`;
+        none only after :meth:`interrupt`.
+
+        Raises:
+          Lapped: a subscriber of :meth:`~a2trio.SessionView.subscribe` fell
+            more than :data:`RING` events behind.
+          StopAsyncIteration: the feed ended (the server closed).
+          A2Error: ``STORE_UNAVAILABLE`` when the store failed.
+        """
+        raise NotImplementedError
 
     async def receive(self) -> Event[Any]:
+        while not self._pending:
+            self._pending = (await self.receive_run())[::-1]
+        return self._pending.pop().event
+
+
+class _Shared(Subscription):
+    """A reader of a :class:`SessionFanout`."""
+
+    def __init__(self, hub: SessionFanout, session_id: str, start_after: int, drop: bool) -> None:
+        super().__init__()
+        self._hub = hub
+        self._session_id = session_id
+        self._cursor = start_after
+        self._drop = drop
+        self._joined = False
+        self._page: list[Entry] = []
+        self._interrupted = False
+        self._wake: trio.Event | None = None
+
+    def interrupt(self) -> None:
+        self._interrupted = True
+        if self._wake is not None:
+            self._wake.set()
+
+    async def receive_run(self) -> list[Entry]:
         hub = self._hub
         while True:
             if self._page:
-                event = self._page.popleft()
-                self._cursor = event.index
-                return event
+                self._interrupted = False
+                run, self._page = self._page[:RUN], self._page[RUN:]
+                self._cursor = run[-1].event.index
+                return run
             wanted = self._cursor + 1
-            recent = hub.recent
-            if recent and recent[0].index <= wanted <= recent[-1].index:
-                event = recent[wanted - recent[0].index]
-                self._cursor = wanted
-                return event
-            # Behind the ring: the gap up to what the pump has passed is durable.
-            through = recent[0].index - 1 if recent else hub.last_index
-            if wanted <= through:
+            if hub.first <= wanted <= hub.last_index:
+                through = min(hub.last_index, wanted + RUN - 1)
+                ring = hub.ring
+                run = [ring[index] for index in range(wanted, through + 1)]
+                self._cursor = through
+                self._joined = True
+                self._interrupted = False
+                return run
+            if wanted < hub.first:
+                if self._drop and self._joined:
+                    raise Lapped(self._session_id, self._cursor)
+                # Behind the ring: the gap up to what the pump holds is durable.
                 with store_unavailable("read"):
                     rows = await hub.store.read(
-                        hub.key, after_index=self._cursor, through_index=through
+                        hub.key, after_index=self._cursor, through_index=hub.first - 1
                     )
-                self._page.extend(hub.to_public(row) for row in rows)
+                self._page = [Entry(hub.to_public(row)) for row in rows]
                 if rows:
                     continue
             if hub.done:
                 if hub.error is not None:
                     raise hub.error
                 raise StopAsyncIteration
-            await hub.changed().wait()
+            if self._interrupted:
+                self._interrupted = False
+                return []
+            await self._wait()
+
+    async def _wait(self) -> None:
+        wake = self._wake = trio.Event()
+        waiting = self._hub.waiting
+        waiting[wake] = None
+        try:
+            await wake.wait()
+        finally:
+            # Cancelled, it leaves the list; woken, the pump already emptied it.
+            waiting.pop(wake, None)
+            self._wake = None
+
+
+class _Unshared(Subscription):
+    """A store feed of its own (the server is not open: there is no pump)."""
+
+    def __init__(self, rows: Feed[StoredEvent], to_public: Callable[[StoredEvent], Event[Any]]):
+        super().__init__()
+        self._rows = rows
+        self._to_public = to_public
+        self._interrupted = False
+        self._waiting: trio.CancelScope | None = None
+
+    def interrupt(self) -> None:
+        self._interrupted = True
+        if self._waiting is not None:
+            self._waiting.cancel(reason="interrupted")
+
+    async def receive_run(self) -> list[Entry]:
+        if not self._interrupted:
+            with trio.CancelScope() as scope:
+                self._waiting = scope
+                try:
+                    row = await self._rows.receive()
+                finally:
+                    self._waiting = None
+                self._interrupted = False
+                return [Entry(self._to_public(row))]
+        self._interrupted = False
+        return []
 
 
 @asynccontextmanager
-async def open_shared_feed(
+async def open_subscription(
     hubs: dict[str, SessionFanout],
     nursery: trio.Nursery,
     store: Store,
     key: str,
+    session_id: str,
     to_public: Callable[[StoredEvent], Event[Any]],
     start_after: int,
-) -> AsyncIterator[FanoutFeed]:
-    """Join (or start) the session's shared pump in ``nursery``; leave on exit."""
+    *,
+    drop: bool,
+) -> AsyncIterator[Subscription]:
+    """Join (or start) the session's shared pump in ``nursery``; leave on exit.
+    With ``drop`` a reader that falls behind the ring raises :class:`Lapped`."""
     hub = hubs.get(key)
     if hub is None or hub.done:
         hub = SessionFanout(store, key, to_public)
@@ -148,10 +324,19 @@ async def open_shared_feed(
         await nursery.start(hub.pump, start_after)
     hub.readers += 1
     try:
-        yield FanoutFeed(hub, start_after)
+        yield _Shared(hub, session_id, start_after, drop)
     finally:
         hub.readers -= 1
         if hub.readers == 0:
             if hubs.get(key) is hub:
                 del hubs[key]
             await hub.stop()
+
+
+@asynccontextmanager
+async def open_store_subscription(
+    store: Store, key: str, to_public: Callable[[StoredEvent], Event[Any]], start_after: int
+) -> AsyncIterator[Subscription]:
+    """A subscription over a store feed of its own, for a server that is not open."""
+    async with store.stream(key, start_after=start_after) as rows:
+        yield _Unshared(rows, to_public)

@@ -19,6 +19,7 @@ import msgspec
 from .contract import AppendInput, Event, Reducer
 from .core import Appends, Engine, WriteMode
 from .errors import store_unavailable
+from .fanout import Subscription
 from .ids import handler_event_id
 from .presence import (
     PresenceMap,
@@ -187,6 +188,24 @@ class SessionView:
             return
         async with self._engine.open_events(self.id, start_after) as events:
             yield events
+
+    @asynccontextmanager
+    async def subscribe(self, start_after: int = 0) -> AsyncIterator[Subscription]:
+        """Follow the session as a network lane does: events after
+        ``start_after``, then new ones, as runs of shared
+        :class:`~a2trio.fanout.Entry` (the event and its encodings, each made
+        once for every reader of the session in this process).
+
+        Unlike :meth:`stream`, a subscriber that falls more than
+        :data:`~a2trio.fanout.RING` events behind the session is dropped:
+        ``receive_run()`` raises :class:`~a2trio.fanout.Lapped` naming the
+        last index it received, to resume from with a new subscription.
+
+        Cancellation: as :meth:`stream`.
+        """
+        _check_index("start_after", start_after)
+        async with self._engine.open_events(self.id, start_after, drop=True) as subscription:
+            yield subscription
 
     async def presence(self) -> PresenceMap:
         """The current presence map, expired values pruned.

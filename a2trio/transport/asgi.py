@@ -39,6 +39,7 @@ import trio
 
 from ..actor import Actor
 from ..errors import A2Error, ErrorCode
+from ..fanout import Lapped, Subscription
 from ..push import PushedEvent, PushedPresence
 from ..server import Server
 from . import sse, wire
@@ -82,6 +83,7 @@ _SSE_HEADERS: Final = [
     (b"x-accel-buffering", b"no"),
 ]
 _TRUE: Final = frozenset({"1", "true"})
+_PING: Final = sse.encode_comment("ping")
 
 
 class _Disconnected(Exception):
@@ -355,7 +357,28 @@ class App:
         async def body(chunk: bytes) -> None:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
-        async with session.stream(start_after, presence=presence) as feed:
+        async with AsyncExitStack() as stack:
+            if presence:
+                feed = await stack.enter_async_context(session.stream(start_after, presence=True))
+                beat = None
+
+                async def next_chunk() -> bytes:
+                    with trio.move_on_after(heartbeat):
+                        return sse.encode_item(await feed.receive())
+                    return _PING
+            else:
+                # Every stream of the session shares each event's encoding, a
+                # run of ready events goes out in one write, and the heartbeat
+                # is a task of its own rather than a timer around every wait.
+                subscription = await stack.enter_async_context(session.subscribe(start_after))
+                beat = _Heartbeat(subscription, heartbeat)
+
+                async def next_chunk() -> bytes:
+                    run = await subscription.receive_run()
+                    if not run:
+                        return _PING
+                    return b"".join([entry.encoded(sse.encode_event) for entry in run])
+
             await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
             # An immediate comment: the client sees the stream open before any event.
             await body(sse.encode_comment("ok"))
@@ -367,6 +390,8 @@ class App:
                         nursery.cancel_scope.cancel(reason="access withdrawn")
 
                 nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
+                if beat is not None:
+                    nursery.start_soon(beat.run)
                 if self.authorize is not None and self.limits.reauthorize_s is not None:
                     nursery.start_soon(
                         reauthorize,
@@ -379,16 +404,16 @@ class App:
                 with self.grants.holding(request, operation, end):
                     try:
                         while True:
-                            with trio.move_on_after(heartbeat) as idle:
-                                item = await feed.receive()
-                            if idle.cancelled_caught:
-                                await body(sse.encode_comment("ping"))
-                            else:
-                                await body(sse.encode_item(item))
+                            await body(await next_chunk())
+                            if beat is not None:
+                                beat.sent()
                     except StopAsyncIteration:
                         pass
                     except Exception as exc:
                         report(exc)
+                        if isinstance(exc, Lapped):
+                            logger.info("dropped a lagging SSE stream: %s", exc)
+                        # Lapped included: the client resumes with Last-Event-ID.
                         await body(sse.encode_error_frame(exc))
                 nursery.cancel_scope.cancel(reason="stream ended")
         if revoked:
@@ -480,6 +505,26 @@ def _check_views(servers: Mapping[str, Server], views: Mapping[str, View]) -> di
         if not callable(view):
             raise TypeError(f"the view for {name!r} must be callable, got {view!r}")
     return dict(views)
+
+
+class _Heartbeat:
+    """An SSE stream's heartbeat: after ``interval`` seconds without a write,
+    interrupt the stream's wait so that it writes a ping."""
+
+    def __init__(self, subscription: Subscription, interval: float) -> None:
+        self.subscription = subscription
+        self.interval = interval
+        self.last = trio.current_time()
+
+    def sent(self) -> None:
+        self.last = trio.current_time()
+
+    async def run(self) -> None:
+        while True:
+            await trio.sleep_until(self.last + self.interval)
+            if trio.current_time() >= self.last + self.interval:
+                self.subscription.interrupt()
+                self.last = trio.current_time()  # the ping is on its way
 
 
 async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:

@@ -28,6 +28,7 @@ __all__ = [
     "SSEEvent",
     "encode_comment",
     "encode_error_frame",
+    "encode_event",
     "encode_frame",
     "encode_item",
 ]
@@ -56,6 +57,12 @@ def encode_comment(text: str = "") -> bytes:
     return b": " + text.encode() + b"\n\n"
 
 
+def encode_event(event: Event[Any]) -> bytes:
+    """An event's frame: what :meth:`~a2trio.fanout.Entry.encoded` caches, so
+    every stream of the session shares one encoding of each event."""
+    return encode_frame("event", wire.encode(wire.event_to_wire(event)), str(event.index))
+
+
 def encode_item(item: Event[Any] | PresencePatch | PresenceSnapshot) -> bytes:
     """One feed item as its frame."""
     match item:
@@ -66,7 +73,7 @@ def encode_item(item: Event[Any] | PresencePatch | PresenceSnapshot) -> bytes:
         case PresencePatch():
             return encode_frame("presence", wire.encode(wire.presence_patch_to_wire(item)))
         case _:
-            return encode_frame("event", wire.encode(wire.event_to_wire(item)), str(item.index))
+            return encode_event(item)
 
 
 def encode_error_frame(error: BaseException) -> bytes:

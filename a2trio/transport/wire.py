@@ -69,6 +69,7 @@ __all__ = [
     "encode_ack",
     "encode_error",
     "encode_error_ack",
+    "encode_event_text",
     "encode_events",
     "encode_item_frame",
     "encode_subscribed",
@@ -418,6 +419,15 @@ def encode_item_frame(
             e = event_to_wire(item)
             frame = EventFrame(e.id, e.type, e.payload, e.index, e.session_id, e.created_at)
     return _encoder.encode(frame)
+
+
+def encode_event_text(event: Event[Any]) -> str:
+    """An event's socket frame as text: what :meth:`~a2trio.fanout.Entry.encoded`
+    caches, so every socket lane of the session shares one encoding of each
+    event (its ``sessionId`` routes it on a multiplexed socket too)."""
+    e = event_to_wire(event)
+    frame = EventFrame(e.id, e.type, e.payload, e.index, e.session_id, e.created_at)
+    return _encoder.encode(frame).decode()
 
 
 def encode_ack(req: int, events: list[Event[Any]], session_id: str | None = None) -> bytes:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from ..errors import A2Error, ErrorCode
+from ..fanout import Lapped
 from ..identifiers import MAX_SAFE_INTEGER
 from ..push import PushedEvent, PushedPresence
 from ..server import Server
@@ -64,6 +65,7 @@ _INVALID_DATA: Final = 1007
 _POLICY: Final = 1008
 _TOO_BIG: Final = 1009
 _INTERNAL: Final = 1011
+_TRY_AGAIN: Final = 1013
 
 
 class _Socket:
@@ -96,6 +98,9 @@ class _Socket:
 
     async def put(self, frame: bytes) -> None:
         await self.outbox.send({"type": "websocket.send", "text": frame.decode()})
+
+    async def put_text(self, text: str) -> None:
+        await self.outbox.send({"type": "websocket.send", "text": text})
 
     async def close(self, code: int, reason: str) -> None:
         """Queue the close frame after whatever is queued; the writer ends the socket."""
@@ -169,6 +174,13 @@ class _Socket:
                                 end,
                             )
                         await self._follow(session_id, start_after, tag)
+            except Lapped as exc:
+                # The resumable end of a lane too slow for its session.
+                logger.info("dropped a lagging socket lane: %s", exc)
+                if self.multiplexed:
+                    await self.put(wire.encode_unsubscribed(session_id, "overflow", exc))
+                else:
+                    await self.close(_TRY_AGAIN, f"overflow: resume after index {exc.last_index}")
             except Exception as exc:
                 status, _ = failure(exc)
                 if self.multiplexed:
@@ -187,11 +199,24 @@ class _Socket:
 
     async def _follow(self, session_id: str, start_after: int, tag: str | None) -> None:
         session = self.server.session(session_id)
-        async with session.stream(start_after, presence=self.presence) as feed:
-            if self.multiplexed:
-                await self.put(wire.encode_subscribed(session_id))
-            async for item in feed:
-                await self.put(wire.encode_item_frame(item, tag))
+        if self.presence:
+            async with session.stream(start_after, presence=True) as feed:
+                if self.multiplexed:
+                    await self.put(wire.encode_subscribed(session_id))
+                async for item in feed:
+                    await self.put(wire.encode_item_frame(item, tag))
+        else:
+            # Every lane of the session shares each event's encoded frame.
+            async with session.subscribe(start_after) as subscription:
+                if self.multiplexed:
+                    await self.put(wire.encode_subscribed(session_id))
+                while True:
+                    try:
+                        run = await subscription.receive_run()
+                    except StopAsyncIteration:
+                        break
+                    for entry in run:
+                        await self.put_text(entry.encoded(wire.encode_event_text))
         if self.multiplexed:
             await self.put(wire.encode_unsubscribed(session_id))
         else:
