@@ -17,6 +17,7 @@ from .clock import SYSTEM_CLOCK, Clock, SystemClock, TrioClock
 from .contract import AppendInput, Contract, Event, Reducer, contract
 from .drain import DrainResult
 from .errors import A2Error, ErrorCode
+from .fanout import FeedEntry, Lapped, Subscription
 from .handlers import HandlerContext, HandlerSpec, Returned, handler
 from .inspection import InspectionUnsupportedError
 from .presence import PresenceMap, PresencePatch, PresenceSnapshot, PresenceValue
@@ -57,10 +58,12 @@ __all__ = [
     "DurableScheduler",
     "ErrorCode",
     "Event",
+    "FeedEntry",
     "HandlerContext",
     "HandlerSession",
     "HandlerSpec",
     "InspectionUnsupportedError",
+    "Lapped",
     "LocalScheduler",
     "OperatorAction",
     "OperatorActionError",
@@ -82,6 +85,7 @@ __all__ = [
     "Session",
     "Span",
     "Store",
+    "Subscription",
     "SystemClock",
     "Telemetry",
     "Timings",

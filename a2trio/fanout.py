@@ -5,7 +5,7 @@ store feed: a pump task, a store read and a payload conversion per reader per
 event, and each network lane encodes each event for its own client. A
 :class:`SessionFanout` runs one pump per session (in the server's nursery)
 that converts each event once and keeps the most recent ``RING`` of them as
-:class:`Entry` objects, each caching its encodings: the SSE bytes and the
+:class:`FeedEntry` objects, each caching its encodings: the SSE bytes and the
 socket frame are made on first use and shared by every lane after it. Readers
 never block the pump and hold no buffer of their own beyond one store page:
 
@@ -37,6 +37,7 @@ every reader that needs it.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar, cast
@@ -51,7 +52,7 @@ from .stores.base import Store, StoredEvent
 __all__ = [
     "RING",
     "RUN",
-    "Entry",
+    "FeedEntry",
     "Lapped",
     "SessionFanout",
     "Subscription",
@@ -71,7 +72,7 @@ RING = 512
 RUN = 64
 
 
-class Entry:
+class FeedEntry:
     """One event of a session's feed and its encodings, each made once.
 
     The same entry is handed to every reader of the session, so a lane that
@@ -118,7 +119,7 @@ class SessionFanout:
         self.key = key
         self.to_public = to_public
         # The ring holds indexes first..last_index (empty when first > last_index).
-        self.ring: dict[int, Entry] = {}
+        self.ring: dict[int, FeedEntry] = {}
         self.first = 1
         self.last_index = 0
         self.readers = 0
@@ -146,7 +147,7 @@ class SessionFanout:
                     task_status.started()
                     started = True
                     async for row in rows:
-                        ring[row.index] = Entry(self.to_public(row))
+                        ring[row.index] = FeedEntry(self.to_public(row))
                         self.last_index = row.index
                         if len(ring) > RING:
                             del ring[self.first]
@@ -168,8 +169,8 @@ class SessionFanout:
             await self._stopped.wait()
 
 
-class Subscription(Feed[Event[Any]]):
-    """One reader of a session's live feed, by runs of shared :class:`Entry`.
+class Subscription(Feed[Event[Any]], ABC):
+    """One reader of a session's live feed, by runs of shared :class:`FeedEntry`.
 
     ``async for event in subscription`` (or :meth:`receive`) yields typed
     events one at a time; :meth:`receive_run` yields the entries themselves,
@@ -180,15 +181,16 @@ class Subscription(Feed[Event[Any]]):
     """
 
     def __init__(self) -> None:
-        self._pending: list[Entry] = []
+        self._pending: list[FeedEntry] = []
 
+    @abstractmethod
     def interrupt(self) -> None:
         """Make the next (or the waiting) :meth:`receive_run` return no entries
         if none are ready: how a lane's heartbeat gets its turn to write
         without a timer around every wait."""
-        raise NotImplementedError
 
-    async def receive_run(self) -> list[Entry]:
+    @abstractmethod
+    async def receive_run(self) -> list[FeedEntry]:
         """The next entries in index order: at least one and at most :data:`RUN`;
         none only after :meth:`interrupt`.
 
@@ -198,7 +200,6 @@ class Subscription(Feed[Event[Any]]):
           StopAsyncIteration: the feed ended (the server closed).
           A2Error: ``STORE_UNAVAILABLE`` when the store failed.
         """
-        raise NotImplementedError
 
     async def receive(self) -> Event[Any]:
         while not self._pending:
@@ -216,7 +217,7 @@ class _Shared(Subscription):
         self._cursor = start_after
         self._drop = drop
         self._joined = False
-        self._page: list[Entry] = []
+        self._page: list[FeedEntry] = []
         self._interrupted = False
         self._wake: trio.Event | None = None
 
@@ -225,7 +226,7 @@ class _Shared(Subscription):
         if self._wake is not None:
             self._wake.set()
 
-    async def receive_run(self) -> list[Entry]:
+    async def receive_run(self) -> list[FeedEntry]:
         hub = self._hub
         while True:
             if self._page:
@@ -250,7 +251,7 @@ class _Shared(Subscription):
                     rows = await hub.store.read(
                         hub.key, after_index=self._cursor, through_index=hub.first - 1
                     )
-                self._page = [Entry(hub.to_public(row)) for row in rows]
+                self._page = [FeedEntry(hub.to_public(row)) for row in rows]
                 if rows:
                     continue
             if hub.done:
@@ -289,7 +290,7 @@ class _Unshared(Subscription):
         if self._waiting is not None:
             self._waiting.cancel(reason="interrupted")
 
-    async def receive_run(self) -> list[Entry]:
+    async def receive_run(self) -> list[FeedEntry]:
         if not self._interrupted:
             with trio.CancelScope() as scope:
                 self._waiting = scope
@@ -298,7 +299,7 @@ class _Unshared(Subscription):
                 finally:
                     self._waiting = None
                 self._interrupted = False
-                return [Entry(self._to_public(row))]
+                return [FeedEntry(self._to_public(row))]
         self._interrupted = False
         return []
 

@@ -193,12 +193,12 @@ class SessionView:
     async def subscribe(self, start_after: int = 0) -> AsyncIterator[Subscription]:
         """Follow the session as a network lane does: events after
         ``start_after``, then new ones, as runs of shared
-        :class:`~a2trio.fanout.Entry` (the event and its encodings, each made
+        :class:`~a2trio.FeedEntry` (the event and its encodings, each made
         once for every reader of the session in this process).
 
         Unlike :meth:`stream`, a subscriber that falls more than
         :data:`~a2trio.fanout.RING` events behind the session is dropped:
-        ``receive_run()`` raises :class:`~a2trio.fanout.Lapped` naming the
+        ``receive_run()`` raises :class:`~a2trio.Lapped` naming the
         last index it received, to resume from with a new subscription.
 
         Cancellation: as :meth:`stream`.

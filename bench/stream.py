@@ -34,7 +34,9 @@ this one's, ``--repeat`` times alternating.
 from __future__ import annotations
 
 import argparse
+import atexit
 import base64
+import gc
 import json
 import os
 import secrets
@@ -81,6 +83,26 @@ def _served_store() -> a2trio.stores.Store:
         return a2trio.stores.sqlite(os.environ["A2_BENCH_SQLITE"])
     return a2trio.stores.memory()
 
+
+def _log_collections(path: str) -> None:
+    """Write the time spent in each generation's collections to ``path`` at exit."""
+    spent = [0.0, 0.0, 0.0]
+    counts = [0, 0, 0]
+    began = [0.0]
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter()
+        else:
+            spent[info["generation"]] += time.perf_counter() - began[0]
+            counts[info["generation"]] += 1
+
+    gc.callbacks.append(callback)
+    atexit.register(lambda: Path(path).write_text(json.dumps({"s": spent, "n": counts})))
+
+
+if os.environ.get("A2_BENCH_GC_LOG"):
+    _log_collections(os.environ["A2_BENCH_GC_LOG"])
 
 #: The app the subprocess serves (``python -m a2trio.serve bench.stream:server``
 #: cannot import a script, so the script serves itself).
@@ -287,7 +309,7 @@ async def run_fanout(
     try:
         with trio.fail_after(300):
             assert await lines.next() == "open"
-        async with httpx.AsyncClient(base_url=url) as client, timed():
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client, timed():
             for n in range(rounds):
                 started.append(time.perf_counter())
                 body = {"events": [{"type": "tick", "payload": {"n": n}}]}

@@ -11,7 +11,7 @@ Key layout (``P`` is the store's key prefix; ``S`` a session key; a
 per-session key ends in a suffix without a colon, so ``P:S:suffix`` never
 collides across sessions):
 
-* ``P:S:log``: the session's Redis Stream. Entry id ``<index>-0`` (so
+* ``P:S:log``: the session's Redis Stream. FeedEntry id ``<index>-0`` (so
   ``XRANGE`` reads by index), one field ``r``: the immutable row as JSON,
   ``[id, type, payload, created_at_ms, cause, lane, settled]``.
 * ``P:S:meta``: hash, index -> the mutable bookkeeping of an unsettled event

@@ -58,7 +58,7 @@ def encode_comment(text: str = "") -> bytes:
 
 
 def encode_event(event: Event[Any]) -> bytes:
-    """An event's frame: what :meth:`~a2trio.fanout.Entry.encoded` caches, so
+    """An event's frame: what :meth:`~a2trio.FeedEntry.encoded` caches, so
     every stream of the session shares one encoding of each event."""
     return encode_frame("event", wire.encode(wire.event_to_wire(event)), str(event.index))
 

@@ -422,7 +422,7 @@ def encode_item_frame(
 
 
 def encode_event_text(event: Event[Any]) -> str:
-    """An event's socket frame as text: what :meth:`~a2trio.fanout.Entry.encoded`
+    """An event's socket frame as text: what :meth:`~a2trio.FeedEntry.encoded`
     caches, so every socket lane of the session shares one encoding of each
     event (its ``sessionId`` routes it on a multiplexed socket too)."""
     e = event_to_wire(event)
