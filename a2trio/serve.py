@@ -5,7 +5,9 @@
     python -m a2trio.serve examples.board:server [--store URL] [--host H] [--port P] [--reload]
 
 The target is a module attribute holding an :class:`a2trio.Server`, a list of
-them, or an ASGI app (such as :func:`a2trio.transport.asgi`'s). ``--store`` sets
+them, or an ASGI app (such as :func:`a2trio.transport.asgi`'s). For a server or
+a list, a module attribute ``static`` (``asgi``'s ``static=``: URL prefix to
+directory, as the example board's page) is served too. ``--store`` sets
 ``A2_STORE`` *before* the module is imported, so servers built without an
 explicit store pick it up; without it they default by ``A2_ENV`` (the embedded
 sqlite store at ``.a2/dev.db`` in development).
@@ -30,7 +32,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, cast
 
 import hypercorn.config
@@ -80,12 +82,13 @@ def load_target(target: str, *, limits: Limits = DEFAULT_LIMITS) -> App | Any:
         module built itself keeps its own).
 
     Returns:
-      :func:`a2trio.transport.asgi` over a server or a list of servers, or the
-      attribute itself when it is already an ASGI app (any other callable).
+      :func:`a2trio.transport.asgi` over a server or a list of servers (with
+      the module's ``static`` pages, if it has them), or the attribute itself
+      when it is already an ASGI app (any other callable).
 
     Raises:
       ValueError: the module has no such attribute, or it is neither a server,
-        a list of servers nor callable.
+        a list of servers nor callable; a ``static`` that is not a mapping.
     """
     module_name, _, attribute = target.partition(":")
     module = importlib.import_module(module_name)
@@ -94,10 +97,13 @@ def load_target(target: str, *, limits: Limits = DEFAULT_LIMITS) -> App | Any:
         value = getattr(module, attribute)
     except AttributeError:
         raise ValueError(f"module {module_name!r} has no attribute {attribute!r}") from None
+    static = getattr(module, "static", None)
+    if static is not None and not isinstance(static, Mapping):
+        raise ValueError(f"{module_name}.static is {static!r}: expected {{prefix: directory}}")
     if isinstance(value, Server):
-        return asgi(value, limits=limits)
+        return asgi(value, limits=limits, static=static)
     if isinstance(value, list | tuple) and value and all(isinstance(s, Server) for s in value):
-        return asgi(*value, limits=limits)
+        return asgi(*value, limits=limits, static=static)
     if callable(value):
         return value
     raise ValueError(
@@ -180,6 +186,9 @@ def lanes(app: App | Any, url: str) -> list[str]:
         ]
     if app.scheduler_secret is not None:
         lines.append(f"  POST {url}/_a2/scheduler        signed scheduler deliveries")
+    for prefix, static in app.static.mounts:
+        path = "/".join(prefix)
+        lines.append(f"  GET  {url}/{path}{'/' if path else ''}  pages from {static.root}")
     return lines
 
 

@@ -5,7 +5,9 @@ ASGI server on Trio, such as hypercorn's trio worker); :mod:`.wire` holds the
 frames, byte-compatible with the seed's ``wire.ts``; :func:`open_client` (the
 multiplexed socket) and :func:`open_http_client` (SSE and HTTP) are Trio clients
 that reconnect, resume and retry (``docs/client.md``); :func:`open_actor_client`
-is one of an actor's lanes (``docs/actors.md``).
+is one of an actor's lanes (``docs/actors.md``). For browsers: :class:`Static`
+pages, :class:`Cors`, the sockets' ``Origin`` check, and signed tokens
+(:func:`issue_token`, :func:`token_authorize`).
 """
 
 from __future__ import annotations
@@ -42,11 +44,14 @@ from .connection import (
     Paused,
     ReconnectPolicy,
 )
+from .cors import Cors, SocketOrigins
 from .history import Backscroll, History
 from .http_client import HttpClient, open_http_client
 from .lane import Fold, Folded, Lane, LaneFrame
 from .limits import DEFAULT_LIMITS, Limits
 from .scheduler_route import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign_task
+from .static import Static
+from .tokens import TokenClaims, issue_token, token_authorize, verify_token
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -65,6 +70,7 @@ __all__ = [
     "Connecting",
     "ConnectionState",
     "ConnectionWatch",
+    "Cors",
     "Fold",
     "Folded",
     "History",
@@ -85,13 +91,19 @@ __all__ = [
     "RetryNowOperation",
     "RevokePredicate",
     "SkipOperation",
+    "SocketOrigins",
     "StateOperation",
+    "Static",
     "StreamOperation",
     "SubscribeOperation",
+    "TokenClaims",
     "View",
     "asgi",
+    "issue_token",
     "open_actor_client",
     "open_client",
     "open_http_client",
     "sign_task",
+    "token_authorize",
+    "verify_token",
 ]

@@ -13,10 +13,14 @@ socket                      ``GET /{contract}/{session}/ws`` socket frames (:mod
 multiplexed socket          ``GET /{contract}/ws``           socket frames, tagged by session
 scheduler                   ``POST /_a2/scheduler`` (signed) 204 (:mod:`.scheduler_route`)
 inspector                   ``/_a2/inspect[/...]``           page, JSON (:mod:`.inspector`)
+static files (``static=``)  ``GET`` of any other path        the file (:mod:`.static`)
 =========================== ================================ ===============================
 
 A server of an :func:`a2trio.actor` is mounted with the actor lanes instead
 (calls, snapshots, state frames: :mod:`.actor_routes`, ``docs/actors.md``).
+
+For browsers: ``cors=`` answers preflights and adds CORS headers, and every
+socket handshake passes the ``Origin`` check first (:mod:`.cors`).
 
 The app is a thin shell over :mod:`.wire` and :mod:`.sse` (sans-I/O). Its
 lifespan opens the servers (``async with server``) and closes them on shutdown,
@@ -31,6 +35,7 @@ is logged and answers 503 too (``asA2Error``), never 500.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from typing import Final
@@ -67,9 +72,18 @@ from .auth import (
     StreamOperation,
     check_authorized,
 )
+from .cors import (
+    Cors,
+    SocketOriginCheck,
+    SocketOrigins,
+    answer_preflight,
+    is_preflight,
+    with_cors_headers,
+)
 from .inspector import serve_inspector
 from .limits import DEFAULT_LIMITS, Limits
 from .scheduler_route import deliver_signed
+from .static import Static, serve_static, static_mounts
 from .ws import serve_multiplexed_socket, serve_session_socket
 
 __all__ = ["App", "asgi"]
@@ -102,6 +116,9 @@ class App:
         scheduler_secret: str | bytes | None = None,
         inspect: bool = False,
         views: Mapping[str, View] | None = None,
+        static: Mapping[str, Static | str | os.PathLike[str]] | None = None,
+        cors: Cors | None = None,
+        socket_origins: SocketOrigins = None,
     ) -> None:
         if not servers:
             raise TypeError("asgi() needs at least one a2trio.Server")
@@ -123,6 +140,9 @@ class App:
         self.limits = limits
         self.scheduler_secret = scheduler_secret
         self.inspect = inspect
+        self.static = static_mounts(static)
+        self.cors = cors
+        self.socket_origins = SocketOriginCheck(cors, socket_origins)
         self.grants = Grants()
 
     def __repr__(self) -> str:
@@ -185,6 +205,11 @@ class App:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = request_of(scope)
+        if self.cors is not None:
+            if is_preflight(request):
+                await answer_preflight(self.cors, request, send)
+                return
+            send = with_cors_headers(self.cors, request, send)
         try:
             await self._route_http(scope, request, receive, send)
         except _Disconnected:
@@ -221,6 +246,9 @@ class App:
             if method not in ("GET", "HEAD"):
                 raise Refusal(405, "the health route takes GET")
             await respond(send, 200, await self._health())
+            return
+        if self.static and segments[0] not in self.servers and segments[0] != "_a2":
+            await serve_static(self.static, segments, request, send)
             return
         if len(segments) != 2:
             raise Refusal(404, "routes are /{contract}/{session} and /{contract}[/{session}]/ws")
@@ -427,6 +455,14 @@ class App:
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = request_of(scope)
         try:
+            if not self.socket_origins.allows(request):
+                # Before the upgrade: a page on another site gets no socket
+                # (cross-site WebSocket hijacking, transport/cors.py).
+                origin = request.headers.get("origin", "")[:80]
+                logger.info("socket refused: origin %r is not allowed", origin)
+                raise Refusal(
+                    403, f"origin {origin!r} may not open a socket here", ErrorCode.FORBIDDEN
+                )
             segments = path_segments(scope)
             if len(segments) not in (2, 3) or segments[-1] != "ws":
                 raise Refusal(404, "sockets are /{contract}/{session}/ws and /{contract}/ws")
@@ -542,6 +578,9 @@ def asgi(
     scheduler_secret: str | bytes | None = None,
     inspect: bool = False,
     views: Mapping[str, View] | None = None,
+    static: Mapping[str, Static | str | os.PathLike[str]] | None = None,
+    cors: Cors | None = None,
+    socket_origins: SocketOrigins = None,
 ) -> App:
     """An ASGI app mounting every server by its contract's name.
 
@@ -562,12 +601,23 @@ def asgi(
       views: actor name -> ``view(state, request)``: what that actor's mount
         shows of its state, on every lane alike (:mod:`.actor_routes`). A
         server of an :func:`a2trio.actor` is mounted with the actor lanes.
+      static: URL prefix to directory (or :class:`~a2trio.transport.Static`),
+        e.g. ``{"/": "web"}``: ``GET``/``HEAD`` of paths the lanes do not own
+        serve its files (:mod:`a2trio.transport.static`).
+      cors: the origins whose pages may read answers
+        (:class:`~a2trio.transport.Cors`); off by default.
+      socket_origins: which ``Origin`` may open a socket: by default the
+        app's own, the CORS origins, or none sent (non-browsers); others
+        answer 403 before the upgrade. ``"*"`` turns the check off; a list
+        adds origins; a callable ``(origin, request) -> bool`` decides alone.
 
     Raises:
       TypeError: no servers, or something that is not a server; a view that
         is not callable.
       ValueError: two servers for one contract; an empty secret; a view for
-        a name that is not a mounted actor.
+        a name that is not a mounted actor; a static prefix without a leading
+        ``/`` or a directory that is not one; a listed socket origin that is
+        not an origin.
     """
     return App(
         servers,
@@ -576,4 +626,7 @@ def asgi(
         scheduler_secret=scheduler_secret,
         inspect=inspect,
         views=views,
+        static=static,
+        cors=cors,
+        socket_origins=socket_origins,
     )

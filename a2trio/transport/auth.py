@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -52,6 +52,10 @@ __all__ = [
     "check_authorized",
 ]
 
+#: Hidden from :class:`Request`'s repr: credentials (``a2trio.transport.tokens``).
+_SECRET_HEADERS: Final = frozenset({"authorization", "cookie", "proxy-authorization"})
+_SECRET_PARAMS: Final = frozenset({"token"})
+
 
 class Request(msgspec.Struct, frozen=True):
     """What ``authorize`` sees of the HTTP request or socket handshake.
@@ -62,6 +66,9 @@ class Request(msgspec.Struct, frozen=True):
       headers: lower-cased names to values (repeated headers joined by ``, ``).
       query: query parameters (the last value of a repeated one).
       client: the peer's (host, port), when the server knows it.
+
+    Its repr hides the ``Authorization`` and ``Cookie`` headers and the
+    query's ``token``.
     """
 
     method: str
@@ -69,6 +76,15 @@ class Request(msgspec.Struct, frozen=True):
     headers: dict[str, str]
     query: dict[str, str]
     client: tuple[str, int] | None = None
+
+    def __repr__(self) -> str:
+        # Credentials never reach a log line through a logged request.
+        headers = {k: "<hidden>" if k in _SECRET_HEADERS else v for k, v in self.headers.items()}
+        query = {k: "<hidden>" if k in _SECRET_PARAMS else v for k, v in self.query.items()}
+        return (
+            f"Request({self.method!r}, {self.path!r}, headers={headers!r}, "
+            f"query={query!r}, client={self.client!r})"
+        )
 
 
 class PushOperation(msgspec.Struct, frozen=True, tag="push"):
