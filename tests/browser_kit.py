@@ -74,10 +74,14 @@ def _pump(stream: IO[str], lines: queue.Queue[str | None]) -> None:
 
 
 @contextmanager
-def serve(target: str, *args: str, cwd: Path = ROOT) -> Iterator[str]:
+def serve(
+    target: str, *args: str, cwd: Path = ROOT, output: list[str] | None = None
+) -> Iterator[str]:
     """``python -m a2trio.serve target --port 0 --store memory: *args`` for the
     block; yields its base URL (``http://127.0.0.1:PORT``) and stops it with
     Ctrl-C after. Extra ``args`` may override ``--store`` (the last one wins).
+    ``output``, when given, receives every line the command printed (stdout
+    and stderr), complete once the block has ended.
 
     Raises:
       AssertionError: the command exited or printed no banner within
@@ -121,3 +125,9 @@ def serve(target: str, *args: str, cwd: Path = ROOT) -> Iterator[str]:
                 process.wait()
         pump.join(timeout=10)
         process.stdout.close()
+        while not lines.empty():
+            line = lines.get_nowait()
+            if line is not None:
+                seen.append(line)
+        if output is not None:
+            output.extend(seen)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from playwright.sync_api import Page, Request, expect
+from playwright.sync_api import Locator, Page, Request, expect
 
 from tests.browser_kit import chromium, serve
 
@@ -28,6 +28,10 @@ def open_board(page: Page, url: str, who: str) -> None:
 def add_task(page: Page, title: str) -> None:
     page.fill("#new-task input[name=title]", title)
     page.click("#new-task button")
+
+
+def row(page: Page, title: str) -> Locator:
+    return page.locator("#tasks li", has_text=title)
 
 
 def test_two_pages_see_each_others_tasks_presence_and_cursors(tmp_path: Path) -> None:
@@ -46,18 +50,14 @@ def test_two_pages_see_each_others_tasks_presence_and_cursors(tmp_path: Path) ->
 
         # A task pushed on one page arrives on the other, then its estimate on both.
         add_task(ann, "Ship the board page")
-        expect(bob.locator("#tasks li", has_text="Ship the board page")).to_be_visible(
-            timeout=WAIT_MS
-        )
+        expect(row(bob, "Ship the board page")).to_be_visible(timeout=WAIT_MS)
         for page in (ann, bob):
-            expect(page.locator("#tasks li", has_text="Ship the board page")).to_have_attribute(
+            expect(row(page, "Ship the board page")).to_have_attribute(
                 "data-estimated", "true", timeout=WAIT_MS
             )
-            expect(page.locator("#tasks li", has_text="Ship the board page")).to_contain_text(
-                "4 pts"
-            )
+            expect(row(page, "Ship the board page")).to_contain_text("4 pts")
         add_task(bob, "Write the docs")
-        expect(ann.locator("#tasks li", has_text="Write the docs")).to_be_visible(timeout=WAIT_MS)
+        expect(row(ann, "Write the docs")).to_be_visible(timeout=WAIT_MS)
 
         # The cursor: ann's pointer on the board shows on bob's page, where she is.
         box = ann.locator("#board").bounding_box()
@@ -75,7 +75,7 @@ def test_two_pages_see_each_others_tasks_presence_and_cursors(tmp_path: Path) ->
             }""",
             timeout=WAIT_MS,
         )
-        item = ann.locator("#tasks li", has_text="Ship the board page").bounding_box()
+        item = row(ann, "Ship the board page").bounding_box()
         assert item is not None
         ann.mouse.move(item["x"] + item["width"] * 0.5, item["y"] + item["height"] / 2)
         ann.mouse.move(item["x"] + item["width"] * 0.55, item["y"] + item["height"] / 2, steps=3)
@@ -87,8 +87,8 @@ def test_two_pages_see_each_others_tasks_presence_and_cursors(tmp_path: Path) ->
             bob.screenshot(path=str(Path(os.environ["A2_TEST_SCREENSHOTS"]) / "board.png"))
 
         # Removing on one page removes on the other.
-        bob.locator("#tasks li", has_text="Write the docs").locator(".remove").click()
-        expect(ann.locator("#tasks li", has_text="Write the docs")).to_have_count(0, timeout=WAIT_MS)
+        row(bob, "Write the docs").locator(".remove").click()
+        expect(row(ann, "Write the docs")).to_have_count(0, timeout=WAIT_MS)
 
         # A reload paints from localStorage and resumes after the last index.
         last = int(ann.evaluate("JSON.parse(localStorage.getItem('a2-board:demo')).last"))
@@ -103,14 +103,13 @@ def test_two_pages_see_each_others_tasks_presence_and_cursors(tmp_path: Path) ->
         ann.reload()
         expect(ann.locator("#status")).to_have_attribute("data-state", "live", timeout=WAIT_MS)
         expect(ann.locator("#resume")).to_have_text(f"resumed after event #{last}")
-        assert streams and streams[-1].endswith(f"startAfter={last}"), streams
+        assert streams, "the reload opened no stream"
+        assert streams[-1].endswith(f"startAfter={last}"), streams
         expect(ann.locator("#tasks li")).to_have_count(1)
-        expect(ann.locator("#tasks li", has_text="Ship the board page")).to_contain_text("4 pts")
+        expect(row(ann, "Ship the board page")).to_contain_text("4 pts")
         # ...and still sees what happens after.
         add_task(bob, "After the reload")
-        expect(ann.locator("#tasks li", has_text="After the reload")).to_be_visible(
-            timeout=WAIT_MS
-        )
+        expect(row(ann, "After the reload")).to_be_visible(timeout=WAIT_MS)
         assert errors == []
         assert (tmp_path / "board.png").stat().st_size > 10_000
 
@@ -126,7 +125,7 @@ def test_a_cache_from_another_log_is_dropped() -> None:
         )
         page.reload()
         expect(page.locator("#status")).to_have_attribute("data-state", "live", timeout=WAIT_MS)
-        expect(page.locator("#tasks li", has_text="Ghost")).to_have_count(0)
+        expect(row(page, "Ghost")).to_have_count(0)
         expect(page.locator("#resume")).to_have_text("read from the start")
         add_task(page, "Real")
-        expect(page.locator("#tasks li", has_text="Real")).to_be_visible(timeout=WAIT_MS)
+        expect(row(page, "Real")).to_be_visible(timeout=WAIT_MS)

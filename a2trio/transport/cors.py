@@ -102,6 +102,7 @@ class Cors:
       max_age_s: how long a browser may cache a preflight's answer.
 
     Raises:
+      TypeError: one origin as a string rather than a list.
       ValueError: an entry that is not an origin; ``"*"`` with credentials
         (it would let every site read as the signed-in user: pass a
         predicate if that is really meant).
@@ -124,7 +125,8 @@ class Cors:
         if callable(origins):
             self.predicate = origins
         elif not self.any_origin:
-            assert not isinstance(origins, str), "a list of origins, not one string"
+            if isinstance(origins, str):
+                raise TypeError(f"Cors() takes a list of origins: [{origins!r}]")
             self.origins = frozenset(normalize_origin(o) for o in origins)
         self.credentials = credentials
         self.allow_headers = ", ".join(h.lower() for h in allow_headers)
@@ -207,6 +209,7 @@ class SocketOriginCheck:
     """The app's rule for a socket handshake's ``Origin`` (module docstring).
 
     Raises:
+      TypeError: one origin as a string rather than a list.
       ValueError: a listed entry that is not an origin.
     """
 
@@ -218,7 +221,8 @@ class SocketOriginCheck:
         if callable(policy):
             self.decide = policy
         elif policy is not None and not self.any_origin:
-            assert not isinstance(policy, str), "a list of origins, not one string"
+            if isinstance(policy, str):
+                raise TypeError(f"socket_origins takes a list of origins: [{policy!r}]")
             self.origins = frozenset(normalize_origin(o) for o in policy)
 
     def allows(self, request: Request) -> bool:

@@ -129,7 +129,7 @@ class Static:
                 resolved = (resolved / self.index).resolve()
             if not resolved.is_relative_to(self.root) or not resolved.is_file():
                 return None
-        except OSError:
+        except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python 3.11)
             return None
         return resolved
 
