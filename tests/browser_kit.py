@@ -26,7 +26,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -44,8 +44,12 @@ START_TIMEOUT_S = 30.0
 
 
 @contextmanager
-def chromium() -> Iterator[Browser]:
+def chromium(*, hosts: Sequence[str] = ()) -> Iterator[Browser]:
     """A headless Chromium for the block; closed after it.
+
+    ``hosts`` are names the browser resolves to 127.0.0.1 (``app.test``,
+    ``evil.test``): pages of several origins, all served by one local app,
+    for cross-origin tests.
 
     Fails (never skips) when the browser is not installed: ``scripts/services``
     installs it, and a browser test that silently does not run proves nothing.
@@ -60,7 +64,12 @@ def chromium() -> Iterator[Browser]:
     # Playwright's own browser downloads are never used.
     os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=path, headless=True)
+        rules = ", ".join(f"MAP {host} 127.0.0.1" for host in hosts)
+        browser = playwright.chromium.launch(
+            executable_path=path,
+            headless=True,
+            args=[f"--host-resolver-rules={rules}"] if rules else [],
+        )
         try:
             yield browser
         finally:
