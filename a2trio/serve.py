@@ -188,7 +188,8 @@ def lanes(app: App | Any, url: str) -> list[str]:
         lines.append(f"  POST {url}/_a2/scheduler        signed scheduler deliveries")
     for prefix, static in app.static.mounts:
         path = "/".join(prefix)
-        lines.append(f"  GET  {url}/{path}{'/' if path else ''}  pages from {static.root} (open it in a browser)")
+        page = f"{url}/{path}{'/' if path else ''}"
+        lines.append(f"  GET  {page}  pages from {static.root} (open it in a browser)")
     return lines
 
 

@@ -19,6 +19,7 @@ downloaded. A missing browser fails the test loudly: it is never skipped.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import queue
 import shutil
@@ -63,7 +64,7 @@ def chromium(*, hosts: Sequence[str] = ()) -> Iterator[Browser]:
         )
     # Playwright's own browser downloads are never used.
     os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
-    with sync_playwright() as playwright:
+    with _plain_asyncio(), sync_playwright() as playwright:
         rules = ", ".join(f"MAP {host} 127.0.0.1" for host in hosts)
         browser = playwright.chromium.launch(
             executable_path=path,
@@ -74,6 +75,19 @@ def chromium(*, hosts: Sequence[str] = ()) -> Iterator[Browser]:
             yield browser
         finally:
             browser.close()
+
+
+@contextmanager
+def _plain_asyncio() -> Iterator[None]:
+    """Playwright's sync API runs a plain asyncio loop of its own; trio-asyncio
+    (``Server(asyncio=True)`` in an earlier test) leaves its own event loop
+    policy installed process-wide, whose loops cannot run that way."""
+    policy = asyncio.get_event_loop_policy()
+    asyncio.set_event_loop_policy(asyncio.DefaultEventLoopPolicy())
+    try:
+        yield
+    finally:
+        asyncio.set_event_loop_policy(policy)
 
 
 def _pump(stream: IO[str], lines: queue.Queue[str | None]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -24,3 +25,22 @@ def test_a_missing_chromium_fails_the_test(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(browser_kit, "CHROMIUM", "/nonexistent/chromium")
     with pytest.raises(pytest.fail.Exception, match="Chromium is not installed"), chromium():
         pass
+
+
+class _RefusingPolicy(asyncio.DefaultEventLoopPolicy):
+    """Stands for trio-asyncio's policy, which a Server(asyncio=True) leaves installed."""
+
+    def new_event_loop(self) -> asyncio.AbstractEventLoop:
+        raise AssertionError("the kit must not use the installed policy's loops")
+
+
+def test_another_event_loop_policy_does_not_get_in_the_way() -> None:
+    before = asyncio.get_event_loop_policy()
+    policy = _RefusingPolicy()
+    asyncio.set_event_loop_policy(policy)
+    try:
+        with chromium() as browser:
+            assert browser.new_page().evaluate("1 + 1") == 2
+        assert asyncio.get_event_loop_policy() is policy
+    finally:
+        asyncio.set_event_loop_policy(before)
