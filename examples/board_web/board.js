@@ -265,21 +265,31 @@ function wire() {
     if (title && (await addTask(title))) input.value = "";
   });
   const board = $("#board");
-  let lastCursor = 0;
+  // At most one cursor push per CURSOR_EVERY_MS, always with the latest
+  // position: the last move of a gesture is never dropped.
+  let cursorTimer = null;
+  let nextCursor = null;
   board.addEventListener("pointermove", (move) => {
-    const now = Date.now();
-    if (now - lastCursor < CURSOR_EVERY_MS) return;
-    lastCursor = now;
     const rect = board.getBoundingClientRect();
     const x = Math.round(((move.clientX - rect.left) / rect.width) * 1000);
     const y = Math.round(((move.clientY - rect.top) / rect.height) * 1000);
     const task = move.target.closest("li[data-task-id]");
-    sendPresence({
+    nextCursor = {
       cursor: { x: Math.max(0, Math.min(1000, x)), y: Math.max(0, Math.min(1000, y)) },
       viewing: task ? task.dataset.taskId : "board",
-    });
+    };
+    if (cursorTimer === null) {
+      cursorTimer = setTimeout(() => {
+        cursorTimer = null;
+        sendPresence(nextCursor);
+      }, CURSOR_EVERY_MS);
+    }
   });
-  board.addEventListener("pointerleave", () => sendPresence({ cursor: null, viewing: "board" }));
+  board.addEventListener("pointerleave", () => {
+    clearTimeout(cursorTimer);
+    cursorTimer = null;
+    sendPresence({ cursor: null, viewing: "board" });
+  });
   addEventListener("pagehide", () => {
     // The last word, even as the page goes away: sendBeacon outlives it.
     const bye = { presence: { participant: me, values: { viewing: null, cursor: null }, at: Date.now() } };
