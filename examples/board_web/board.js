@@ -151,12 +151,12 @@ function follow() {
         applyPresence(participant, { [field]: entry.value }, Date.parse(entry.at));
       }
     }
-    render();
+    renderPeople();
   });
   source.addEventListener("presence", (frame) => {
     const patch = JSON.parse(frame.data);
     applyPresence(patch.participant, patch.values, Date.parse(patch.at));
-    render();
+    renderPeople();
   });
   source.addEventListener("error", (frame) => {
     // A server `error` frame carries the envelope; a bare error is the
@@ -199,31 +199,46 @@ function live(field) {
 }
 
 function render() {
-  const list = $("#tasks");
-  const tasks = Object.entries(state.tasks).sort((a, b) => a[1].index - b[1].index);
-  list.replaceChildren(
-    ...tasks.map(([taskId, task]) => {
-      const item = document.createElement("li");
-      item.dataset.taskId = taskId;
-      item.dataset.estimated = String(task.points !== null);
-      const title = document.createElement("span");
-      title.className = "title";
-      title.textContent = task.title;
-      const points = document.createElement("span");
-      points.className = "points";
-      points.textContent = task.points === null ? "estimating…" : `${task.points} pt${task.points === 1 ? "" : "s"}`;
-      const remove = document.createElement("button");
-      remove.className = "remove";
-      remove.type = "button";
-      remove.title = "Remove";
-      remove.textContent = "✕";
-      remove.addEventListener("click", () => removeTask(taskId));
-      item.append(title, points, remove);
-      return item;
-    }),
-  );
+  renderTasks();
+  renderPeople();
+}
 
-  const board = $("#board");
+function taskItem(taskId) {
+  // Items are kept by task id and updated in place: a repaint never replaces
+  // the button under a pointer that is about to click it.
+  const item = document.createElement("li");
+  item.dataset.taskId = taskId;
+  const title = document.createElement("span");
+  title.className = "title";
+  const points = document.createElement("span");
+  points.className = "points";
+  const remove = document.createElement("button");
+  remove.className = "remove";
+  remove.type = "button";
+  remove.title = "Remove";
+  remove.textContent = "✕";
+  remove.addEventListener("click", () => removeTask(taskId));
+  item.append(title, points, remove);
+  return item;
+}
+
+function renderTasks() {
+  const list = $("#tasks");
+  const items = new Map(Array.from(list.children, (item) => [item.dataset.taskId, item]));
+  const tasks = Object.entries(state.tasks).sort((a, b) => a[1].index - b[1].index);
+  tasks.forEach(([taskId, task], position) => {
+    const item = items.get(taskId) || taskItem(taskId);
+    items.delete(taskId);
+    item.dataset.estimated = String(task.points !== null);
+    item.querySelector(".title").textContent = task.title;
+    item.querySelector(".points").textContent =
+      task.points === null ? "estimating…" : `${task.points} pt${task.points === 1 ? "" : "s"}`;
+    if (list.children[position] !== item) list.insertBefore(item, list.children[position] || null);
+  });
+  for (const gone of items.values()) gone.remove();
+}
+
+function renderPeople() {
   const people = Object.entries(viewers).filter(([, fields]) => live(fields.viewing) || live(fields.cursor));
   $("#viewers").replaceChildren(
     ...people.map(([participant, fields]) => {
@@ -239,20 +254,26 @@ function render() {
       return item;
     }),
   );
-  for (const old of board.querySelectorAll(".cursor")) old.remove();
+  const board = $("#board");
+  const cursors = new Map(Array.from(board.querySelectorAll(".cursor"), (c) => [c.dataset.participant, c]));
   for (const [participant, fields] of people) {
     if (participant === me || !live(fields.cursor)) continue;
-    const cursor = document.createElement("div");
-    cursor.className = "cursor";
-    cursor.dataset.participant = participant;
+    let cursor = cursors.get(participant);
+    cursors.delete(participant);
+    if (!cursor) {
+      cursor = document.createElement("div");
+      cursor.className = "cursor";
+      cursor.dataset.participant = participant;
+      const name = document.createElement("span");
+      name.className = "name";
+      name.textContent = participant;
+      cursor.append(dot(participant), name);
+      board.append(cursor);
+    }
     cursor.style.left = `${fields.cursor.value.x / 10}%`;
     cursor.style.top = `${fields.cursor.value.y / 10}%`;
-    const name = document.createElement("span");
-    name.className = "name";
-    name.textContent = participant;
-    cursor.append(dot(participant), name);
-    board.append(cursor);
   }
+  for (const gone of cursors.values()) gone.remove();
 }
 
 function wire() {
@@ -298,7 +319,7 @@ function wire() {
   sendPresence({ viewing: "board" });
   setInterval(() => sendPresence({ viewing: (viewers[me] && viewers[me].viewing && viewers[me].viewing.value) || "board" }), HEARTBEAT_MS);
   // Repaint now and then so that the expiry guard takes silent viewers away.
-  setInterval(render, 2000);
+  setInterval(renderPeople, 2000);
 }
 
 wire();
