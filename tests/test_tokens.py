@@ -27,11 +27,14 @@ import a2trio
 from a2trio.push import PushedPresence
 from a2trio.stores import memory
 from a2trio.transport import (
+    CallOperation,
     HistoryOperation,
     InspectOperation,
     Limits,
     PushOperation,
+    RedriveOperation,
     Request,
+    StateOperation,
     StreamOperation,
     SubscribeOperation,
     TokenClaims,
@@ -175,6 +178,14 @@ def presence(participant: str) -> PushedPresence:
         (TokenClaims("board", "s1", ("inspect",), NOW), InspectOperation("board"), False),
         (TokenClaims("board", "s1", ("inspect",), NOW), InspectOperation("board", "s1"), True),
         (TokenClaims("board", "s1", ("push",), NOW), PushOperation("board", "s1"), True),
+        (TokenClaims("vault", "v1", ("state",), NOW), StateOperation("vault", "v1"), True),
+        (TokenClaims("vault", "v1", ("state",), NOW), CallOperation("vault", "v1", "put"), False),
+        (TokenClaims("vault", "v1", ("call",), NOW), CallOperation("vault", "v1", "put"), True),
+        (
+            TokenClaims("board", "s1", ("inspect",), NOW),
+            RedriveOperation("board", "s1", 3, "ann", "fixed"),
+            False,
+        ),
         (
             TokenClaims("board", "s1", ("push",), NOW, "ann"),
             PushOperation("board", "s1", (), presence("ann")),

@@ -30,21 +30,12 @@ import hmac
 import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Final
+from typing import Final, get_args
 
 import msgspec
 
 from ..errors import A2Error, ErrorCode
-from .auth import (
-    Authorize,
-    HistoryOperation,
-    InspectOperation,
-    Operation,
-    PushOperation,
-    Request,
-    StreamOperation,
-    SubscribeOperation,
-)
+from .auth import Authorize, Operation, PushOperation, Request
 
 __all__ = [
     "DEFAULT_TOKEN_TTL_S",
@@ -63,15 +54,15 @@ DEFAULT_TOKEN_TTL_S: Final = 300.0
 TOKEN_PARAM: Final = "token"
 _VERSION: Final = "v1"
 
-#: Operation names a token may grant, one per :data:`~a2trio.transport.Operation`.
-OPERATIONS: Final[dict[type[Operation], str]] = {
-    PushOperation: "push",
-    StreamOperation: "stream",
-    HistoryOperation: "history",
-    SubscribeOperation: "subscribe",
-    InspectOperation: "inspect",
-}
-_NAMES: Final = frozenset(OPERATIONS.values())
+
+def _name(operation_type: type[msgspec.Struct]) -> str:
+    return str(operation_type.__struct_config__.tag)
+
+
+#: Operation names a token may grant: each :data:`~a2trio.transport.Operation`'s
+#: tag (``push``, ``stream``, ``history``, ``subscribe``, ``inspect``,
+#: ``redrive``, ``skip``, ``retry_now``, ``state``, ``call``).
+OPERATIONS: Final = frozenset(_name(t) for t in get_args(Operation))
 
 
 class TokenClaims(msgspec.Struct, frozen=True):
@@ -80,8 +71,7 @@ class TokenClaims(msgspec.Struct, frozen=True):
     Attributes:
       contract: the contract's name.
       session: the session id, or ``None`` for every session of the contract.
-      ops: the granted operation names (``push``, ``stream``, ``history``,
-        ``subscribe``, ``inspect``).
+      ops: the granted operation names (:data:`OPERATIONS`).
       exp: expiry, epoch seconds.
       sub: the subject (a user id); when set, pushed presence must be this
         participant's.
@@ -97,7 +87,7 @@ class TokenClaims(msgspec.Struct, frozen=True):
 
     def permits(self, operation: Operation) -> bool:
         """Whether these claims cover ``operation`` (expiry is checked apart)."""
-        if operation.contract != self.contract or OPERATIONS[type(operation)] not in self.ops:
+        if operation.contract != self.contract or _name(type(operation)) not in self.ops:
             return False
         if self.session is not None and operation.session_id != self.session:
             return False
@@ -142,8 +132,10 @@ def issue_token(
       secret: the HMAC key shared with :func:`token_authorize`.
       contract: the contract's name.
       session_id: the session, or ``None`` for all of the contract's.
-      operations: any of ``push``, ``stream``, ``history``, ``subscribe``
-        (each lane of a multiplexed socket), ``inspect``.
+      operations: any of :data:`OPERATIONS`: ``push``, ``stream``,
+        ``history``, ``subscribe`` (each lane of a multiplexed socket), the
+        operator's ``inspect``, ``redrive``, ``skip``, ``retry_now``, and an
+        actor's ``state`` and ``call``.
       ttl_s: lifetime in seconds.
       subject: who the token is for; when set, pushed presence must be this
         participant's.
@@ -155,9 +147,9 @@ def issue_token(
     """
     key = _key(secret)
     ops = tuple(dict.fromkeys(operations))
-    unknown = [op for op in ops if op not in _NAMES]
+    unknown = [op for op in ops if op not in OPERATIONS]
     if unknown or not ops:
-        raise ValueError(f"operations are some of {sorted(_NAMES)}, got {list(operations)!r}")
+        raise ValueError(f"operations are some of {sorted(OPERATIONS)}, got {list(operations)!r}")
     if not ttl_s > 0:
         raise ValueError(f"`ttl_s` must be positive, got {ttl_s!r}")
     issued = time.time() if now is None else now
