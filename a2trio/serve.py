@@ -97,13 +97,18 @@ def load_target(target: str, *, limits: Limits = DEFAULT_LIMITS) -> App | Any:
         value = getattr(module, attribute)
     except AttributeError:
         raise ValueError(f"module {module_name!r} has no attribute {attribute!r}") from None
-    static = getattr(module, "static", None)
-    if static is not None and not isinstance(static, Mapping):
-        raise ValueError(f"{module_name}.static is {static!r}: expected {{prefix: directory}}")
+    servers: list[Server] = []
     if isinstance(value, Server):
-        return asgi(value, limits=limits, static=static)
-    if isinstance(value, list | tuple) and value and all(isinstance(s, Server) for s in value):
-        return asgi(*value, limits=limits, static=static)
+        servers = [value]
+    elif isinstance(value, list | tuple) and value and all(isinstance(s, Server) for s in value):
+        servers = list(value)
+    if servers:
+        # An app the module built itself keeps its own options; servers get
+        # the module's pages.
+        static = getattr(module, "static", None)
+        if static is not None and not isinstance(static, Mapping):
+            raise ValueError(f"{module_name}.static is {static!r}: expected {{prefix: directory}}")
+        return asgi(*servers, limits=limits, static=static)
     if callable(value):
         return value
     raise ValueError(

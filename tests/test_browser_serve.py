@@ -53,6 +53,8 @@ def test_no_static_and_a_bad_static(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     assert isinstance(app, App)
     assert not app.static
     assert not [line for line in lanes(app, "http://h:1") if "pages from" in line]
-    bad = module_with(monkeypatch, server=server, static=str(tmp_path))
+    bad = module_with(monkeypatch, server=server, static=str(tmp_path), app=app)
     with pytest.raises(ValueError, match=r"static is .*: expected \{prefix: directory\}"):
         load_target(f"{bad}:server")
+    # An app of the module's own is served as it is: `static` is not asked.
+    assert load_target(f"{bad}:app") is app
