@@ -359,13 +359,23 @@ class ServerInspection:
         engine = self._engine
         with store_unavailable("list dead letters"):
             rows = await store.dead_letters(engine.key(""), limit=limit + 1, after=after)
-        now_ms = engine.clock.now_ms()
-        page = []
+        # The actions of each session's dead letters on this page, one read
+        # per session (the page is ordered by session).
+        spans: dict[str, tuple[int, int]] = {}
         for row in rows[:limit]:
-            owner = engine.session_of(row.session_id)
-            assert owner is not None, row  # the prefix scoped the page
-            actions = await self._read_actions(row.session_id, owner, row.index - 1, row.index)
-            page.append(self._inspected(row, now_ms, actions.get(row.index, [])))
+            low, high = spans.get(row.session_id, (row.index, row.index))
+            spans[row.session_id] = (min(low, row.index), max(high, row.index))
+        actions: dict[tuple[str, int], list[OperatorAction]] = {}
+        for key, (low, high) in spans.items():
+            owner = engine.session_of(key)
+            assert owner is not None, key  # the prefix scoped the page
+            found = await self._read_actions(key, owner, low - 1, high)
+            actions.update(((key, index), recorded) for index, recorded in found.items())
+        now_ms = engine.clock.now_ms()
+        page = [
+            self._inspected(row, now_ms, actions.get((row.session_id, row.index), []))
+            for row in rows[:limit]
+        ]
         last = page[-1].event if page and len(rows) > limit else None
         return DeadLettersPage(page, None if last is None else f"{last.index}:{last.session_id}")
 

@@ -162,7 +162,12 @@ async def test_dead_letters_page_across_sessions_with_a_cursor() -> None:
             await server.session(sid).append(orders.event("ordered", Ordered(sid)))
         await server.session("b").append(orders.event("note", Note("settled")))
         await server.settle()
+        await server.inspect.redrive("b", 1, by="eve", reason="too soon")
+        await server.settle()
         first = await server.inspect.list_dead_letters(limit=2)
+        again = first.dead_letters[1]
+        assert [(a.action, a.by, a.session_id) for a in again.actions] == [("redrive", "eve", "b")]
+        assert (again.status.state, first.dead_letters[0].actions) == ("dead_lettered", [])
         assert [(d.event.session_id, d.event.index) for d in first.dead_letters] == [
             ("a", 1),
             ("b", 1),
