@@ -217,3 +217,6 @@ async def test_a_store_without_operator_actions_is_refused() -> None:
             await server.inspect.redrive("s1", 1, by="op")
         with pytest.raises(a2trio.InspectionUnsupportedError):
             await server.inspect.retry_now("s1", by="op")
+        await server.session("s1").append(orders.event("note", Note("n")))
+        [shown] = (await server.inspect.read_session_page("s1")).events
+        assert (shown.status.state, shown.actions) == ("settled", []), "pages still read"
