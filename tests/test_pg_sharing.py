@@ -279,3 +279,29 @@ async def test_a_subscription_made_while_the_database_is_down_listens_once_it_is
                 unsubscribe()
         finally:
             await store.aclose()
+
+
+async def test_the_shared_pool_bounds_both_stores_together() -> None:
+    schema = _schema()
+    async with _tagged(schema) as (dsn, app):
+        # Outside `async with`, each append is its own transaction and holds
+        # its connection while it waits for the session's lock.
+        a = postgres(dsn, schema=schema, listen=False, max_connections=2)
+        b = postgres(dsn, schema=schema, listen=False, max_connections=2)
+        await a.read("s")
+        holder = await PgConnection.connect(await database_dsn(), timeout_s=5, prepare=False)
+        try:
+            await holder.script(b"begin; select pg_advisory_xact_lock(hashtext('s'))")
+            async with trio.open_nursery() as nursery:
+                for store, n in [(a, 0), (a, 1), (a, 2), (b, 3), (b, 4), (b, 5)]:
+                    nursery.start_soon(store.append, "s", [AppendEvent("note", {}, id=f"e{n}")])
+                await _until(app, 2, 0)
+                # Given time to open more, neither store does: 2 in all, not 2 each.
+                await trio.sleep(0.3)
+                assert (await _backends(app))[:2] == (2, 0)
+                await holder.script(b"commit")
+            assert len(await b.read("s")) == 6
+        finally:
+            holder.close()
+            await a.aclose()
+            await b.aclose()
