@@ -97,7 +97,7 @@ async def test_exactly_once_through_pgbouncer_in_transaction_mode_with_a_listen_
             async def through_the_pooler() -> None:
                 stats = await trio.to_thread.run_sync(admin_rows, host, port, "root", "show stats")
                 [postgres_db] = [row for row in stats if row["database"] == "postgres"]
-                # The appends alone are TOTAL transactions; completions and
+                # The appends alone are one transaction per event; completions and
                 # claims add more.
                 assert postgres_db["total_xact_count"] > 2 * TOTAL
                 servers = await trio.to_thread.run_sync(
@@ -155,8 +155,9 @@ async def _run(
             writers_done.set()
 
     try:
-        # Generous: two busy cores shared with other test runs.
-        with trio.fail_after(120):
+        # Generous: on two cores shared with other test runs, under coverage,
+        # a run has taken over 100 s.
+        with trio.fail_after(240):
             async with trio.open_nursery() as nursery:
                 workers: list[trio.Process] = []
                 for _ in range(WORKERS):
@@ -190,6 +191,9 @@ async def _run(
 
                 await _poll_until(third_appended, 0.05)
                 await restart()
+                jobs_by_restart = await _count(
+                    dsn, f"select count(*) from {table} where event_type = 'job'"
+                )
 
                 await writers_done.wait()
                 processed = (
@@ -205,10 +209,16 @@ async def _run(
                     await before_stop()
                 nursery.cancel_scope.cancel(reason="all jobs processed")
 
-        # Appends during the outage failed as STORE_UNAVAILABLE and were retried.
+        # The writers were still appending when the server came back.
+        assert jobs_by_restart < TOTAL
         assert sum(r["appended"] for r in reports) == TOTAL
-        assert sum(r["unavailable"] for r in reports) > 0
-        assert sum(r["retried"] for r in reports) > 0
+        if pooled is None:
+            # Appends during the outage failed as STORE_UNAVAILABLE and were
+            # retried. (PgBouncer holds a client's next transaction while it
+            # logs in to the server again, so behind it only the transactions
+            # in flight at the restart fail, if any.)
+            assert sum(r["unavailable"] for r in reports) > 0
+            assert sum(r["retried"] for r in reports) > 0
 
         jobs = await run_sql(
             dsn, f"select count(*), count(distinct event_id) from {table} where event_type = 'job'"
