@@ -190,6 +190,17 @@ async def test_load_history_pages_backward_merged_and_complete_at_index_one() ->
             assert history.events[-1].index == 51
             done = await client.load_history("s1")
             assert (done.events, done.complete, done.oldest_loaded) == ((), True, 1)
+        # Followed but never loaded: the first page ends at the lane's index.
+        async with client.subscribe("s1", start_after=0) as fresh:
+            while fresh.index < 3:
+                await fresh.receive()
+            client.history("s1")  # (already loaded: pages on from index 1)
+        async with client.subscribe("s2", start_after=0) as followed:
+            await client.push("s2", ordered("a"), ordered("b"))
+            while followed.index < 2:
+                await followed.receive()
+            page = await client.load_history("s2", limit=1)
+            assert [e.index for e in page.events] == [2]
         # An explicit range on an empty session: nothing below, complete.
         empty = await client.load_history("nobody", before=10)
         assert (empty.events, empty.complete, empty.oldest_loaded) == ((), True, None)
@@ -268,6 +279,14 @@ async def test_a_silent_stream_trips_the_watchdog() -> None:
         assert isinstance(state, Paused)
         assert state.error is not None
         assert state.error.message == "stream lost: no frame for 0.2 s"
+
+
+@guarded(20)
+async def test_the_callers_error_is_not_a_group() -> None:
+    with pytest.raises(KeyError):
+        async with open_http_client("http://a2.invalid/orders") as client:
+            async with client.subscribe("s1", start_after=0):
+                raise KeyError("mine")
 
 
 def test_sse_frames_mirror_socket_frames() -> None:

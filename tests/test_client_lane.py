@@ -33,6 +33,7 @@ from a2trio.transport import (
     wire,
 )
 from a2trio.transport.connection import retrying
+from a2trio.transport.lane import LANE_BUFFER
 
 Live_ = Callable[[], None]
 Deliver = Callable[[LaneFrame], Awaitable[None]]
@@ -277,3 +278,49 @@ async def test_pushes_get_three_attempts_on_store_unavailable_only(
         await retrying(forbidden, backoff=backoff)
     assert at_once.value is refused
     assert len(times) == 1
+
+
+async def test_a_try_cancelled_mid_delivery_resumes_from_the_last_queued_event() -> None:
+    tries: list[int] = []
+
+    async def attach(start_after: int, live: Live_, deliver: Deliver) -> None:
+        tries.append(start_after)
+        live()
+        for index in range(start_after + 1, LANE_BUFFER + 10):
+            await deliver(event(index))
+        await trio.sleep_forever()
+
+    lane = Lane("s1", 0, lambda *_: 0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lane.run, attach)
+        await trio.testing.wait_all_tasks_blocked()
+        # The reader has read nothing: the buffer is full and the next send
+        # waits, the index already on its frame.
+        assert lane.index == LANE_BUFFER + 1
+        lane.reconnect()  # cancels that send: its frame was never queued, the index moves back
+        await trio.testing.wait_all_tasks_blocked()
+        assert tries == [0, LANE_BUFFER]
+        indexes = [(await lane.receive()).index for _ in range(LANE_BUFFER + 9)]  # type: ignore[union-attr]
+        nursery.cancel_scope.cancel()
+    assert indexes == list(range(1, LANE_BUFFER + 10))
+
+
+async def test_a_fold_iterates_with_async_for() -> None:
+    async def attach(start_after: int, live: Live_, deliver: Deliver) -> None:
+        live()
+        await deliver(wire.PresenceSnapshotFrame({}, "s1"))
+        for index in (1, 2):
+            await deliver(event(index))
+        await trio.sleep_forever()
+
+    lane = Lane("s1", 0, lambda *_: 0)
+    fold = Fold(lane, a2trio.Reducer("n", 0, lambda n, e: n + e.index))
+    got: list[Folded[int]] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lane.run, attach)
+        async for folded in fold:
+            got.append(folded)
+            if folded.index == 2:
+                break
+        nursery.cancel_scope.cancel()
+    assert got == [Folded(1, 1), Folded(3, 2)]

@@ -78,7 +78,8 @@ class Lane:
 
     Attributes:
       session_id: the session.
-      index: the last event index handed to the reader (the resume frontier).
+      index: the last event index queued for the reader (the resume frontier;
+        while a full buffer holds a frame back, already that frame's).
       connection: this lane's :class:`~a2trio.transport.ConnectionWatch`.
       presence: the session's presence map as last painted,
         ``{participant: {field: WirePresenceValue}}`` (empty without presence).
