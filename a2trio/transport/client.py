@@ -28,7 +28,7 @@ as themselves, never as exception groups (the policy of trio-websocket's
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -314,12 +314,22 @@ class Client:
     ) -> None:
         with scope:
 
-            async def attach(start_after: int, live: Any, deliver: Any) -> None:
+            async def attach(
+                start_after: int,
+                live: Callable[[], None],
+                deliver: Callable[[LaneFrame], Awaitable[None]],
+            ) -> None:
                 await self._attach(lane.session_id, start_after, live, deliver)
 
             await lane.run(attach, task_status=task_status)
 
-    async def _attach(self, session_id: str, start_after: int, live: Any, deliver: Any) -> None:
+    async def _attach(
+        self,
+        session_id: str,
+        start_after: int,
+        live: Callable[[], None],
+        deliver: Callable[[LaneFrame], Awaitable[None]],
+    ) -> None:
         socket = await self._current()
         subscription = socket.subscriptions[session_id] = _Subscription()
         try:
