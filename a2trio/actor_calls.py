@@ -31,6 +31,7 @@ with the same ``messageId`` answers the original if it did.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -306,14 +307,9 @@ class _StateFeed(Feed[ActorState[Any]]):
                 return self._frame()
 
     def _frame(self) -> ActorState[Any]:
-        # A copy, so a fold that mutates never changes a frame a reader kept.
-        reducer = self._actor.reducer
-        builtins = msgspec.to_builtins(self._state)
-        try:
-            frame = msgspec.convert(builtins, reducer.state_type or type(self._state))
-        except (msgspec.ValidationError, TypeError):
-            frame = builtins
-        return ActorState(frame, self._index)
+        # A copy, so a fold that mutates in place never changes a frame a
+        # reader kept.
+        return ActorState(copy.deepcopy(self._state), self._index)
 
 
 class ActorHandle:

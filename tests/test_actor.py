@@ -410,3 +410,117 @@ def test_state_records_encode_as_the_wire_shape() -> None:
     assert msgspec.json.encode(a2trio.ActorState(Vault(2), 4)) == (
         b'{"state":{"balance":2,"audit":[]},"index":4}'
     )
+
+
+async def test_a_frame_is_a_copy_a_mutating_fold_leaves_alone(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    def append(state: list[int], event: a2trio.Event[int]) -> list[int]:
+        state.append(event.payload)
+        return state
+
+    async def add(state: list[int], input: int) -> a2trio.AppendInput:
+        return log.event("added", input)
+
+    empty: list[int] = []
+    log: a2trio.Actor[list[int]] = a2trio.actor(
+        "log",
+        events={"added": int},
+        state=a2trio.Reducer("log", empty, append, list[int]),
+        calls={"add": a2trio.call(int, add)},
+    )
+    async with a2trio.Server(log, store=memory(clock=a2trio.TrioClock())) as server:
+        handle = server.actor("l")
+        async with handle.states() as feed:
+            first = await feed.receive()
+            await handle.call("add", 1)
+            second = await feed.receive()
+        assert (first.state, second.state) == ([], [1])
+
+
+async def test_a_reader_ahead_of_the_log_waits_for_newer_frames(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with _server() as server:
+        alice = server.actor("alice")
+        async with alice.states(start_after=3) as feed:
+            for _ in range(4):
+                await alice.call("deposit", {"amount": 1})
+                await trio.testing.wait_all_tasks_blocked()
+            frame = await feed.receive()
+        assert (frame.state.balance, frame.index) == (4, 4)
+
+
+async def test_a_retried_answer_folds_from_a_fitting_snapshot_or_the_log(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    store = memory(clock=a2trio.TrioClock())
+    async with _server(store) as server:
+        alice = server.actor("alice")
+        await alice.call("deposit", {"amount": 1})
+        first = await alice.call("deposit", {"amount": 2}, message_id="m")
+        await server.settle()
+        [snapshot] = await store.inspect.list_snapshots(server.key("alice"))
+        assert snapshot.index == 1, "the second call's read wrote it back"
+        assert await alice.call("deposit", {"amount": 2}, message_id="m") == first
+        await alice.call("deposit", {"amount": 4})
+        await alice.state()
+        await server.settle()
+        [snapshot] = await store.inspect.list_snapshots(server.key("alice"))
+        assert snapshot.index == 3, "past the call: its answer folds the log"
+        assert await alice.call("deposit", {"amount": 2}, message_id="m") == first
+
+        bob = server.actor("bob")
+        original = await bob.call("deposit", {"amount": 5}, message_id="b")
+        # A snapshot that no longer fits the state type: the log is folded.
+        await store.put_snapshot(server.key("bob"), "vault-v1", 1, {"balance": "lots"})
+        assert await bob.call("deposit", {"amount": 5}, message_id="b") == original
+
+
+async def test_a_twin_committing_between_the_lookup_and_the_read_wins(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Another process commits the same messageId after this call looked it
+    up but before it read the state: the call's append replays those rows at
+    an older index, and the call answers the twin's original answer."""
+    from a2trio.ids import call_event_id
+    from a2trio.stores.memory import MemoryStore
+
+    class TwinFirst(MemoryStore):
+        twin = True
+
+        async def read_states(self, session_ids: Any, reducer: str) -> Any:
+            if self.twin:
+                self.twin = False
+                event_id = call_event_id("vault", "alice", "m", 0, 1)
+                twin = AppendEvent("deposited", {"amount": 3}, event_id)
+                await self.append(session_ids[0], [twin])
+            return await super().read_states(session_ids, reducer)
+
+    store = TwinFirst(clock=a2trio.TrioClock())
+    async with _server(store) as server:
+        answer = await server.actor("alice").call("deposit", {"amount": 7}, message_id="m")
+        assert not store.twin, "the twin committed first"
+        assert answer == a2trio.ActorState(Vault(3, ("+3",)), 1)
+        assert len(await server.session("alice").history()) == 1
+
+
+@pytest.mark.parametrize("committed", [False, True])
+async def test_a_store_failure_reaches_the_caller_and_a_retry_is_exactly_once(
+    autojump_clock: trio.abc.Clock, committed: bool
+) -> None:
+    """The append fails before committing, or commits and loses its answer:
+    either way the caller sees STORE_UNAVAILABLE, and a retry with the same
+    messageId commits once."""
+    from a2trio.testing import FaultyStore
+
+    store = FaultyStore(memory(clock=a2trio.TrioClock()))
+    async with _server(store) as server:
+        alice = server.actor("alice")
+        with store.fail("append", times=1, after=committed):
+            with pytest.raises(a2trio.A2Error) as failed:
+                await alice.call("deposit", {"amount": 1}, message_id="m")
+        assert failed.value.code is a2trio.ErrorCode.STORE_UNAVAILABLE
+        answer = await alice.call("deposit", {"amount": 1}, message_id="m")
+        assert answer == a2trio.ActorState(Vault(1, ("+1",)), 1)
+        assert len(await server.session("alice").history()) == 1

@@ -146,3 +146,31 @@ async def test_an_unreadable_answer_is_an_actor_request_error() -> None:
     ):
         with pytest.raises(ActorRequestError, match="unreadable answer"):
             await client.state()
+
+
+@guarded(20)
+async def test_network_failures_on_the_stream_are_actor_request_errors() -> None:
+    async def broken(request: httpx.Request) -> httpx.Response:
+        if "startAfter" in str(request.url):
+            raise httpx.ConnectError("refused", request=request)
+
+        async def body() -> Any:
+            yield b'event: state\ndata: {"state": 1, "index": 1}\n\n'
+            raise httpx.ReadError("reset", request=request)
+
+        return httpx.Response(200, content=body(), headers={"content-type": "text/event-stream"})
+
+    transport = httpx.MockTransport(broken)
+    async with (
+        httpx.AsyncClient(transport=transport, base_url="http://x") as http,
+        open_actor_client("", "a", "b", http=http) as client,
+    ):
+        async with client.follow() as states:
+            assert await states.receive() == a2trio.ActorState(1, 1)
+            with pytest.raises(ActorRequestError, match="the stream failed") as lost:
+                await states.receive()
+            assert lost.value.status is None
+        with pytest.raises(ActorRequestError, match=r"\(stream\) failed") as refused:
+            async with client.follow():
+                pass
+        assert refused.value.status is None

@@ -24,6 +24,7 @@ from a2trio.transport import (
 from examples.vault import public_view, vault
 from tests.test_transport import (
     FAST,
+    chunks_of,
     client,
     collect_client_garbage,
     frame,
@@ -266,3 +267,75 @@ async def test_revoking_access_ends_streams_and_sockets() -> None:
                 ended = await anext(frames)
                 assert ended.event == "error"
                 assert json.loads(ended.data)["error"] == {"code": "FORBIDDEN", "message": "gone"}
+
+
+def _failing_view(state: Any, request: Request) -> Any:
+    if state.balance > 1:
+        raise RuntimeError("the view broke")
+    return {"balance": state.balance}
+
+
+@guarded(20)
+async def test_a_failing_view_ends_the_lanes_with_a_retryable_error() -> None:
+    async with serving(_app(views={"vault": _failing_view})) as base, client(base) as c:
+        await c.post("/vault/i", json=_deposit(1))
+        headers = {"accept": "text/event-stream"}
+        async with (
+            c.stream("GET", "/vault/i", headers=headers) as r,
+            aclosing(sse_frames(r)) as frames,
+            trio_websocket.open_websocket_url(ws_url(base, "/vault/i/ws")) as ws,
+        ):
+            assert (await anext(frames)).event == "state"
+            assert (await frame(ws))["index"] == 1
+            failed = await c.post("/vault/i", json=_deposit(1))
+            assert failed.status_code == 503  # committed: a retry with a messageId is safe
+            ended = await anext(frames)
+            assert ended.event == "error"
+            assert json.loads(ended.data)["error"]["code"] == "STORE_UNAVAILABLE"
+            with pytest.raises(trio_websocket.ConnectionClosed) as closed:
+                await frame(ws)
+            assert closed.value.reason is not None
+            assert closed.value.reason.code == 1011
+
+
+@guarded(20)
+async def test_idle_lanes_send_heartbeats() -> None:
+    async with serving(_app()) as base, client(base) as c:
+        headers = {"accept": "text/event-stream"}
+        async with c.stream("GET", "/vault/j", headers=headers) as r:
+            raw = b""
+            async with chunks_of(r) as chunks:
+                async for chunk in chunks:
+                    raw += chunk
+                    if b": ping" in raw:
+                        break
+        async with trio_websocket.open_websocket_url(ws_url(base, "/vault/j/ws")) as ws:
+            kinds = {json.loads(await ws.get_message())["kind"] for _ in range(2)}
+            assert kinds == {"state", "ping"}
+
+
+async def test_a_socket_that_leaves_before_connecting_is_left_alone() -> None:
+    from a2trio.transport.actor_routes import serve_actor_socket
+
+    sent: list[Any] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "websocket.disconnect"}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    server = a2trio.Server(vault, store=memory())
+    request = Request("GET", "/vault/k/ws", {}, {})
+    await serve_actor_socket(
+        server,
+        "k",
+        request,
+        receive,
+        send,
+        authorize=None,
+        limits=FAST,
+        view=None,
+        grants=a2trio.transport.App([server]).grants,
+    )
+    assert sent == []
