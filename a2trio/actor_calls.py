@@ -40,12 +40,12 @@ from typing import Any, Generic, TypeVar
 import msgspec
 import trio
 
-from .actor import MAX_CALL_EVENTS, Actor
+from .actor import Actor
 from .contract import AppendInput, Event
 from .core import Appends, Engine
 from .errors import A2Error, ErrorCode, store_unavailable
 from .identifiers import check_message_id
-from .ids import call_event_id
+from .ids import call_event_count, call_event_id
 from .session import SessionView
 from .stores._feed import Feed
 from .stores.base import StoredEvent
@@ -195,17 +195,8 @@ class ActorCalls:
                 key, after_index=first.index, through_index=first.index + 1
             )
         # The second id names the batch's size (a batch commits contiguously).
-        count = 1
-        if after:
-            count = next(
-                (
-                    n
-                    for n in range(2, MAX_CALL_EVENTS + 1)
-                    if after[0].id == call_event_id(contract, actor_id, message_id, 1, n)
-                ),
-                1,
-            )
-        return await self.state_at(actor_id, first.index + count - 1)
+        count = call_event_count(contract, actor_id, message_id, after[0].id) if after else None
+        return await self.state_at(actor_id, first.index + (count or 1) - 1)
 
     async def state_at(self, actor_id: str, index: int) -> ActorState[Any]:
         """The state folded through ``index`` (a past one: a retried call's

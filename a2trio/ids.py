@@ -21,6 +21,7 @@ from typing import Protocol
 
 __all__ = [
     "IdSource",
+    "call_event_count",
     "call_event_id",
     "deterministic_id",
     "handler_event_id",
@@ -53,12 +54,26 @@ def returned_event_id(trigger_id: str, position: int) -> str:
 def call_event_id(contract: str, actor_id: str, message_id: str, position: int, count: int) -> str:
     """Id of the ``position``-th of the ``count`` events an actor call with
     ``message_id`` commits (``actor_calls.py``). The first id leaves the count
-    out, so a retry finds it without knowing it; the others carry it, so a
+    out, so a retry finds it without knowing it; the others hash it in, so a
     batch of another size under the same ``message_id`` never replays as a
-    part of this one (the store refuses the mix)."""
+    part of this one (the store refuses the mix), and end with ``/<count>``,
+    so a retry reads the size off the second row (:func:`call_event_count`)."""
     if position == 0:
         return deterministic_id("call", contract, actor_id, message_id, 0)
-    return deterministic_id("call", contract, actor_id, message_id, position, count)
+    digest = deterministic_id("call", contract, actor_id, message_id, position, count)
+    return f"{digest}/{count}"
+
+
+def call_event_count(contract: str, actor_id: str, message_id: str, second_id: str) -> int | None:
+    """The size of the call batch whose second event has id ``second_id``, or
+    None if that event is not the second of this call's batch."""
+    _, _, suffix = second_id.rpartition("/")
+    if not suffix.isdigit() or suffix.startswith("0"):
+        return None
+    count = int(suffix)
+    if count < 2 or second_id != call_event_id(contract, actor_id, message_id, 1, count):
+        return None
+    return count
 
 
 def schedule_id(contract: str, session_id: str, trigger_id: str | None, name: str) -> str:

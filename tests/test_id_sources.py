@@ -114,3 +114,22 @@ async def test_the_engine_keeps_its_derived_ids_and_draws_only_client_appends(
     assert not shipped.id.startswith("client-")
     [again] = await s.append(orders.event("ordered", Ordered("desk")))
     assert again.id == "client-2"
+
+
+def test_call_event_ids_carry_their_batch_size_after_the_first() -> None:
+    from a2trio.ids import call_event_count, call_event_id
+
+    first = call_event_id("vault", "alice", "m", 0, 3)
+    assert first == call_event_id("vault", "alice", "m", 0, 1), "the first id has no size"
+    second = call_event_id("vault", "alice", "m", 1, 3)
+    assert second.endswith("/3")
+    assert call_event_count("vault", "alice", "m", second) == 3
+    for other in (
+        call_event_id("vault", "alice", "other", 1, 3),
+        second.replace("/3", "/4"),
+        second.replace("/3", "/03"),
+        second.replace("/3", "/1"),
+        first,
+        "plain-id",
+    ):
+        assert call_event_count("vault", "alice", "m", other) is None, other
