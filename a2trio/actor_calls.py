@@ -255,7 +255,11 @@ class ActorCalls:
 class _StateFeed(Feed[ActorState[Any]]):
     """Folds a session's live events into state frames: the current state
     first (unless the reader already has it), then one frame per burst of
-    events that arrive together (a commit's events usually do)."""
+    events that arrive together (a commit's events usually do).
+
+    Cancellation: ``receive`` may be cancelled anywhere (an SSE heartbeat
+    does it on every idle interval): events it already folded are not lost,
+    the next ``receive`` frames them (``_unsent``)."""
 
     def __init__(
         self,
@@ -270,16 +274,20 @@ class _StateFeed(Feed[ActorState[Any]]):
         self._events = events
         self._seen = start_after
         self._initial = start_after is None or current.index > start_after
+        self._unsent = False
+
+    def _fold(self, event: Event[Any]) -> None:
+        self._state = self._actor.reducer.fold(self._state, event)
+        self._index = event.index
+        self._unsent = True
 
     async def receive(self) -> ActorState[Any]:
-        fold = self._actor.reducer.fold
         while True:
             if self._initial:
                 self._initial = False
                 return self._frame()
-            event = await self._events.receive()
-            self._state = fold(self._state, event)
-            self._index = event.index
+            if not self._unsent:
+                self._fold(await self._events.receive())
             idle_rounds = 0
             while idle_rounds < _SETTLE_ROUNDS:
                 # What is ready now joins this frame; cancelling a receive
@@ -292,8 +300,8 @@ class _StateFeed(Feed[ActorState[Any]]):
                     await trio.lowlevel.checkpoint()
                     continue
                 idle_rounds = 0
-                self._state = fold(self._state, event)
-                self._index = event.index
+                self._fold(event)
+            self._unsent = False
             if self._seen is None or self._index > self._seen:
                 return self._frame()
 

@@ -84,26 +84,29 @@ async def timed(calls: int, operation: Callable[[int], Awaitable[object]]) -> fl
     return statistics.median(samples) * 1000
 
 
+async def measure(server: a2trio.Server, calls: int) -> list[float]:
+    session = server.session("plain")
+    actor = server.actor("called")
+    keyed = server.actor("keyed")
+
+    async def append_and_state(n: int) -> object:
+        await session.append(counter.event("added", Added(n)))
+        return await session.state(counter.reducer)
+
+    return [
+        await timed(calls, append_and_state),
+        await timed(calls, lambda n: actor.call("add", n)),
+        await timed(calls, lambda n: keyed.call("add", n, message_id=f"m{n}")),
+        await timed(calls, lambda n: keyed.call("add", n, message_id=f"m{n}")),
+    ]
+
+
 async def run(args: argparse.Namespace) -> None:
     rows = []
     async with stores(args.dsn) as found:
         for name, store in found:
             async with a2trio.Server(counter, store=store) as server:
-                session = server.session("plain")
-                actor = server.actor("called")
-                keyed = server.actor("keyed")
-
-                async def append_and_state(n: int) -> object:
-                    await session.append(counter.event("added", Added(n)))
-                    return await session.state(counter.reducer)
-
-                figures = [
-                    await timed(args.calls, append_and_state),
-                    await timed(args.calls, lambda n: actor.call("add", n)),
-                    await timed(args.calls, lambda n: keyed.call("add", n, message_id=f"m{n}")),
-                    await timed(args.calls, lambda n: keyed.call("add", n, message_id=f"m{n}")),
-                ]
-            rows.append((name, figures))
+                rows.append((name, await measure(server, args.calls)))
     print(f"median ms per operation, {args.calls} sequential operations on one session")
     print(f"{'store':<10}{'append + state':>16}{'call':>10}{'call + messageId':>18}{'retry':>10}")
     for name, figures in rows:

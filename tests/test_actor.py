@@ -3,6 +3,7 @@ answers, live states. The HTTP lanes are tests/test_actor_routes.py."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -524,3 +525,31 @@ async def test_a_store_failure_reaches_the_caller_and_a_retry_is_exactly_once(
         answer = await alice.call("deposit", {"amount": 1}, message_id="m")
         assert answer == a2trio.ActorState(Vault(1, ("+1",)), 1)
         assert len(await server.session("alice").history()) == 1
+
+
+async def test_a_cancelled_receive_loses_no_folded_event(autojump_clock: trio.abc.Clock) -> None:
+    """An SSE heartbeat cancels ``receive`` on every idle interval, also while
+    it waits for the rest of a burst: what it folded is framed next time."""
+    from a2trio.actor_calls import _StateFeed
+    from a2trio.stores._feed import Feed
+
+    scope = trio.CancelScope()
+
+    class OneEvent(Feed[a2trio.Event[Any]]):
+        sent = False
+
+        async def receive(self) -> a2trio.Event[Any]:
+            if not self.sent:
+                self.sent = True
+                return a2trio.Event("e", "deposited", Deposited(1), 1, "a", datetime.now(UTC))
+            scope.cancel()  # the heartbeat fires while the burst settles
+            await trio.sleep_forever()
+            raise AssertionError("unreachable")
+
+    feed = _StateFeed(vault, a2trio.ActorState(Vault(), 0), OneEvent(), 0)
+    with scope:
+        await feed.receive()
+    assert scope.cancelled_caught
+    with trio.fail_after(5):
+        frame = await feed.receive()
+    assert frame == a2trio.ActorState(Vault(1, ("+1",)), 1)
