@@ -16,7 +16,7 @@ import trio.testing
 import a2trio
 from a2trio.scheduler import AppendTask, DrainTask, ScheduledEvent, task_id
 from a2trio.schedulers import DurableScheduler, LocalScheduler
-from a2trio.schedulers._engine import retry_delay_s
+from a2trio.schedulers._engine import REFILL_WAIT_S, retry_delay_s
 from a2trio.schedulers._queue import MemoryQueue
 from a2trio.stores import memory
 from a2trio.stores.base import AppendEvent
@@ -198,3 +198,30 @@ async def test_one_beat_renews_every_delivery_in_flight(
     # the beat at 4 renews both.
     assert sorted(queue.renewals) == sorted([(2.0, s1), (4.0, s1), (4.0, s2), (6.0, s2)])
     assert scheduler.statistics().delivered == 2
+
+
+async def test_long_deliveries_holding_most_slots_delay_a_due_task_by_the_refill_wait_at_most(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def long(ctx: a2trio.HandlerContext[Ordered]) -> None:
+        await trio.sleep(100)
+
+    scheduler = LocalScheduler(max_in_flight=4)
+    store = memory(clock=a2trio.TrioClock())
+    server = a2trio.Server(
+        orders, store=store, handlers={"ordered": long}, scheduler=scheduler, sweep=False
+    )
+    for sid in ("s1", "s2", "s3"):
+        await store.append(server.key(sid), [AppendEvent("ordered", {"item": sid})])
+        await scheduler.schedule(DrainTask("orders", sid, EPOCH_MS))
+    async with server:
+        await trio.sleep(0.01)
+        assert scheduler.statistics().in_flight == 3
+        # One slot free of four: the worker waits for a refill's worth (two)
+        # until REFILL_WAIT_S after its last claim (at 0), then claims anyway.
+        await scheduler.schedule(note_task("late", 0))
+        async with server.session("s1").stream(start_after=1) as feed:
+            note = await feed.receive()
+    assert note.payload == Note("late")
+    assert REFILL_WAIT_S == 0.05
+    assert note.created_at == a2trio.clock.ms_to_datetime(EPOCH_MS + 50)

@@ -76,6 +76,9 @@ RETRY_CEILING_S = 60.0
 DEFAULT_LEASE_S = 30.0
 #: Deliveries running at once per bound server; past it the worker waits.
 DEFAULT_MAX_IN_FLIGHT = 64
+#: How long after a claim the worker waits for half its slots to free up
+#: before claiming fewer (see ``_pump``).
+REFILL_WAIT_S = 0.05
 #: Upper bound on the shielded cleanup write after a delivery, so a hung
 #: backend cannot hold a closing server forever (the lease lapses instead).
 CLEANUP_TIMEOUT_S = 10.0
@@ -125,6 +128,8 @@ class _Binding:
         self.in_flight = 0
         #: The leases to renew: task id -> token, for deliveries in flight.
         self.leases: dict[str, str] = {}
+        #: Until when (Trio time) the worker waits for a refill's worth of slots.
+        self.refill_by = -math.inf
 
 
 class QueueScheduler:
@@ -341,11 +346,17 @@ class QueueScheduler:
     async def _pump(self, binding: _Binding, nursery: trio.Nursery) -> float:
         """Claim and start due deliveries; return how long to wait before the next pass."""
         free = self._max_in_flight - binding.in_flight
-        if free < self._refill:
-            # Wait for slots to free up and claim them in one batch: a claim
-            # per finished delivery would make the claim's round trip the
-            # bound on throughput.
+        if free == 0:
+            # The delivery that frees the first slot wakes the worker.
             return math.inf
+        refill_in_s = binding.refill_by - trio.current_time()
+        if free < self._refill and refill_in_s > 0:
+            # Wait, briefly, for a refill's worth of free slots and claim them
+            # in one batch: a claim per finished delivery would make the
+            # claim's round trip the bound on throughput. Past REFILL_WAIT_S
+            # claim whatever is free, so deliveries that hold most slots for
+            # long delay a due task by at most that.
+            return refill_in_s
         token = str(uuid.uuid4())
         rows = await self._queue.claim(
             binding.contract,
@@ -354,14 +365,15 @@ class QueueScheduler:
             token,
             free,
         )
+        binding.refill_by = trio.current_time() + REFILL_WAIT_S
         for row in rows:
             binding.in_flight += 1
             nursery.start_soon(self._deliver, binding, row, token)
         if len(rows) == free:
-            # More may be due. Short of a refill's worth of slots, the delivery
-            # that frees the last of them wakes the worker; if deliveries
-            # finished during the claim, go again now.
-            return math.inf if self._max_in_flight - binding.in_flight < self._refill else 0.0
+            # More may be due: go again now if deliveries finished during the
+            # claim; otherwise freed slots wake the worker (the first, and a
+            # refill's worth).
+            return 0.0 if binding.in_flight < self._max_in_flight else math.inf
         wait_s = self._poll_s(binding)
         next_due = await self._queue.next_due(binding.contract)
         if next_due is not None:
@@ -392,11 +404,11 @@ class QueueScheduler:
             binding.leases.pop(row.id, None)
             with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT_S):
                 await self._settle(binding, row, token, delivered, error)
-            # Wake the worker when this frees the slots it waits for (a
-            # refill's worth), or when the task went back to the queue with a
-            # new due time.
+            # Wake the worker when this frees a slot it waits for (the first
+            # one, or a refill's worth), or when the task went back to the
+            # queue with a new due time.
             binding.in_flight -= 1
-            if self._max_in_flight - binding.in_flight == self._refill or not delivered:
+            if self._max_in_flight - binding.in_flight in (1, self._refill) or not delivered:
                 self._wakeups.notify(binding.contract)
 
     async def _settle(
