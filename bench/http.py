@@ -1,0 +1,349 @@
+"""The HTTP push lane against hypercorn's own floor, per store, in one run.
+
+For each store (``--store memory,sqlite,postgres``) two servers take the same
+load in turns, ``--repeat`` times:
+
+* **a2trio**: ``python -m a2trio.serve bench.http:server`` (hypercorn's trio
+  worker), ``POST /bench/{session}`` with ``{"events": [{"type": "tick",
+  "payload": {"n": N}}]}``: routing, body limits, ``authorize``
+  (none configured), ``validate_push``, the contract's schema, the append
+  and the ``{"events": [...]}`` answer;
+* **bare**: a minimal ASGI app on the same hypercorn worker and config that
+  reads the same body, decodes it with msgspec, calls ``store.append`` on the
+  same kind of store (a fresh one) and answers the same JSON: the floor of
+  a push on this machine (no validation, no routing, no authorization).
+
+The load is ``wrk`` (Debian's package: ``apt-get install wrk``) on loopback:
+``--connections`` keep-alive connections over ``--sessions`` sessions for
+``--duration`` seconds after a ``--warmup``. Each row gives pushes/s and wrk's
+latency percentiles, the server's CPU per push, and the ratio of a2trio to
+the bare floor from the same round::
+
+    .venv/bin/python bench/http.py [--store memory,sqlite,postgres] [--repeat 3]
+    .venv/bin/python bench/http.py --store memory --profile /tmp/http   # py-spy a2trio
+
+Compare the ratios of one run (the machine has 2 cores shared by the server
+and wrk), not absolute figures.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a script, this file's folder would shadow the standard library's
+# ``http`` package (which httpx and hypercorn import): drop it from the path.
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import secrets  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+from collections.abc import AsyncIterator  # noqa: E402
+from contextlib import asynccontextmanager  # noqa: E402
+from typing import Any  # noqa: E402
+
+import msgspec  # noqa: E402
+import trio  # noqa: E402
+
+import a2trio  # noqa: E402
+from a2trio.stores.base import AppendEvent, Store  # noqa: E402
+from a2trio.transport.wire import iso_ms  # noqa: E402
+
+
+class Tick(msgspec.Struct, frozen=True):
+    n: int
+
+
+bench = a2trio.contract("bench", events={"tick": Tick})
+
+
+def _served_store() -> Store:
+    """The store the parent asked for (``A2_BENCH_STORE``: a store URL)."""
+    return a2trio.stores.from_url(os.environ.get("A2_BENCH_STORE", "memory:"))
+
+
+#: What ``python -m a2trio.serve bench.http:server`` serves.
+server = a2trio.Server(bench, store=_served_store())
+
+
+# -- the bare floor -------------------------------------------------------------------
+
+
+class _PushedEvent(msgspec.Struct, frozen=True):
+    type: str
+    payload: Any = None
+    id: str | None = None
+
+
+class _Push(msgspec.Struct, frozen=True):
+    events: list[_PushedEvent]
+
+
+_decode_push = msgspec.json.Decoder(_Push).decode
+_encode = msgspec.json.Encoder().encode
+_HEADERS = [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]
+
+
+def bare_app(store: Store) -> Any:
+    """The floor: an ASGI app that appends a push's events to ``store`` as they
+    came and answers them back, with nothing else in between."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await receive()
+            await send({"type": "lifespan.startup.complete"})
+            await receive()
+            await store.aclose()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        push = _decode_push(body)
+        session = scope["path"].rpartition("/")[2]
+        result = await store.append(
+            "bare:" + session, [AppendEvent(e.type, e.payload, e.id) for e in push.events]
+        )
+        answer = _encode(
+            {
+                "events": [
+                    {
+                        "id": row.id,
+                        "type": row.type,
+                        "payload": row.payload,
+                        "index": row.index,
+                        "sessionId": session,
+                        "createdAt": iso_ms(row.created_at_ms),
+                    }
+                    for row in result.events
+                ]
+            }
+        )
+        headers = [*_HEADERS, (b"content-length", str(len(answer)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": answer})
+
+    return app
+
+
+def serve_bare(port: int) -> None:
+    """The bare floor's process: hypercorn's trio worker, configured as
+    ``a2trio.serve`` configures it, with the same collector tuning."""
+    import hypercorn.config
+    import hypercorn.trio
+
+    app = bare_app(_served_store())
+    config = hypercorn.config.Config()
+    config.bind = [f"127.0.0.1:{port}"]
+    config.keep_alive_timeout = 5.0
+    config.worker_class = "trio"
+    a2trio.tune_gc()
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(hypercorn.trio.serve, app, config)
+            for url in binds:
+                print(f"bare serving on {url}", flush=True)
+            print("Ctrl-C to stop", flush=True)
+
+    trio.run(run)
+
+
+# -- driving --------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def fresh_store(name: str, dsn: str) -> AsyncIterator[str]:
+    """A store URL for ``name`` whose data is new, removed afterwards."""
+    if name == "memory":
+        yield "memory:"
+    elif name == "sqlite":
+        with tempfile.TemporaryDirectory() as folder:
+            yield f"sqlite:///{folder}/bench.db"
+    elif name == "postgres":
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        database = f"a2trio_bench_{secrets.token_hex(4)}"
+        admin = make_conninfo(dsn, dbname="postgres")
+
+        def run(sql: str) -> None:
+            with psycopg.connect(admin, autocommit=True) as conn:
+                conn.execute(sql)
+
+        await trio.to_thread.run_sync(run, f'create database "{database}"')
+        params = conninfo_to_dict(dsn)
+        params["dbname"] = database
+        try:
+            yield make_conninfo(**params)
+        finally:
+            await trio.to_thread.run_sync(run, f'drop database "{database}" with (force)')
+    else:
+        raise SystemExit(f"unknown store {name!r}: memory, sqlite or postgres")
+
+
+@asynccontextmanager
+async def served(kind: str, store_url: str) -> AsyncIterator[tuple[trio.Process, str]]:
+    """The a2trio or the bare server on a free port, with its URL."""
+    port = free_port()
+    if kind == "a2trio":
+        command = [sys.executable, "-m", "a2trio.serve", "bench.http:server", "--port", str(port)]
+    else:
+        command = [sys.executable, __file__, "--serve-bare", str(port)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "A2_BENCH_STORE": store_url}
+    process = await trio.lowlevel.open_process(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    try:
+        assert process.stdout is not None
+        text = b""
+        while b"Ctrl-C" not in text:
+            chunk = await process.stdout.receive_some()
+            if not chunk:
+                raise RuntimeError(f"{kind} server did not start: {text.decode()}")
+            text += chunk
+        yield process, f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        with trio.move_on_after(10):
+            await process.wait()
+        process.kill()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+WRK_SCRIPT = """
+local n = 0
+request = function()
+  n = n + 1
+  local path = "/bench/s" .. (n % {sessions})
+  local body = '{{"events":[{{"type":"tick","payload":{{"n":' .. n .. '}}}}]}}'
+  return wrk.format("POST", path, {{["Content-Type"] = "application/json"}}, body)
+end
+"""
+
+
+class Result(msgspec.Struct):
+    pushes_s: float
+    p50_ms: float
+    p99_ms: float
+    cpu_us: float
+
+
+def _ms(text: str) -> float:
+    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+
+async def load(url: str, pid: int, args: argparse.Namespace, seconds: float) -> Result:
+    """``wrk`` against ``url`` for ``seconds``; the server's CPU per push."""
+    script = Path(tempfile.mkdtemp(prefix="a2bench-")) / "push.lua"
+    script.write_text(WRK_SCRIPT.format(sessions=args.sessions))
+    command = [
+        "wrk",
+        "-t1",
+        f"-c{args.connections}",
+        f"-d{max(1, round(seconds))}s",
+        "--latency",
+        "-s",
+        str(script),
+        url,
+    ]
+    before = cpu_s(pid)
+    done = await trio.run_process(command, capture_stdout=True)
+    spent = cpu_s(pid) - before
+    out = done.stdout.decode()
+    if "Non-2xx" in out or "Socket errors" in out:
+        raise RuntimeError(f"wrk saw failures:\n{out}")
+    pushes = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    p50 = _ms(re.search(r"50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    p99 = _ms(re.search(r"99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    return Result(rate, p50, p99, spent / max(pushes, 1) * 1e6)
+
+
+def cpu_s(pid: int) -> float:
+    """The process's user + system CPU seconds so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(kind: str, store: str, args: argparse.Namespace, round_: int) -> Result:
+    from bench import pyspy
+
+    async with fresh_store(store, args.dsn) as url, served(kind, url) as (process, base):
+        await load(base, process.pid, args, args.warmup)
+        out = None
+        if args.profile is not None and kind == "a2trio":
+            out = args.profile / f"{kind}-{store}-{round_}.txt"
+        async with pyspy.recording(process.pid, out):
+            result = await load(base, process.pid, args, args.duration)
+        if out is not None:
+            print(pyspy.summary(out), flush=True)
+        return result
+
+
+async def main(args: argparse.Namespace) -> None:
+    if shutil.which("wrk") is None:
+        raise SystemExit("bench/http.py needs wrk: apt-get install wrk")
+    rows: list[tuple[str, int, Result, Result]] = []
+    for round_ in range(1, args.repeat + 1):
+        for store in args.store:
+            bare = await measure("bare", store, args, round_)
+            ours = await measure("a2trio", store, args, round_)
+            rows.append((store, round_, bare, ours))
+            print(f"{store} round {round_}: bare {bare}, a2trio {ours}", flush=True)
+    print(
+        f"\n{'store':<9} {'run':>3} {'bare push/s':>11} {'a2trio push/s':>13} {'ratio':>6} "
+        f"{'bare p50/p99 ms':>16} {'a2trio p50/p99 ms':>18} {'bare µs':>8} {'a2trio µs':>9}"
+    )
+    for store, round_, bare, ours in rows:
+        print(
+            f"{store:<9} {round_:>3} {bare.pushes_s:>11,.0f} {ours.pushes_s:>13,.0f} "
+            f"{ours.pushes_s / bare.pushes_s:>6.2f} "
+            f"{f'{bare.p50_ms:.2f} / {bare.p99_ms:.2f}':>16} "
+            f"{f'{ours.p50_ms:.2f} / {ours.p99_ms:.2f}':>18} "
+            f"{bare.cpu_us:>8.0f} {ours.cpu_us:>9.0f}"
+        )
+    for store in args.store:
+        ratios = [o.pushes_s / b.pushes_s for s, _, b, o in rows if s == store]
+        print(
+            f"{store}: a2trio / bare {min(ratios):.2f}-{max(ratios):.2f} "
+            f"(median {statistics.median(ratios):.2f})"
+        )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--store", type=lambda s: s.split(","), default=["memory"])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=10.0, help="timed seconds per run")
+    parser.add_argument("--warmup", type=float, default=2.0, help="untimed seconds first")
+    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--sessions", type=int, default=100)
+    parser.add_argument("--profile", type=Path, help="py-spy the a2trio server into this folder")
+    parser.add_argument("--dsn", default="postgresql://root@127.0.0.1:5432/postgres")
+    parser.add_argument("--serve-bare", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    arguments = parser.parse_args()
+    if arguments.serve_bare is not None:
+        serve_bare(arguments.serve_bare)
+        raise SystemExit(0)
+    trio.run(main, arguments)
