@@ -1,7 +1,9 @@
 """The HTTP push lane against hypercorn's own floor, per store, in one run.
 
-For each store (``--store memory,sqlite,postgres``) two servers take the same
-load in turns, ``--repeat`` times:
+For each store (``--store memory,sqlite,postgres``) two servers run at once,
+each on a fresh store, and take the same load in turns (``--slices``
+alternations of ``--slice`` seconds each, after a ``--warmup``), for
+``--repeat`` rounds of fresh servers:
 
 * **a2trio**: ``python -m a2trio.serve bench.http:server`` (hypercorn's trio
   worker), ``POST /bench/{session}`` with ``{"events": [{"type": "tick",
@@ -14,8 +16,8 @@ load in turns, ``--repeat`` times:
   a push on this machine (no validation, no routing, no authorization).
 
 The load is ``wrk`` (Debian's package: ``apt-get install wrk``) on loopback:
-``--connections`` keep-alive connections over ``--sessions`` sessions for
-``--duration`` seconds after a ``--warmup``. Each row gives pushes/s and wrk's
+``--connections`` keep-alive connections over ``--sessions`` sessions. Each
+row gives pushes/s over the round's slices, the median of the slices' wrk
 latency percentiles, the server's CPU per push, and the ratio of a2trio to
 the bare floor from the same round::
 
@@ -49,6 +51,7 @@ import tempfile  # noqa: E402
 from collections.abc import AsyncIterator  # noqa: E402
 from contextlib import asynccontextmanager  # noqa: E402
 from typing import Any  # noqa: E402
+from urllib.parse import urlsplit, urlunsplit  # noqa: E402
 
 import msgspec  # noqa: E402
 import trio  # noqa: E402
@@ -173,7 +176,7 @@ async def fresh_store(name: str, dsn: str) -> AsyncIterator[str]:
             yield f"sqlite:///{folder}/bench.db"
     elif name == "postgres":
         import psycopg
-        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+        from psycopg.conninfo import make_conninfo
 
         database = f"a2trio_bench_{secrets.token_hex(4)}"
         admin = make_conninfo(dsn, dbname="postgres")
@@ -183,10 +186,8 @@ async def fresh_store(name: str, dsn: str) -> AsyncIterator[str]:
                 conn.execute(sql)
 
         await trio.to_thread.run_sync(run, f'create database "{database}"')
-        params = conninfo_to_dict(dsn)
-        params["dbname"] = database
         try:
-            yield make_conninfo(**params)
+            yield urlunsplit(urlsplit(dsn)._replace(path=f"/{database}"))
         finally:
             await trio.to_thread.run_sync(run, f'drop database "{database}" with (force)')
     else:
@@ -248,36 +249,48 @@ class Result(msgspec.Struct):
     cpu_us: float
 
 
+class Slice(msgspec.Struct):
+    pushes: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+    cpu_s: float
+
+
+def combined(slices: list[Slice]) -> Result:
+    """Slices of one server as one result: total rate and CPU per push, the
+    median of the slices' percentiles."""
+    pushes = sum(s.pushes for s in slices)
+    return Result(
+        pushes / sum(s.seconds for s in slices),
+        statistics.median(s.p50_ms for s in slices),
+        statistics.median(s.p99_ms for s in slices),
+        sum(s.cpu_s for s in slices) / max(pushes, 1) * 1e6,
+    )
+
+
 def _ms(text: str) -> float:
     value, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
-async def load(url: str, pid: int, args: argparse.Namespace, seconds: float) -> Result:
-    """``wrk`` against ``url`` for ``seconds``; the server's CPU per push."""
+async def load(url: str, pid: int, args: argparse.Namespace, seconds: int) -> Slice:
+    """``wrk`` against ``url`` for ``seconds``, and the server's CPU meanwhile."""
     script = Path(tempfile.mkdtemp(prefix="a2bench-")) / "push.lua"
     script.write_text(WRK_SCRIPT.format(sessions=args.sessions))
-    command = [
-        "wrk",
-        "-t1",
-        f"-c{args.connections}",
-        f"-d{max(1, round(seconds))}s",
-        "--latency",
-        "-s",
-        str(script),
-        url,
-    ]
+    command = ["wrk", "-t1", f"-c{args.connections}", f"-d{seconds}s", "--latency"]
     before = cpu_s(pid)
-    done = await trio.run_process(command, capture_stdout=True)
+    done = await trio.run_process([*command, "-s", str(script), url], capture_stdout=True)
     spent = cpu_s(pid) - before
     out = done.stdout.decode()
     if "Non-2xx" in out or "Socket errors" in out:
         raise RuntimeError(f"wrk saw failures:\n{out}")
-    pushes = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
-    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    found = re.search(r"(\d+) requests in ([\d.]+)(ms|s)", out)
+    assert found is not None, out
+    elapsed = float(found.group(2)) / (1000 if found.group(3) == "ms" else 1)
     p50 = _ms(re.search(r"50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
     p99 = _ms(re.search(r"99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
-    return Result(rate, p50, p99, spent / max(pushes, 1) * 1e6)
+    return Slice(int(found.group(1)), elapsed, p50, p99, spent)
 
 
 def cpu_s(pid: int) -> float:
@@ -286,19 +299,28 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def measure(kind: str, store: str, args: argparse.Namespace, round_: int) -> Result:
+async def measure(store: str, args: argparse.Namespace, round_: int) -> tuple[Result, Result]:
+    """Both servers up at once on fresh stores; ``wrk`` alternates between them
+    ``--slices`` times, so both see the same machine load."""
     from bench import pyspy
 
-    async with fresh_store(store, args.dsn) as url, served(kind, url) as (process, base):
-        await load(base, process.pid, args, args.warmup)
-        out = None
-        if args.profile is not None and kind == "a2trio":
-            out = args.profile / f"{kind}-{store}-{round_}.txt"
-        async with pyspy.recording(process.pid, out):
-            result = await load(base, process.pid, args, args.duration)
+    async with (
+        fresh_store(store, args.dsn) as bare_url,
+        fresh_store(store, args.dsn) as ours_url,
+        served("bare", bare_url) as (bare, bare_base),
+        served("a2trio", ours_url) as (ours, ours_base),
+    ):
+        await load(bare_base, bare.pid, args, args.warmup)
+        await load(ours_base, ours.pid, args, args.warmup)
+        out = args.profile / f"a2trio-{store}-{round_}.txt" if args.profile else None
+        slices: dict[str, list[Slice]] = {"bare": [], "a2trio": []}
+        async with pyspy.recording(ours.pid, out):
+            for _ in range(args.slices):
+                slices["bare"].append(await load(bare_base, bare.pid, args, args.slice))
+                slices["a2trio"].append(await load(ours_base, ours.pid, args, args.slice))
         if out is not None:
             print(pyspy.summary(out), flush=True)
-        return result
+        return combined(slices["bare"]), combined(slices["a2trio"])
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -307,8 +329,7 @@ async def main(args: argparse.Namespace) -> None:
     rows: list[tuple[str, int, Result, Result]] = []
     for round_ in range(1, args.repeat + 1):
         for store in args.store:
-            bare = await measure("bare", store, args, round_)
-            ours = await measure("a2trio", store, args, round_)
+            bare, ours = await measure(store, args, round_)
             rows.append((store, round_, bare, ours))
             print(f"{store} round {round_}: bare {bare}, a2trio {ours}", flush=True)
     print(
@@ -335,8 +356,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", type=lambda s: s.split(","), default=["memory"])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--duration", type=float, default=10.0, help="timed seconds per run")
-    parser.add_argument("--warmup", type=float, default=2.0, help="untimed seconds first")
+    parser.add_argument("--slices", type=int, default=5, help="alternations per round")
+    parser.add_argument("--slice", type=int, default=2, help="seconds of each slice")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed seconds first")
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--sessions", type=int, default=100)
     parser.add_argument("--profile", type=Path, help="py-spy the a2trio server into this folder")
