@@ -5,7 +5,7 @@ each on a fresh store, and take the same load in turns (``--slices``
 alternations of ``--slice`` seconds each, after a ``--warmup``), for
 ``--repeat`` rounds of fresh servers:
 
-* **a2trio**: ``python -m a2trio.serve bench.http:server`` (hypercorn's trio
+* **a2trio**: ``python -m a2trio.serve bench.push_lane:server`` (hypercorn's trio
   worker), ``POST /bench/{session}`` with ``{"events": [{"type": "tick",
   "payload": {"n": N}}]}``: routing, body limits, ``authorize``
   (none configured), ``validate_push``, the contract's schema, the append
@@ -21,8 +21,8 @@ row gives pushes/s over the round's slices, the median of the slices' wrk
 latency percentiles, the server's CPU per push, and the ratio of a2trio to
 the bare floor from the same round::
 
-    .venv/bin/python bench/http.py [--store memory,sqlite,postgres] [--repeat 3]
-    .venv/bin/python bench/http.py --store memory --profile /tmp/http   # py-spy a2trio
+    .venv/bin/python bench/push_lane.py [--store memory,sqlite,postgres] [--repeat 3]
+    .venv/bin/python bench/push_lane.py --store memory --profile /tmp/http   # py-spy a2trio
 
 Compare the ratios of one run (the machine has 2 cores shared by the server
 and wrk), not absolute figures.
@@ -30,31 +30,26 @@ and wrk), not absolute figures.
 
 from __future__ import annotations
 
+import argparse
+import os
+import re
+import secrets
+import shutil
+import statistics
+import subprocess
 import sys
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
-# Run as a script, this file's folder would shadow the standard library's
-# ``http`` package (which httpx and hypercorn import): drop it from the path.
-HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
-ROOT = HERE.parent
+import msgspec
+import trio
+
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-import argparse  # noqa: E402
-import os  # noqa: E402
-import re  # noqa: E402
-import secrets  # noqa: E402
-import shutil  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-from collections.abc import AsyncIterator  # noqa: E402
-from contextlib import asynccontextmanager  # noqa: E402
-from typing import Any  # noqa: E402
-from urllib.parse import urlsplit, urlunsplit  # noqa: E402
-
-import msgspec  # noqa: E402
-import trio  # noqa: E402
 
 import a2trio  # noqa: E402
 from a2trio.stores.base import AppendEvent, Store  # noqa: E402
@@ -73,7 +68,7 @@ def _served_store() -> Store:
     return a2trio.stores.from_url(os.environ.get("A2_BENCH_STORE", "memory:"))
 
 
-#: What ``python -m a2trio.serve bench.http:server`` serves.
+#: What ``python -m a2trio.serve bench.push_lane:server`` serves.
 server = a2trio.Server(bench, store=_served_store())
 
 
@@ -199,7 +194,14 @@ async def served(kind: str, store_url: str) -> AsyncIterator[tuple[trio.Process,
     """The a2trio or the bare server on a free port, with its URL."""
     port = free_port()
     if kind == "a2trio":
-        command = [sys.executable, "-m", "a2trio.serve", "bench.http:server", "--port", str(port)]
+        command = [
+            sys.executable,
+            "-m",
+            "a2trio.serve",
+            "bench.push_lane:server",
+            "--port",
+            str(port),
+        ]
     else:
         command = [sys.executable, __file__, "--serve-bare", str(port)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "A2_BENCH_STORE": store_url}
@@ -302,7 +304,7 @@ def cpu_s(pid: int) -> float:
 async def measure(store: str, args: argparse.Namespace, round_: int) -> tuple[Result, Result]:
     """Both servers up at once on fresh stores; ``wrk`` alternates between them
     ``--slices`` times, so both see the same machine load."""
-    from bench import pyspy
+    import pyspy
 
     async with (
         fresh_store(store, args.dsn) as bare_url,
@@ -325,7 +327,7 @@ async def measure(store: str, args: argparse.Namespace, round_: int) -> tuple[Re
 
 async def main(args: argparse.Namespace) -> None:
     if shutil.which("wrk") is None:
-        raise SystemExit("bench/http.py needs wrk: apt-get install wrk")
+        raise SystemExit("bench/push_lane.py needs wrk: apt-get install wrk")
     rows: list[tuple[str, int, Result, Result]] = []
     for round_ in range(1, args.repeat + 1):
         for store in args.store:
