@@ -278,9 +278,8 @@ def _ms(text: str) -> float:
 
 async def load(url: str, pid: int, args: argparse.Namespace, seconds: int) -> Slice:
     """``wrk`` against ``url`` for ``seconds``, and the server's CPU meanwhile."""
-    script = Path(tempfile.mkdtemp(prefix="a2bench-")) / "push.lua"
-    script.write_text(WRK_SCRIPT.format(sessions=args.sessions))
     command = ["wrk", "-t1", f"-c{args.connections}", f"-d{seconds}s", "--latency"]
+    script = args.script
     before = cpu_s(pid)
     done = await trio.run_process([*command, "-s", str(script), url], capture_stdout=True)
     spent = cpu_s(pid) - before
@@ -329,11 +328,14 @@ async def main(args: argparse.Namespace) -> None:
     if shutil.which("wrk") is None:
         raise SystemExit("bench/push_lane.py needs wrk: apt-get install wrk")
     rows: list[tuple[str, int, Result, Result]] = []
-    for round_ in range(1, args.repeat + 1):
-        for store in args.store:
-            bare, ours = await measure(store, args, round_)
-            rows.append((store, round_, bare, ours))
-            print(f"{store} round {round_}: bare {bare}, a2trio {ours}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="a2bench-") as folder:
+        args.script = Path(folder) / "push.lua"
+        args.script.write_text(WRK_SCRIPT.format(sessions=args.sessions))
+        for round_ in range(1, args.repeat + 1):
+            for store in args.store:
+                bare, ours = await measure(store, args, round_)
+                rows.append((store, round_, bare, ours))
+                print(f"{store} round {round_}: bare {bare}, a2trio {ours}", flush=True)
     print(
         f"\n{'store':<9} {'run':>3} {'bare push/s':>11} {'a2trio push/s':>13} {'ratio':>6} "
         f"{'bare p50/p99 ms':>16} {'a2trio p50/p99 ms':>18} {'bare µs':>8} {'a2trio µs':>9}"

@@ -120,8 +120,7 @@ async def served(
 ) -> AsyncIterator[tuple[trio.Process, str]]:
     """``python -m a2trio.serve`` over this script's server on ``store``, with
     the ``a2trio`` package of ``source`` (another checkout) when given."""
-    async with backend_env(store, args) as extra_env:
-        path = str(ROOT) if source is None else f"{shadow(source)}{os.pathsep}{ROOT}"
+    async with backend_env(store, args) as extra_env, shadowing(source) as path:
         env = {**os.environ, "PYTHONPATH": path, **extra_env}
         command = [sys.executable, "-m", "a2trio.serve", "bench.stream:server", "--port", "0"]
         process = await trio.lowlevel.open_process(
@@ -142,12 +141,21 @@ async def served(
             await process.wait()
 
 
-def shadow(source: Path) -> str:
-    """A folder holding only ``source``'s ``a2trio`` package: this script and
-    its app stay as they are, the package under them is the other checkout's."""
-    folder = Path(tempfile.mkdtemp(prefix="a2bench-"))
-    (folder / "a2trio").symlink_to(source.resolve() / "a2trio")
-    return str(folder)
+@asynccontextmanager
+async def shadowing(source: Path | None) -> AsyncIterator[str]:
+    """The server's ``PYTHONPATH``: this checkout, or a folder holding only
+    ``source``'s ``a2trio`` package before it (this script and its app stay as
+    they are, the package under them is the other checkout's)."""
+    if source is None:
+        yield str(ROOT)
+        return
+    with tempfile.TemporaryDirectory(prefix="a2bench-") as folder:
+        link(source / "a2trio", Path(folder) / "a2trio")
+        yield f"{folder}{os.pathsep}{ROOT}"
+
+
+def link(target: Path, name: Path) -> None:
+    name.symlink_to(target.resolve())
 
 
 @asynccontextmanager
@@ -421,7 +429,9 @@ async def run_store(
                 wall = time.perf_counter() - t0
                 per_delivery = (cpu[1] - cpu[0]) / len(values) * 1e6
                 rss = rss_mib(process.pid)
-                rows.append((label, store, scenario, subs, rounds, values, wall, rss, per_delivery))
+                row = (label, store, scenario, subs, rounds, values, wall, rss, per_delivery)
+                rows.append(row)
+                print("row:", format_row(row), flush=True)
                 if profile is not None:
                     print(pyspy.summary(profile), flush=True)
 
@@ -446,12 +456,17 @@ async def main(args: argparse.Namespace) -> None:
         f"{'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'wall s':>7} {'rss MiB':>8} "
         f"{'srv µs/dlv':>10}"
     )
-    for label, store, name, subs, rounds, values, wall, rss, per_delivery in rows:
-        print(
-            f"{label:<5} {store:<9} {name:<8} {subs:>6} {rounds:>6} {len(values):>10} "
-            f"{statistics.median(values):>8.1f} {percentile(values, 0.99):>8.1f} "
-            f"{max(values):>8.1f} {wall:>7.1f} {rss:>8.1f} {per_delivery:>10.1f}"
-        )
+    for row in rows:
+        print(format_row(row))
+
+
+def format_row(row: Row) -> str:
+    label, store, name, subs, rounds, values, wall, rss, per_delivery = row
+    return (
+        f"{label:<5} {store:<9} {name:<8} {subs:>6} {rounds:>6} {len(values):>10} "
+        f"{statistics.median(values):>8.1f} {percentile(values, 0.99):>8.1f} "
+        f"{max(values):>8.1f} {wall:>7.1f} {rss:>8.1f} {per_delivery:>10.1f}"
+    )
 
 
 def _ints(text: str) -> list[int]:
