@@ -122,7 +122,12 @@ async def served(
     the ``a2trio`` package of ``source`` (another checkout) when given."""
     async with backend_env(store, args) as extra_env, shadowing(source) as path:
         env = {**os.environ, "PYTHONPATH": path, **extra_env}
-        command = [sys.executable, "-m", "a2trio.serve", "bench.stream:server", "--port", "0"]
+        # A long keep-alive: hypercorn closes a connection whose request it has
+        # not read within it, which 10,000 opening streams on a loaded machine hit.
+        command = [
+            *(sys.executable, "-m", "a2trio.serve", "bench.stream:server"),
+            *("--port", "0", "--keep-alive-timeout", "120"),
+        ]
         process = await trio.lowlevel.open_process(
             command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
         )
