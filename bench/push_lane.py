@@ -97,9 +97,11 @@ def bare_app(store: Store) -> Any:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             await receive()
-            await send({"type": "lifespan.startup.complete"})
-            await receive()
-            await store.aclose()
+            # Entered for the app's lifetime, as a2trio's server enters it (the
+            # Postgres store's listener and group commits live in its nursery).
+            async with store:
+                await send({"type": "lifespan.startup.complete"})
+                await receive()
             await send({"type": "lifespan.shutdown.complete"})
             return
         body = b""
