@@ -291,8 +291,9 @@ async def load(url: str, pid: int, args: argparse.Namespace, seconds: int) -> Sl
     found = re.search(r"(\d+) requests in ([\d.]+)(ms|s)", out)
     assert found is not None, out
     elapsed = float(found.group(2)) / (1000 if found.group(3) == "ms" else 1)
-    p50 = _ms(re.search(r"50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
-    p99 = _ms(re.search(r"99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    # Anchored: the stdev column ("71.50%") must not pass for the 50% row.
+    p50 = _ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
+    p99 = _ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
     return Slice(int(found.group(1)), elapsed, p50, p99, spent)
 
 
