@@ -108,8 +108,9 @@ async def test_exactly_once_through_pgbouncer_in_transaction_mode_with_a_listen_
                     "select pid from pg_stat_activity"
                     f" where application_name = '{LISTEN_APP}' and query ~ '^(un)?listen '",
                 )
-                # Each surviving worker's one LISTEN connection, none of them
-                # one of PgBouncer's server connections.
+                # Each surviving worker's one LISTEN connection (reconnected
+                # after the restart ended every backend), none of them one of
+                # PgBouncer's server connections.
                 assert len(listeners) == WORKERS - 1
                 assert not {pid for (pid,) in listeners} & {row["remote_pid"] for row in servers}
 
@@ -191,9 +192,6 @@ async def _run(
 
                 await _poll_until(third_appended, 0.05)
                 await restart()
-                jobs_by_restart = await _count(
-                    dsn, f"select count(*) from {table} where event_type = 'job'"
-                )
 
                 await writers_done.wait()
                 processed = (
@@ -209,8 +207,6 @@ async def _run(
                     await before_stop()
                 nursery.cancel_scope.cancel(reason="all jobs processed")
 
-        # The writers were still appending when the server came back.
-        assert jobs_by_restart < TOTAL
         assert sum(r["appended"] for r in reports) == TOTAL
         if pooled is None:
             # Appends during the outage failed as STORE_UNAVAILABLE and were
