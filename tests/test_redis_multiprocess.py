@@ -123,8 +123,10 @@ async def test_exactly_once_across_processes_through_a_kill_and_a_restart(
 
                 await _poll_until(third_appended, 0.05)
                 # Down until a writer has seen the outage (a restart can be
-                # quicker than the writers' next append), then back.
+                # quicker than the writers' next append), then back. The
+                # writers hold at a third until the kill (see writer.py).
                 await server.kill()
+                await (trio.Path(tmp_path) / "outage").touch()
                 await _poll_until(trio.Path(tmp_path / "unavailable").exists, 0.05)
                 await server.start()
 

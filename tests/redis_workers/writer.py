@@ -7,7 +7,10 @@ fails with ``STORE_UNAVAILABLE`` (Redis restarting) is retried with the same
 id, so a retry of an append that did run replays instead of duplicating.
 Prints ``{"appended": ..., "unavailable": ..., "retried": ...}``; the first
 ``STORE_UNAVAILABLE`` also writes ``FOLDER/unavailable``, so the test knows
-the outage was seen before it brings Redis back.
+the outage was seen before it brings Redis back. After a third of its
+events the writer waits for ``FOLDER/outage``, which the test creates once it
+has killed Redis: so the outage always lands while the writers still write
+(otherwise slow workers could let both writers finish before the kill).
 """
 
 from __future__ import annotations
@@ -32,7 +35,11 @@ async def main(url: str, prefix: str, writer: int, count: int, folder: str) -> N
     store = redis(url, key_prefix=prefix, connect_timeout_s=1.0)
     unavailable = retried = 0
     async with store:
+        outage = trio.Path(folder) / "outage"
         for n in range(count):
+            if n == count // 3:
+                while not await outage.exists():  # noqa: ASYNC110 (another process)
+                    await trio.sleep(0.05)
             event_id = f"w{writer}-{n}"
             payload = {"n": n, "stall": writer == 0 and n == STALL_AT}
             session = store_key(SESSIONS[(n * 7 + writer) % len(SESSIONS)])
