@@ -77,7 +77,16 @@ async def test_exactly_once_across_processes_through_a_kill_and_a_restart(
     tmp_path: Path,
 ) -> None:
     async with throwaway_postgres() as server:
-        await _run(server.dsn, server.restart, tmp_path)
+
+        async def outage() -> None:
+            # Down until a writer has seen it (a restart can be quicker than
+            # the writers' next append), then back.
+            await server.stop()
+            await (trio.Path(tmp_path) / "outage").touch()
+            await _poll_until(trio.Path(tmp_path / "unavailable").exists, 0.05)
+            await server.start()
+
+        await _run(server.dsn, outage, tmp_path)
 
 
 LISTEN_APP = "a2mp_listen"
@@ -145,7 +154,14 @@ async def _run(
     writer_extra = [] if pooled is None else ["transaction"]
 
     async def write(n: int) -> None:
-        command = ["tests.pg_workers.writer", store_dsn, schema, str(n), str(EVENTS_PER_WRITER)]
+        command = [
+            "tests.pg_workers.writer",
+            store_dsn,
+            schema,
+            str(n),
+            str(EVENTS_PER_WRITER),
+            str(tmp_path),
+        ]
         result = await trio.run_process(
             [python, "-m", *command, *writer_extra],
             capture_stdout=True,
@@ -192,6 +208,8 @@ async def _run(
 
                 await _poll_until(third_appended, 0.05)
                 await restart()
+                # The writers hold at a third until the outage (see writer.py).
+                await (trio.Path(tmp_path) / "outage").touch()
 
                 await writers_done.wait()
                 processed = (
