@@ -89,7 +89,9 @@ async def test_exactly_once_across_processes_through_a_kill_and_a_restart(
             if len(reports) == WRITERS:
                 writers_done.set()
 
-        with trio.fail_after(60):
+        # Generous, as in test_postgres_multiprocess: alone a run takes ~15 s,
+        # beside another full suite on two cores it has taken over 60 s.
+        with trio.fail_after(240):
             async with trio.open_nursery() as nursery:
                 workers: list[trio.Process] = []
                 for _ in range(WORKERS):
