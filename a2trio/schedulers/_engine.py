@@ -174,6 +174,11 @@ class QueueScheduler:
         self._passes = 0
         self._waiting = 0
 
+    @property
+    def queue(self) -> TaskQueue:
+        """The table (or heap) this scheduler keeps its tasks in."""
+        return self._queue
+
     # -- lifetime ------------------------------------------------------------
 
     async def __aenter__(self) -> QueueScheduler:

@@ -45,10 +45,10 @@ class DurableScheduler(QueueScheduler):
         super().__init__(queue, clock=clock, lease_s=lease_s, max_in_flight=max_in_flight)
 
     def __repr__(self) -> str:
-        return f"DurableScheduler({self._queue!r})"
+        return f"DurableScheduler({self.queue!r})"
 
     async def __aenter__(self) -> DurableScheduler:
-        await self._acquire()
+        await super().__aenter__()
         return self
 
     @classmethod
