@@ -19,7 +19,7 @@ import a2trio
 from a2trio.errors import A2Error, ErrorCode
 from a2trio.stores._feed import adaptive_poll
 from a2trio.stores._sqlite_conn import BUSY_TIMEOUT_S, ConnectionPool
-from a2trio.stores._sqlite_schema import SCHEMA_VERSION
+from a2trio.stores._sqlite_schema import MIGRATIONS, SCHEMA_VERSION
 from a2trio.stores.base import AppendEvent
 from a2trio.stores.sqlite import SqliteStore, sqlite
 from a2trio.timings import Timings
@@ -113,6 +113,35 @@ async def test_schema_is_versioned_and_reopening_keeps_rows(tmp_path: Path) -> N
         [row] = await second.read("s")
         assert (row.id, row.index) == ("e1", 1)
     assert await trio.to_thread.run_sync(_user_version, path) == SCHEMA_VERSION
+
+
+def _database_at(path: str, version: int) -> None:
+    """A database as the release at schema ``version`` wrote it, with one event."""
+    conn = sqlite3.connect(path)
+    try:
+        for statements in MIGRATIONS[:version]:
+            for statement in statements:
+                conn.execute(statement)
+        conn.execute(
+            "insert into a2_events (session_id, idx, event_type, payload, event_id, created_at)"
+            " values ('s', 1, 'ordered', '{\"item\":\"old\"}', 'old-1', 5)"
+        )
+        conn.execute(f"pragma user_version = {version}")
+        conn.commit()
+    finally:
+        conn.close()
+
+
+async def test_a_version_2_database_gains_the_trace_context_column(tmp_path: Path) -> None:
+    path = str(tmp_path / "dev.db")
+    await trio.to_thread.run_sync(_database_at, path, 2)
+    async with sqlite(path) as store:
+        traced = msgspec.structs.replace(_event(2, "new-2"), trace_context='{"traceparent":"x"}')
+        await store.append("s", [traced])
+        old, new = await store.read("s")
+    assert (old.id, old.payload, old.trace_context) == ("old-1", {"item": "old"}, None)
+    assert (new.id, new.trace_context) == ("new-2", '{"traceparent":"x"}')
+    assert await trio.to_thread.run_sync(_user_version, path) == SCHEMA_VERSION == 3
 
 
 async def test_a_database_from_a_newer_release_is_refused(tmp_path: Path) -> None:

@@ -99,6 +99,11 @@ create index if not exists a2_operator_actions_event
   on a2_operator_actions (session_id, idx);
 create index if not exists a2_events_dead_letters
   on a2_events (session_id, idx) where failed_at is not null;
+
+-- Each event's trace context (issue 18): the appender's, so a handler in
+-- another process continues its trace. Nullable, so the seed's inserts,
+-- which do not name it, still work.
+alter table a2_events add column if not exists trace_context text;
 """
 
 # Notifications are transactional: delivered at commit, never for a rollback.
@@ -176,7 +181,8 @@ EVENT_COLUMNS = (
     "event_id, event_type, payload, idx, session_id, created_at, cause, lane,"
     " processed_at, processed_by_attempt, returned_event_ids, first_claimed_at,"
     " last_claimed_at, attempt_count, failure_count, last_failed_at,"
-    " last_failed_attempt, last_error, failed_at, claim_holder, claim_expires_at"
+    " last_failed_attempt, last_error, failed_at, claim_holder, claim_expires_at,"
+    " trace_context"
 )
 
 
@@ -282,7 +288,8 @@ select v.had_pending, v.base, {claimed}, v.others_claimable from verdict v"""
     return f"""
 with batch as (
   select * from jsonb_to_recordset($2::jsonb)
-    as b(ord bigint, id text, type text, payload jsonb, {cause[0]}lane text, settled boolean)
+    as b(ord bigint, id text, type text, payload jsonb, {cause[0]}lane text, settled boolean,
+         trace text)
 ),{head}
 ready as materialized (
   -- Materialized so each row's readiness (two subqueries) is computed once,
@@ -303,7 +310,7 @@ inserted as (
   insert into a2_events
     (session_id, idx, event_type, payload, event_id, created_at, {cause[1]}lane,
      lane_ready, processed_at, attempt_count, first_claimed_at, last_claimed_at,
-     claim_holder, claim_expires_at)
+     claim_holder, claim_expires_at, trace_context)
   select $1::text, r.idx, r.type, coalesce(r.payload, 'null'::jsonb), r.id,
          {now}::bigint, {cause[2]}r.lane, r.lane_ready,
          case when r.settled then {now}::bigint end,
@@ -311,7 +318,8 @@ inserted as (
          case when r.claim then {now}::bigint end,
          case when r.claim then {now}::bigint end,
          case when r.claim then {holder}::text end,
-         case when r.claim then {expiry}::bigint end
+         case when r.claim then {expiry}::bigint end,
+         r.trace
     from ready r
   returning idx, claim_holder
 ){tail.replace("{claimed}", claimed)}
@@ -491,12 +499,13 @@ verdict as (
 ),
 batch as (
   select * from jsonb_to_recordset($5::jsonb)
-    as b(ord bigint, id text, type text, payload jsonb, lane text, settled boolean)
+    as b(ord bigint, id text, type text, payload jsonb, lane text, settled boolean,
+         trace text)
 ),
 inserted as (
   insert into a2_events
     (session_id, idx, event_type, payload, event_id, created_at, cause, lane,
-     lane_ready, processed_at)
+     lane_ready, processed_at, trace_context)
   select $1::text, v.base + b.ord, b.type, coalesce(b.payload, 'null'::jsonb), b.id,
          $6::bigint, $7::jsonb, b.lane,
          b.lane is null or (
@@ -505,7 +514,8 @@ inserted as (
                           and l.processed_at is null and l.idx <> $2::bigint)
            and not exists (select 1 from batch e
                             where e.lane = b.lane and e.ord < b.ord and not e.settled)),
-         case when b.settled then $6::bigint end
+         case when b.settled then $6::bigint end,
+         b.trace
     from batch b, verdict v
    where v.outcome = 'completed'
   returning *

@@ -112,8 +112,12 @@ _V2 = (
     """,
 )
 
+# Each event's trace context (issue 18): the appender's, so a handler in another
+# process continues its trace. Null for events written before.
+_V3 = ("alter table a2_events add column trace_context text",)
+
 #: Statements per migration; entry ``n`` upgrades ``user_version`` ``n`` to ``n + 1``.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3)
 
 #: The version this release writes and reads.
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -105,7 +105,10 @@ class AppendEvent(msgspec.Struct, frozen=True):
     """A validated event on its way into a store.
 
     ``payload`` is JSON builtins (what ``msgspec.to_builtins`` returns).
-    ``id`` is None when the store should generate one.
+    ``id`` is None when the store should generate one. ``trace_context`` is
+    the appender's trace context, opaque to the store (the telemetry's
+    encoding, see :mod:`a2trio.telemetry`): stored with the event and returned
+    with it, so a handler in another process continues the appender's trace.
     """
 
     type: str
@@ -114,6 +117,7 @@ class AppendEvent(msgspec.Struct, frozen=True):
     cause: EventCause | None = None
     lane: str | None = None
     settled: bool = False
+    trace_context: str | None = None
 
 
 class StoredEvent(msgspec.Struct, frozen=True):
@@ -143,6 +147,7 @@ class StoredEvent(msgspec.Struct, frozen=True):
     failed_at_ms: int | None = None
     claim_holder: str | None = None
     claim_expires_at_ms: int | None = None
+    trace_context: str | None = None
 
 
 class Claimed(msgspec.Struct, frozen=True, tag="claimed"):

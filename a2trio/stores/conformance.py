@@ -40,6 +40,7 @@ from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import Any, cast
 from uuid import uuid4
 
+import msgspec
 import trio
 import trio.testing
 
@@ -692,6 +693,55 @@ async def check_find_event(open_store: StoreFactory) -> None:
         ), row
         assert await store.find_event(sid, b) is None, "found another session's id"
         assert await store.find_event(sid, _uid("missing")) is None
+
+
+async def check_trace_context_is_stored_with_the_event(open_store: StoreFactory) -> None:
+    """An event's ``trace_context`` comes back, exactly, from every read: the
+    append's rows (claimed at insert or not), a claim, ``read``, ``find_event``
+    and a completion's returned events; a replay keeps the stored one."""
+    traced = '{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}'
+    other = '{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",' + (
+        '"tracestate":"congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"}'
+    )
+    async with open_store(ManualClock()) as store:
+        sid = _sid("trace")
+        fixed = _uid("traced")
+        plain = await store.append(
+            sid,
+            [
+                msgspec.structs.replace(_ev(id=fixed, lane="a"), trace_context=traced),
+                _ev(lane="a"),
+                msgspec.structs.replace(_ev(settled=True), trace_context=other),
+            ],
+        )
+        assert [e.trace_context for e in plain.events] == [traced, None, other]
+        assert [e.trace_context for e in await store.read(sid)] == [traced, None, other]
+        found = await store.find_event(sid, fixed)
+        assert found is not None, "a stored id was not found"
+        assert found.trace_context == traced, found
+        [claimed] = _claimed(await _claim(store, sid))
+        assert (claimed.index, claimed.trace_context) == (1, traced)
+        replayed = await store.append(
+            sid, [msgspec.structs.replace(_ev(id=fixed, lane="a"), trace_context=other)]
+        )
+        assert [e.trace_context for e in replayed.events] == [traced], "a replay rewrote it"
+        returned = _uid("returned")
+        done = await store.complete_attempt(
+            sid,
+            index=1,
+            attempt=1,
+            events=[msgspec.structs.replace(_ev("r", id=returned), trace_context=other)],
+        )
+        assert [e.trace_context for e in done.events] == [other]
+        assert (await store.read(sid))[-1].trace_context == other
+        at_insert = await store.append(
+            sid,
+            [msgspec.structs.replace(_ev(), trace_context=traced)],
+            claim=ClaimRequest("h2", 1_000),
+        )
+        [row] = at_insert.claimed
+        assert row.trace_context == traced
+        assert (await store.read(sid))[-1] == row
 
 
 async def check_cancelled_calls_commit_all_or_nothing(open_store: StoreFactory) -> None:
@@ -1680,6 +1730,7 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_append_concurrent_writers,
     check_append_expected_index,
     check_find_event,
+    check_trace_context_is_stored_with_the_event,
     check_cancelled_calls_commit_all_or_nothing,
     check_aclose_is_idempotent,
     check_read_bounds,

@@ -92,6 +92,7 @@ class _Row:
     failed_at_ms: int | None = None
     claim_holder: str | None = None
     claim_expires_at_ms: int | None = None
+    trace_context: str | None = None
 
     def stored(self) -> StoredEvent:
         return StoredEvent(
@@ -118,6 +119,7 @@ class _Row:
             failed_at_ms=self.failed_at_ms,
             claim_holder=self.claim_holder,
             claim_expires_at_ms=self.claim_expires_at_ms,
+            trace_context=self.trace_context,
         )
 
 
@@ -332,6 +334,7 @@ class MemoryStore:
             lane=lane,
             lane_ready=lane_ready,
             processed_at_ms=now if event.settled else None,
+            trace_context=event.trace_context,
         )
         rows.append(row)
         self._ids[event_id] = row

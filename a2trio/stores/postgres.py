@@ -293,6 +293,7 @@ def _stored(row: Row, at: int = 0) -> StoredEvent:
         failed_at_ms=r[18],
         claim_holder=r[19],
         claim_expires_at_ms=r[20],
+        trace_context=r[21],
     )
 
 
@@ -936,6 +937,7 @@ class PostgresStore:
                     "cause": None if e.cause is None else _cause_json(e.cause),
                     "lane": e.lane,
                     "settled": e.settled,
+                    "trace": e.trace_context,
                 }
                 for ord_, (e, event_id) in enumerate(zip(events, ids, strict=True), 1)
             ]
@@ -991,6 +993,7 @@ class PostgresStore:
                 cause=e.cause,
                 lane=e.lane,
                 processed_at_ms=now if e.settled else None,
+                trace_context=e.trace_context,
             )
             for ord_, (e, event_id) in enumerate(zip(events, ids, strict=True), 1)
         ]
@@ -1142,6 +1145,7 @@ class PostgresStore:
                 "payload": e.payload,
                 "lane": e.lane,
                 "settled": e.settled,
+                "trace": e.trace_context,
             }
             for ord_, e in enumerate(events, 1)
         ]

@@ -144,7 +144,8 @@ class _Cause(msgspec.Struct, frozen=True, array_like=True):
 
 
 class _Entry(msgspec.Struct, frozen=True, array_like=True):
-    """An event's immutable half, as stored in the stream."""
+    """An event's immutable half, as stored in the stream. Entries written
+    before the trace context existed end at ``settled`` and still decode."""
 
     id: str
     type: str
@@ -153,6 +154,7 @@ class _Entry(msgspec.Struct, frozen=True, array_like=True):
     cause: _Cause | None
     lane: str | None
     settled: bool
+    trace_context: str | None = None
 
 
 class _Meta(msgspec.Struct, omit_defaults=True):
@@ -286,6 +288,7 @@ def _row(session_id: str, index: int, entry: bytes, meta: bytes | None) -> Store
             cause=cause,
             lane=e.lane,
             processed_at_ms=e.created_at_ms if e.settled else None,
+            trace_context=e.trace_context,
         )
     m = _decode_meta(meta)
     return StoredEvent(
@@ -297,6 +300,7 @@ def _row(session_id: str, index: int, entry: bytes, meta: bytes | None) -> Store
         created_at_ms=e.created_at_ms,
         cause=cause,
         lane=e.lane,
+        trace_context=e.trace_context,
         processed_at_ms=m.p,
         processed_by_attempt=m.pb,
         returned_event_ids=None if m.r is None else _decode_ids(m.r),
@@ -348,7 +352,16 @@ def _stored(session_id: str, flat: Sequence[Any]) -> list[StoredEvent]:
 def _entry(event: AppendEvent, event_id: str, now: int, cause: EventCause | None) -> bytes:
     stored_cause = None if cause is None else _Cause(cause.index, cause.attempt, cause.batch_size)
     return _encode_entry(
-        _Entry(event_id, event.type, event.payload, now, stored_cause, event.lane, event.settled)
+        _Entry(
+            event_id,
+            event.type,
+            event.payload,
+            now,
+            stored_cause,
+            event.lane,
+            event.settled,
+            event.trace_context,
+        )
     )
 
 
@@ -1079,6 +1092,7 @@ class RedisStore:
                     cause=event.cause,
                     lane=event.lane,
                     processed_at_ms=now if event.settled else None,
+                    trace_context=event.trace_context,
                     first_claimed_at_ms=now if claimed else None,
                     last_claimed_at_ms=now if claimed else None,
                     attempt_count=1 if claimed else 0,
@@ -1287,6 +1301,7 @@ class RedisStore:
                 cause=cause,
                 lane=event.lane,
                 processed_at_ms=now if event.settled else None,
+                trace_context=event.trace_context,
             )
             for ord_, (event, event_id) in enumerate(zip(events, returned, strict=True), 1)
         ]

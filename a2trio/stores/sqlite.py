@@ -97,20 +97,20 @@ _COLS: Final = (
     "event_id, event_type, payload, idx, session_id, created_at, cause, lane, processed_at, "
     "processed_by_attempt, returned_event_ids, first_claimed_at, last_claimed_at, "
     "attempt_count, failure_count, last_failed_at, last_failed_attempt, last_error, "
-    "failed_at, claim_holder, claim_expires_at"
+    "failed_at, claim_holder, claim_expires_at, trace_context"
 )
 
 _INSERT: Final = """
 insert into a2_events
   (session_id, idx, event_type, payload, event_id, created_at, cause, lane, lane_ready,
-   processed_at)
+   processed_at, trace_context)
 values (
   ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8,
   ?8 is null or not exists (
     select 1 from a2_events indexed by a2_events_lane_pending
     where session_id = ?1 and lane = ?8 and processed_at is null
   ),
-  ?9
+  ?9, ?10
 )
 """
 
@@ -336,6 +336,7 @@ def _insert(
             None if cause is None else _text(cause),
             event.lane,
             processed_at,
+            event.trace_context,
         ),
     )
     return StoredEvent(
@@ -348,6 +349,7 @@ def _insert(
         cause=cause,
         lane=event.lane,
         processed_at_ms=processed_at,
+        trace_context=event.trace_context,
     )
 
 
