@@ -34,7 +34,13 @@ from .schedulers import DurableScheduler, LocalScheduler
 from .server import Server
 from .session import HandlerSession, Session
 from .stores.base import OperatorAction, OperatorActionError, Store
-from .telemetry import NOOP_TELEMETRY, Span, Telemetry
+from .telemetry import (
+    NOOP_TELEMETRY,
+    Span,
+    Telemetry,
+    decode_trace_context,
+    encode_trace_context,
+)
 from .timings import DEFAULT_TIMINGS, Timings
 from .tuning import tune_gc
 
@@ -93,6 +99,8 @@ __all__ = [
     "actor",
     "call",
     "contract",
+    "decode_trace_context",
+    "encode_trace_context",
     "handler",
     "schedulers",
     "stores",

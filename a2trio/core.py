@@ -70,9 +70,11 @@ class Appends(Protocol):
         causes: Sequence[EventCause] | None = None,
         require_arm: bool = False,
         expected_index: int | None = None,
+        trace_parent: str | None = None,
     ) -> list[Event[Any]]:
         """Validate, append durably and hand pending work to a drain; with
-        ``expected_index``, only if the log is still at that index."""
+        ``expected_index``, only if the log is still at that index; in the
+        trace of ``trace_parent`` (a request's trace context) when given."""
         ...
 
 
@@ -147,11 +149,13 @@ class Engine:
         events: Sequence[AppendInput | PushedEvent],
         *,
         dispatch: bool = True,
+        trace_context: str | None = None,
     ) -> list[AppendEvent]:
         """Validate append inputs into store records, resolving lanes.
 
         With ``dispatch=False`` (schedules) no lane is resolved and nothing is
         marked settled: the events are appended later, by a scheduler.
+        ``trace_context`` is stored with every event (the appender's span).
 
         Raises:
           TypeError: no events, or an input not built with ``contract.event``.
@@ -186,7 +190,9 @@ class Engine:
                                 f"lane for {event.type!r} must resolve to a non-empty string, "
                                 f"got {lane!r}"
                             )
-            validated.append(AppendEvent(event.type, builtins, event.id, None, lane, settled))
+            validated.append(
+                AppendEvent(event.type, builtins, event.id, None, lane, settled, trace_context)
+            )
         return validated
 
     async def check_push(self, validation: PushValidation) -> None:
@@ -205,7 +211,8 @@ class Engine:
             raise A2Error(ErrorCode.FORBIDDEN, "validate_push refused the push")
 
     def returned(self, trigger: StoredEvent, result: Any) -> list[AppendEvent]:
-        """A handler's return value as validated records with deterministic ids.
+        """A handler's return value as validated records with deterministic ids,
+        in the trace of the span current here (the handler's ``a2.event``).
 
         Raises:
           TypeError: not None, an append input or a list of them.
@@ -222,7 +229,7 @@ class Engine:
             AppendInput(e.type, e.payload, e.id or returned_event_id(trigger.id, position))
             for position, e in enumerate(items)
         ]
-        return self.validate(session_id, with_ids)
+        return self.validate(session_id, with_ids, trace_context=self.telemetry.trace_context())
 
     # -- the background ----------------------------------------------------------
 

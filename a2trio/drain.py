@@ -484,7 +484,7 @@ class _Drain:
             }
             if event.lane is not None:
                 attributes["a2.event.lane"] = event.lane
-        with engine.telemetry.span("a2.event", attributes) as span:
+        with engine.telemetry.span("a2.event", attributes, parent=event.trace_context) as span:
             # Only handlers with ``abort_on`` get an abort scope and an
             # ``aborted`` event: each per event showed in the drain's profile.
             aborted: trio.Event | None = None

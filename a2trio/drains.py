@@ -126,6 +126,7 @@ class DrainRegistry:
         causes: Sequence[EventCause] | None = None,
         require_arm: bool = False,
         expected_index: int | None = None,
+        trace_parent: str | None = None,
     ) -> list[Event[Any]]:
         """Validate and append ``events``, then get their reaction going.
 
@@ -133,6 +134,8 @@ class DrainRegistry:
         an external append); ``"dispatch"`` arms a scheduler drain instead.
         ``require_arm`` (a scheduler-delivered append) raises if that arm fails.
         ``expected_index`` makes the commit conditional (``Store.append``).
+        ``trace_parent`` (an HTTP push's trace headers) is the ``a2.append``
+        span's remote parent; each event stores that span's trace context.
 
         Raises:
           RuntimeError: the server is not open (checked before writing).
@@ -148,12 +151,13 @@ class DrainRegistry:
             "a2.append.types": ",".join(str(getattr(e, "type", "?")) for e in events),
             "a2.append.count": len(events),
         }
-        with engine.telemetry.span("a2.append", attributes) as span:
+        telemetry = engine.telemetry
+        with telemetry.span("a2.append", attributes, parent=trace_parent) as span:
             # Checked before writing: an append's drain needs the nursery.
             engine.require_open()
             if mode == "dispatch" and engine.scheduler is None:
                 raise TypeError("dispatch requires a scheduler: pass Server(scheduler=...)")
-            validated = engine.validate(session_id, events)
+            validated = engine.validate(session_id, events, trace_context=telemetry.trace_context())
             if causes is not None:
                 validated = [
                     msgspec.structs.replace(event, cause=cause)

@@ -37,9 +37,16 @@ cancellations as attributes (``a2.event.outcome = "surrendered"``,
 ``a2.event.aborted``), never as errors. An exception group is an error when it
 holds anything besides ``Cancelled``.
 
-Not yet done: propagating a trace across processes (a ``traceparent`` stored
-with the event, so a drain in another worker continues the appender's trace).
-Each process's spans form their own traces.
+Across processes: :meth:`OpenTelemetry.trace_context` is the current span's
+W3C Trace Context (``traceparent``, ``tracestate``), which the engine stores
+with each event it appends. A span opened with a ``parent`` (an ``a2.event``
+with its event's stored context, an ``a2.append`` with an HTTP push's
+headers) continues that trace: its parent is the remote span, and the span
+that was current (the drain running the event) becomes a span link. When the
+current span is already in the parent's trace (the drain that the append
+itself started, in the same process) the current span stays the parent, so
+in-process traces keep the nesting above. W3C Trace Context is used whatever
+the global propagator is; baggage is not carried.
 """
 
 from __future__ import annotations
@@ -50,11 +57,12 @@ from contextlib import contextmanager
 
 import trio
 
-from .telemetry import AttributeValue, Span
+from .telemetry import AttributeValue, Span, decode_trace_context, encode_trace_context
 
 try:
     from opentelemetry import context as otel_context
     from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError as exc:
     raise ImportError(
         "a2trio.otel needs the OpenTelemetry API: install the `otel` extra "
@@ -62,6 +70,8 @@ except ImportError as exc:
     ) from exc
 
 __all__ = ["OpenTelemetry"]
+
+_W3C = TraceContextTextMapPropagator()
 
 
 def _library_version() -> str | None:
@@ -129,11 +139,21 @@ class OpenTelemetry:
         )
 
     @contextmanager
-    def span(self, name: str, attributes: Mapping[str, AttributeValue]) -> Iterator[Span]:
-        """Start ``name`` as the current span with ``attributes``, yield it, and
-        end it when the block exits; an exception escaping the block is recorded
-        as its error unless it is Trio's cancellation."""
-        otel_span = self.tracer.start_span(name, attributes=attributes)
+    def span(
+        self,
+        name: str,
+        attributes: Mapping[str, AttributeValue],
+        *,
+        parent: str | None = None,
+    ) -> Iterator[Span]:
+        """Start ``name`` as the current span with ``attributes``, continuing
+        ``parent``'s trace (see the module docstring), yield it, and end it
+        when the block exits; an exception escaping the block is recorded as
+        its error unless it is Trio's cancellation."""
+        context, links = _continuing(parent) if parent is not None else (None, None)
+        otel_span = self.tracer.start_span(
+            name, context=context, attributes=attributes, links=links
+        )
         wrapper = _OtelSpan(otel_span)
         token = otel_context.attach(trace.set_span_in_context(otel_span))
         try:
@@ -145,3 +165,24 @@ class OpenTelemetry:
         finally:
             otel_context.detach(token)
             otel_span.end()
+
+    def trace_context(self) -> str | None:
+        """The current span's W3C Trace Context, encoded to store with an
+        event; None without a valid current span (no SDK configured, say)."""
+        headers: dict[str, str] = {}
+        _W3C.inject(headers)
+        return encode_trace_context(headers)
+
+
+def _continuing(parent: str) -> tuple[otel_context.Context | None, list[trace.Link] | None]:
+    """Where a span continuing ``parent`` starts, and its links: the remote
+    span as its parent with the current span linked, or (None, None) for the
+    current context when ``parent`` is invalid or the current span is
+    already in its trace."""
+    current = otel_context.get_current()
+    remote = _W3C.extract(decode_trace_context(parent), context=current)
+    remote_span = trace.get_current_span(remote).get_span_context()
+    here = trace.get_current_span(current).get_span_context()
+    if not remote_span.is_valid or remote_span.trace_id == here.trace_id:
+        return None, None
+    return remote, [trace.Link(here)] if here.is_valid else None

@@ -267,11 +267,20 @@ class Session(SessionView):
         return await self._append_external(events, "dispatch")
 
     async def push(
-        self, events: Sequence[PushedEvent], presence: PushedPresence | None = None
+        self,
+        events: Sequence[PushedEvent],
+        presence: PushedPresence | None = None,
+        *,
+        trace_parent: str | None = None,
     ) -> list[Event[Any]]:
         """Write what came over the wire, all or nothing: ``validate_push`` on
         the events and on the presence patch, then every schema, all before
         anything is written; then the events are appended and the patch set.
+
+        ``trace_parent`` is the trace context of the request that carried the
+        push (:func:`a2trio.telemetry.encode_trace_context` of its headers):
+        the append's span continues that trace, and so do the handlers of the
+        events, in whichever process runs them.
 
         Returns:
           The stored events, as :meth:`append`.
@@ -296,7 +305,9 @@ class Session(SessionView):
             await check_pushed_presence(engine, self.id, presence) if presence is not None else None
         )
         appended = (
-            await self._appends.append(self.id, pushed, source="external", mode="inline")
+            await self._appends.append(
+                self.id, pushed, source="external", mode="inline", trace_parent=trace_parent
+            )
             if pushed
             else []
         )

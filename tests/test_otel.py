@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trio
 import trio.lowlevel
@@ -31,8 +32,10 @@ import a2trio
 import a2trio.otel
 from a2trio.otel import OpenTelemetry
 from a2trio.stores import memory
+from a2trio.transport import asgi
 
 from .apps import Cancelled, Note, Ordered, Shipped, orders
+from .test_transport import serving
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -486,3 +489,137 @@ def test_the_adapter_imports_only_the_telemetry_seam_from_a2trio() -> None:
         node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level
     ]
     assert internal == ["telemetry"]
+
+
+# -- trace context across processes ---------------------------------------------
+
+TRACE = 0x0AF7651916CD43DD8448EB211C80319C
+CALLER = 0xB7AD6B7169203331
+TRACEPARENT = f"00-{TRACE:032x}-{CALLER:016x}-01"
+
+
+def link_ids(span: ReadableSpan) -> list[int]:
+    return [link.context.span_id for link in span.links]
+
+
+async def test_an_http_push_continues_the_requests_trace_to_its_handler(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> None:
+        pass
+
+    srv = server(provider, {"ordered": ship})
+    # The app's lifespan opens the server.
+    async with serving(asgi(srv)) as base, httpx.AsyncClient(base_url=base) as http:
+        response = await http.post(
+            "/orders/s1",
+            json={"events": [{"type": "ordered", "payload": {"item": "book"}}]},
+            headers={"traceparent": TRACEPARENT, "tracestate": "congo=t61rcWkgMzE"},
+        )
+        assert response.status_code == 200, response.text
+        await srv.settle()
+
+    append = one(exporter, "a2.append")
+    assert append.parent is not None
+    assert append.parent.is_remote
+    assert (trace_id(append), parent_id(append)) == (TRACE, CALLER)
+    assert append.context is not None
+    assert append.context.trace_state.to_header() == "congo=t61rcWkgMzE"
+    # In one process the drain the append started is in its trace already, so
+    # the event keeps the in-process nesting (a2.append > a2.drain > a2.event).
+    drain = one(exporter, "a2.drain")
+    event = one(exporter, "a2.event")
+    assert parent_id(drain) == span_id(append)
+    assert parent_id(event) == span_id(drain)
+    assert event.links == ()
+    assert {trace_id(s) for s in finished(exporter)} == {TRACE}
+
+
+async def test_a_drain_in_another_trace_runs_each_event_in_its_appenders_trace(
+    autojump_clock: trio.testing.MockClock,
+    provider: TracerProvider,
+    exporter: InMemorySpanExporter,
+) -> None:
+    # An API server that runs no handlers and a worker on one store stand for
+    # two processes: the worker's drain starts outside every span, as a drain
+    # woken by another process's append does.
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> a2trio.AppendInput:
+        return orders.event("shipped", Shipped(ctx.event.payload.item))
+
+    async def track(ctx: a2trio.HandlerContext[Shipped]) -> None:
+        pass
+
+    handlers: dict[str, a2trio.HandlerSpec | Any] = {"ordered": ship, "shipped": track}
+    store = memory(clock=a2trio.TrioClock())
+    telemetry = OpenTelemetry(provider)
+    api = a2trio.Server(
+        orders, store=store, handlers=handlers, run_handlers=False, telemetry=telemetry
+    )
+    worker = a2trio.Server(orders, store=store, handlers=handlers, sweep=False, telemetry=telemetry)
+    tracer = provider.get_tracer("app")
+    async with api, worker:
+        with tracer.start_as_current_span("app.request") as request:
+            await api.session("s1").append(orders.event("ordered", Ordered("book")))
+        assert not trace.get_current_span().get_span_context().is_valid
+        await worker.drain("s1")
+
+    append = one(exporter, "a2.append")
+    assert parent_id(append) == request.get_span_context().span_id
+    drain = one(exporter, "a2.drain")
+    assert drain.parent is None
+    assert trace_id(drain) != trace_id(append)
+    ordered = one(exporter, "a2.event", {"a2.event.type": "ordered"})
+    shipped = one(exporter, "a2.event", {"a2.event.type": "shipped"})
+    # Each event continues the trace that appended it, and links the drain.
+    assert (trace_id(ordered), parent_id(ordered)) == (trace_id(append), span_id(append))
+    assert (trace_id(shipped), parent_id(shipped)) == (trace_id(append), span_id(ordered))
+    assert link_ids(ordered) == link_ids(shipped) == [span_id(drain)]
+
+
+def test_trace_context_is_the_current_spans_w3c_headers(provider: TracerProvider) -> None:
+    telemetry = OpenTelemetry(provider)
+    assert telemetry.trace_context() is None
+    with telemetry.span("a2.append", {}):
+        context = trace.get_current_span().get_span_context()
+        stored = telemetry.trace_context()
+    assert a2trio.telemetry.decode_trace_context(stored) == {
+        "traceparent": (
+            f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+        )
+    }
+
+
+@pytest.mark.parametrize(
+    "parent",
+    [
+        "not json",
+        '{"traceparent": "00-not-a-trace-01"}',
+        '{"traceparent": "00-00000000000000000000000000000000-b7ad6b7169203331-01"}',
+        "{}",
+    ],
+)
+def test_a_parent_that_is_no_trace_context_is_ignored(
+    provider: TracerProvider, exporter: InMemorySpanExporter, parent: str
+) -> None:
+    with OpenTelemetry(provider).span("a2.event", {}, parent=parent):
+        pass
+    [event] = finished(exporter)
+    assert event.parent is None
+    assert event.links == ()
+
+
+def test_a_parent_in_the_current_trace_leaves_the_current_span_the_parent(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    telemetry = OpenTelemetry(provider)
+    with telemetry.span("a2.append", {}):
+        stored = telemetry.trace_context()
+    with telemetry.span("a2.drain", {}, parent=stored):
+        with telemetry.span("a2.event", {}, parent=stored):
+            pass
+    event = one(exporter, "a2.event")
+    drain = one(exporter, "a2.drain")
+    assert parent_id(drain) == span_id(one(exporter, "a2.append"))
+    assert link_ids(drain) == []
+    assert parent_id(event) == span_id(drain)
+    assert event.links == ()

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import trio
 
-from ..telemetry import AttributeValue, Span
+from ..telemetry import AttributeValue, Span, encode_trace_context
 
 __all__ = ["RecordedSpan", "RecordingTelemetry"]
 
@@ -22,12 +24,39 @@ class RecordedSpan:
       errors: what the engine passed to ``record_error``, in order.
       error: the exception that escaped the span's block, if any.
       started_at / ended_at: Trio time (``ended_at`` is None while open).
+      parent: the trace context the engine asked the span to continue (an
+        ``a2.event``'s stored one, an HTTP push's headers), or None.
+      context: the span's own trace context, what ``trace_context()`` returns
+        inside it (a W3C ``traceparent`` in the trace of the span current when
+        it opened, or in a new one).
     """
 
-    __slots__ = ("attributes", "ended_at", "error", "errors", "name", "started_at")
+    __slots__ = (
+        "attributes",
+        "context",
+        "ended_at",
+        "error",
+        "errors",
+        "name",
+        "parent",
+        "started_at",
+        "trace_id",
+    )
 
-    def __init__(self, name: str, attributes: Mapping[str, AttributeValue]) -> None:
+    def __init__(
+        self,
+        name: str,
+        attributes: Mapping[str, AttributeValue],
+        parent: str | None,
+        trace_id: int,
+        span_id: int,
+    ) -> None:
         self.name = name
+        self.parent = parent
+        self.trace_id = trace_id
+        self.context = encode_trace_context(
+            {"traceparent": f"00-{trace_id:032x}-{span_id:016x}-01"}
+        )
         self.attributes: dict[str, AttributeValue] = dict(attributes)
         self.errors: list[BaseException] = []
         self.error: BaseException | None = None
@@ -65,24 +94,44 @@ class RecordingTelemetry:
         self.spans: list[RecordedSpan] = []
         self._open: Counter[str] = Counter()
         self._closed: dict[str, trio.Event] = {}
+        self._ids = itertools.count(1)
+        # Each telemetry its own: two in one test never see each other's spans.
+        self._current: ContextVar[RecordedSpan | None] = ContextVar(
+            f"a2trio_recorded_span_{id(self)}", default=None
+        )
 
     @contextmanager
-    def span(self, name: str, attributes: Mapping[str, AttributeValue]) -> Iterator[Span]:
-        recorded = RecordedSpan(name, attributes)
+    def span(
+        self,
+        name: str,
+        attributes: Mapping[str, AttributeValue],
+        *,
+        parent: str | None = None,
+    ) -> Iterator[Span]:
+        current = self._current.get()
+        trace_id = next(self._ids) if current is None else current.trace_id
+        recorded = RecordedSpan(name, attributes, parent, trace_id, next(self._ids))
         self.spans.append(recorded)
         self._open[name] += 1
+        token = self._current.set(recorded)
         try:
             yield recorded
         except BaseException as exc:
             recorded.error = exc
             raise
         finally:
+            self._current.reset(token)
             recorded.ended_at = trio.current_time()
             self._open[name] -= 1
             if not self._open[name]:
                 closed = self._closed.pop(name, None)
                 if closed is not None:
                     closed.set()
+
+    def trace_context(self) -> str | None:
+        """The current recorded span's ``context`` (None outside every span)."""
+        current = self._current.get()
+        return None if current is None else current.context
 
     def open_count(self, name: str) -> int:
         """How many spans called ``name`` are open now."""

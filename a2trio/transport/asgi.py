@@ -47,6 +47,7 @@ from ..errors import A2Error, ErrorCode
 from ..fanout import Lapped, Subscription
 from ..push import PushedEvent, PushedPresence
 from ..server import Server
+from ..telemetry import encode_trace_context
 from . import sse, wire
 from ._http import (
     Receive,
@@ -346,7 +347,9 @@ class App:
         )
         with bad_input():
             # All or nothing: every check of both halves precedes any write.
-            appended = await server.session(session_id).push(pushed, presence)
+            appended = await server.session(session_id).push(
+                pushed, presence, trace_parent=encode_trace_context(request.headers)
+            )
         await respond(send, 200, wire.encode_events(appended))
 
     # -- reads -----------------------------------------------------------------------

@@ -1,0 +1,91 @@
+"""Trace context through the engine (issue 18): what an append stores with its
+events, and what each event's span is asked to continue, seen through the
+:class:`~a2trio.testing.RecordingTelemetry` (no OpenTelemetry needed; the
+OpenTelemetry side is in ``test_otel.py`` and ``test_otel_processes.py``)."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+import a2trio
+from a2trio.push import PushedEvent
+from a2trio.stores import memory
+from a2trio.telemetry import MAX_TRACE_HEADER, decode_trace_context, encode_trace_context
+from a2trio.testing import RecordingTelemetry
+
+from .apps import Note, Ordered, Shipped, orders
+
+CALLER = encode_trace_context(
+    {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+)
+
+
+async def test_events_store_their_appenders_context_and_their_spans_continue_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> a2trio.AppendInput:
+        await ctx.session.append("note", orders.event("note", Note("packed")))
+        return orders.event("shipped", Shipped(ctx.event.payload.item))
+
+    async def track(ctx: a2trio.HandlerContext[Shipped]) -> None:
+        pass
+
+    telemetry = RecordingTelemetry()
+    store = memory(clock=a2trio.TrioClock())
+    server = a2trio.Server(
+        orders, store=store, handlers={"ordered": ship, "shipped": track}, telemetry=telemetry
+    )
+    async with server:
+        await server.session("s1").push(
+            [PushedEvent("ordered", {"item": "book"})], trace_parent=CALLER
+        )
+        await server.settle()
+        rows = {row.type: row for row in await store.read("orders\x1fs1")}
+
+    push = telemetry.one("a2.append", {"a2.append.source": "external"})
+    assert push.parent == CALLER
+    assert rows["ordered"].trace_context == push.context
+    ordered = telemetry.one("a2.event", {"a2.event.type": "ordered"})
+    assert ordered.parent == push.context
+    # A handler's appends and its returned events are in its event's trace.
+    inner = telemetry.one("a2.append", {"a2.append.source": "handler"})
+    assert inner.parent is None
+    assert inner.trace_id == ordered.trace_id == push.trace_id
+    assert rows["note"].trace_context == inner.context
+    assert rows["shipped"].trace_context == ordered.context
+    assert telemetry.one("a2.event", {"a2.event.type": "shipped"}).parent == ordered.context
+
+
+async def test_without_a_trace_nothing_is_stored(autojump_clock: trio.testing.MockClock) -> None:
+    store = memory(clock=a2trio.TrioClock())
+    async with a2trio.Server(orders, store=store) as server:
+        await server.session("s1").append(orders.event("ordered", Ordered("book")))
+        [row] = await store.read("orders\x1fs1")
+    assert row.trace_context is None
+
+
+def test_encode_keeps_only_the_w3c_headers_within_their_bound() -> None:
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    encoded = encode_trace_context(
+        {"traceparent": parent, "tracestate": "congo=t61rcWkgMzE", "baggage": "user=alice"}
+    )
+    assert decode_trace_context(encoded) == {
+        "traceparent": parent,
+        "tracestate": "congo=t61rcWkgMzE",
+    }
+    long_state = "a=" + "b" * MAX_TRACE_HEADER
+    assert decode_trace_context(
+        encode_trace_context({"traceparent": parent, "tracestate": long_state})
+    ) == {"traceparent": parent}
+    assert encode_trace_context({"tracestate": "congo=t61rcWkgMzE"}) is None
+    assert encode_trace_context({"traceparent": ""}) is None
+    assert encode_trace_context({"traceparent": "0" * (MAX_TRACE_HEADER + 1)}) is None
+
+
+@pytest.mark.parametrize(
+    "stored", [None, "", "not json", "[1, 2]", '{"traceparent": 7}', '{"baggage": "a=b"}']
+)
+def test_decode_reads_anything_else_as_no_context(stored: str | None) -> None:
+    assert decode_trace_context(stored) == {}
