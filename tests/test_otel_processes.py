@@ -1,0 +1,120 @@
+"""One trace from an HTTP push to its handler in another process (issue 18).
+
+Two ``python -m a2trio.serve`` processes share a SQLite file: the API takes
+the push and runs no handlers; the worker's sweep finds the event and runs it.
+Each writes its OpenTelemetry spans to its own file (``tests/trace_workers``).
+The push carries a W3C ``traceparent``; the worker's spans must continue it
+through the trace context stored with each event.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACE = 0x4BF92F3577B34DA6A3CE929D0E0E4736
+CALLER = 0x00F067AA0BA902B7
+
+Span = dict[str, Any]
+
+
+@asynccontextmanager
+async def serving(target: str, db: Path, spans: Path) -> AsyncIterator[str]:
+    """Run ``python -m a2trio.serve`` on ``target``; yield its base URL."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("A2_")}
+    env |= {"PYTHONPATH": str(ROOT), "A2_TRACE_SPANS": str(spans)}
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "a2trio.serve", target, "--store", f"sqlite:///{db}", "--port", "0"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        assert process.stdout is not None
+        output = b""
+        with trio.fail_after(60):
+            while b"Ctrl-C" not in output:
+                chunk = await process.stdout.receive_some()
+                assert chunk, output.decode()
+                output += chunk
+        line = next(x for x in output.decode().splitlines() if x.startswith("a2trio serving on"))
+        yield line.split()[3]
+    finally:
+        process.kill()
+        await process.wait()
+
+
+def read_spans(path: Path) -> list[Span]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def handled(spans: list[Span]) -> bool:
+    """Whether the worker has run the ``shipped`` event, the last of the trace."""
+    return any(
+        s["name"] == "a2.event" and s["attributes"]["a2.event.type"] == "shipped" for s in spans
+    )
+
+
+def one(spans: list[Span], name: str, **attributes: object) -> Span:
+    found = [
+        s
+        for s in spans
+        if s["name"] == name
+        and all(
+            s["attributes"].get(f"a2.{k.replace('_', '.')}") == v for k, v in attributes.items()
+        )
+    ]
+    assert len(found) == 1, (name, attributes, spans)
+    return found[0]
+
+
+async def test_a_push_and_its_handlers_in_another_process_are_one_trace(tmp_path: Path) -> None:
+    db = tmp_path / "shop.db"
+    api_spans, worker_spans = tmp_path / "api.jsonl", tmp_path / "worker.jsonl"
+    async with (
+        serving("tests.trace_workers.app:api", db, api_spans) as api,
+        serving("tests.trace_workers.app:worker", db, worker_spans),
+        httpx.AsyncClient(base_url=api) as http,
+    ):
+        response = await http.post(
+            "/shop/o1",
+            json={"events": [{"type": "ordered", "payload": {"item": "book"}}]},
+            headers={"traceparent": f"00-{TRACE:032x}-{CALLER:016x}-01"},
+        )
+        assert response.status_code == 200, response.text
+        with trio.fail_after(60):
+            while not handled(read_spans(worker_spans)):  # noqa: ASYNC110 (another process)
+                await trio.sleep(0.05)
+
+    [push] = read_spans(api_spans)
+    assert push["name"] == "a2.append"
+    assert (push["trace"], push["parent"]) == (TRACE, CALLER)
+    worker = read_spans(worker_spans)
+    ordered = one(worker, "a2.event", event_type="ordered")
+    shipped = one(worker, "a2.event", event_type="shipped")
+    note = one(worker, "a2.append", append_source="handler")
+    # The worker's drains are its own traces; each event continues the trace
+    # that appended it and links the drain that ran it.
+    drains = {s["span"]: s for s in worker if s["name"] == "a2.drain"}
+    assert all(d["trace"] != TRACE and d["parent"] is None for d in drains.values())
+    assert (ordered["trace"], ordered["parent"]) == (TRACE, push["span"])
+    assert ordered["attributes"]["a2.event.outcome"] == "processed"
+    assert (note["trace"], note["parent"]) == (TRACE, ordered["span"])
+    assert (shipped["trace"], shipped["parent"]) == (TRACE, ordered["span"])
+    assert shipped["attributes"]["a2.event.outcome"] == "processed"
+    for event in (ordered, shipped):
+        [drain] = event["links"]
+        assert drain in drains
