@@ -31,6 +31,7 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
+import msgspec
 import trio
 
 from .clock import Clock, ms_to_datetime
@@ -364,8 +365,17 @@ class Engine:
                 ErrorCode.PARTIAL_DUPLICATE_BATCH,
                 "scheduled batch contains the same event id more than once",
             )
+        # The delivered append continues the scheduling span's trace.
+        trace = self.telemetry.trace_context()
         await self.scheduler.schedule(
-            AppendTask(sid, self.contract.name, session_id, due_at_ms, scheduled)
+            AppendTask(
+                sid,
+                self.contract.name,
+                session_id,
+                due_at_ms,
+                scheduled,
+                trace_context=msgspec.UNSET if trace is None else trace,
+            )
         )
 
     # -- state reads -------------------------------------------------------------------

@@ -59,7 +59,12 @@ class DrainTask(msgspec.Struct, frozen=True, tag="drain", tag_field="kind", rena
 
 
 class AppendTask(msgspec.Struct, frozen=True, tag="append", tag_field="kind", rename="camel"):
-    """Append ``events`` to ``session_id`` at ``due_at_ms``; ``id`` is the schedule id."""
+    """Append ``events`` to ``session_id`` at ``due_at_ms``; ``id`` is the schedule id.
+
+    ``trace_context`` is the scheduling span's (see :mod:`a2trio.telemetry`):
+    the delivered append continues that trace. Unset, it is left out of the
+    encoding, which is then the seed's, and the seed's tasks decode here.
+    """
 
     id: str
     contract: str
@@ -67,6 +72,12 @@ class AppendTask(msgspec.Struct, frozen=True, tag="append", tag_field="kind", re
     due_at_ms: int = msgspec.field(name="dueAt")
     events: list[ScheduledEvent]
     version: Literal[1] = 1
+    trace_context: str | msgspec.UnsetType = msgspec.UNSET
+
+    @property
+    def trace_parent(self) -> str | None:
+        """``trace_context``, or None when it is unset."""
+        return None if isinstance(self.trace_context, msgspec.UnsetType) else self.trace_context
 
 
 SchedulerTask = DrainTask | AppendTask

@@ -388,7 +388,12 @@ class Server:
             return
         inputs = [AppendInput(e.type, e.payload, e.id) for e in task.events]
         await self._drains.append(
-            session_id, inputs, source="external", mode="inline", require_arm=True
+            session_id,
+            inputs,
+            source="external",
+            mode="inline",
+            require_arm=True,
+            trace_parent=task.trace_parent,
         )
 
 

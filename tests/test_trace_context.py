@@ -5,6 +5,7 @@ OpenTelemetry side is in ``test_otel.py`` and ``test_otel_processes.py``)."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 import trio
 import trio.testing
@@ -16,6 +17,7 @@ from a2trio.telemetry import MAX_TRACE_HEADER, decode_trace_context, encode_trac
 from a2trio.testing import RecordingTelemetry
 
 from .apps import Note, Ordered, Shipped, orders
+from .test_scheduler import Recording
 
 CALLER = encode_trace_context(
     {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
@@ -56,6 +58,37 @@ async def test_events_store_their_appenders_context_and_their_spans_continue_it(
     assert rows["note"].trace_context == inner.context
     assert rows["shipped"].trace_context == ordered.context
     assert telemetry.one("a2.event", {"a2.event.type": "shipped"}).parent == ordered.context
+
+
+async def test_a_scheduled_append_continues_the_trace_that_scheduled_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> None:
+        await ctx.session.schedule("remind", "30s", orders.event("note", Note("late")))
+
+    telemetry = RecordingTelemetry()
+    scheduler = Recording()
+    store = memory(clock=a2trio.TrioClock())
+    server = a2trio.Server(
+        orders, store=store, handlers={"ordered": ship}, scheduler=scheduler, telemetry=telemetry
+    )
+    async with server:
+        await server.session("s1").append(orders.event("ordered", Ordered("book")))
+        await server.settle()
+        [task] = [t for t in scheduler.tasks if isinstance(t, a2trio.AppendTask)]
+        await trio.sleep(31)
+        await server.settle()
+        rows = {row.type: row for row in await store.read("orders\x1fs1")}
+
+    ordered = telemetry.one("a2.event", {"a2.event.type": "ordered"})
+    assert task.trace_parent == ordered.context
+    delivered = telemetry.one("a2.append", {"a2.append.types": "note"})
+    assert delivered.parent == ordered.context
+    assert rows["note"].trace_context == delivered.context
+    # The task's encoding carries it beside the seed's fields, and reads back.
+    body = msgspec.json.encode(task)
+    assert msgspec.json.decode(body)["traceContext"] == ordered.context
+    assert a2trio.scheduler.task_decoder().decode(body) == task
 
 
 async def test_without_a_trace_nothing_is_stored(autojump_clock: trio.testing.MockClock) -> None:
