@@ -113,7 +113,12 @@ class ActorCalls:
                 del self._turns[actor_id]
 
     async def call(
-        self, actor_id: str, name: str, input: Any, message_id: str | None
+        self,
+        actor_id: str,
+        name: str,
+        input: Any,
+        message_id: str | None,
+        trace_parent: str | None = None,
     ) -> ActorState[Any]:
         """See :meth:`ActorHandle.call`."""
         actor = self.actor
@@ -147,7 +152,12 @@ class ActorCalls:
                     ]
                 try:
                     appended = await self.appends.append(
-                        actor_id, events, source="external", mode="inline", expected_index=index
+                        actor_id,
+                        events,
+                        source="external",
+                        mode="inline",
+                        expected_index=index,
+                        trace_parent=trace_parent,
                     )
                 except A2Error as exc:
                     if exc.code is ErrorCode.INDEX_CONFLICT:
@@ -325,7 +335,12 @@ class ActorHandle:
         return f"ActorHandle({self._calls.actor.name!r}, {self.id!r})"
 
     async def call(
-        self, name: str, input: Any, *, message_id: str | None = None
+        self,
+        name: str,
+        input: Any,
+        *,
+        message_id: str | None = None,
+        trace_parent: str | None = None,
     ) -> ActorState[Any]:
         """Run call ``name`` with ``input``; commit what it returns, if the log
         has not moved since it read the state (see the module docstring).
@@ -337,6 +352,9 @@ class ActorHandle:
           message_id: makes the call exactly-once: a retry with the same id
             returns the original answer without running again, also after a
             restart. Refusals and calls that commit nothing are not remembered.
+          trace_parent: the trace context of the request that made the call
+            (:func:`a2trio.encode_trace_context` of its headers): the commit's
+            ``a2.append`` continues it, as a push's does.
 
         Returns:
           The state after this call's own commit and its index (the current
@@ -354,7 +372,7 @@ class ActorHandle:
         Cancellation: a checkpoint. Cancelled, all of its events were
         committed or none; retrying with the same ``message_id`` is safe.
         """
-        return await self._calls.call(self.id, name, input, message_id)
+        return await self._calls.call(self.id, name, input, message_id, trace_parent)
 
     async def state(self) -> ActorState[Any]:
         """A fresh read of the state and its index (snapshot and tail).

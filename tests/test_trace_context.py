@@ -5,19 +5,41 @@ OpenTelemetry side is in ``test_otel.py`` and ``test_otel_processes.py``)."""
 
 from __future__ import annotations
 
+import json
+
 import msgspec
 import pytest
 import trio
 import trio.testing
+import trio_websocket
 
 import a2trio
 from a2trio.push import PushedEvent
 from a2trio.stores import memory
 from a2trio.telemetry import MAX_TRACE_HEADER, decode_trace_context, encode_trace_context
 from a2trio.testing import RecordingTelemetry
+from a2trio.transport import asgi
+from examples.vault import vault
 
 from .apps import Note, Ordered, Shipped, orders
 from .test_scheduler import Recording
+from .test_transport import (
+    FAST,
+    client,
+    collect_client_garbage,
+    frame,
+    guarded,
+    ordered,
+    serving,
+    ws_url,
+)
+
+pytestmark = [
+    pytest.mark.filterwarnings(r"ignore:Async generator 'http(x|core)\..*:ResourceWarning"),
+    pytest.mark.filterwarnings("ignore:unclosed <socket.socket:ResourceWarning"),
+]
+
+__all__ = ["collect_client_garbage"]  # the autouse fixture, in this module's filters too
 
 CALLER = encode_trace_context(
     {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
@@ -122,3 +144,46 @@ def test_encode_keeps_only_the_w3c_headers_within_their_bound() -> None:
 )
 def test_decode_reads_anything_else_as_no_context(stored: str | None) -> None:
     assert decode_trace_context(stored) == {}
+
+
+# -- over the transports ------------------------------------------------------------
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+@guarded(20)
+async def test_a_socket_push_frame_carries_its_trace_context() -> None:
+    telemetry = RecordingTelemetry()
+    server = a2trio.Server(orders, store=memory(), telemetry=telemetry)
+    async with serving(asgi(server, limits=FAST)) as base:
+        async with trio_websocket.open_websocket_url(ws_url(base, "/orders/s1/ws")) as ws:
+            frames = [
+                {"kind": "push", "req": 1, "events": [ordered("traced")]},
+                {"kind": "push", "req": 2, "events": [ordered("plain")]},
+            ]
+            frames[0] |= {"traceparent": TRACEPARENT, "tracestate": "congo=t61rcWkgMzE"}
+            for sent in frames:
+                await ws.send_message(json.dumps(sent))
+                while (await frame(ws))["kind"] != "ack":
+                    pass
+    traced, plain = telemetry.find("a2.append")
+    assert decode_trace_context(traced.parent) == {
+        "traceparent": TRACEPARENT,
+        "tracestate": "congo=t61rcWkgMzE",
+    }
+    assert plain.parent is None
+
+
+@guarded(20)
+async def test_an_http_actor_call_carries_its_trace_context() -> None:
+    telemetry = RecordingTelemetry()
+    app = asgi(a2trio.Server(vault, store=memory(), telemetry=telemetry), limits=FAST)
+    async with serving(app) as base, client(base) as c:
+        answered = await c.post(
+            "/vault/alice",
+            json={"event": "deposit", "input": {"amount": 5}},
+            headers={"traceparent": TRACEPARENT},
+        )
+        assert answered.status_code == 200, answered.text
+    [append] = telemetry.find("a2.append")
+    assert decode_trace_context(append.parent) == {"traceparent": TRACEPARENT}

@@ -36,6 +36,7 @@ from ..actor_calls import ActorState
 from ..errors import A2Error, ErrorCode
 from ..identifiers import check_message_id
 from ..server import Server
+from ..telemetry import encode_trace_context
 from . import sse, wire
 from ._http import Receive, Refusal, Send, bad_input, failure, index_param, report
 from .access import Grants, reauthorize
@@ -180,7 +181,10 @@ async def serve_actor_http(
             CallOperation(name, actor_id, call.event, call.input, call.message_id),
         )
         answer = await server.actor(actor_id).call(
-            call.event, call.input, message_id=call.message_id
+            call.event,
+            call.input,
+            message_id=call.message_id,
+            trace_parent=encode_trace_context(request.headers),
         )
         await _answer(send, await encode_state(answer, view, request))
     elif method not in ("GET", "HEAD"):

@@ -254,11 +254,22 @@ DownFrame = (
 
 
 class PushFrame(_Frame, frozen=True, tag="push"):
-    """Append events; ``req`` is the client's opaque ack correlator."""
+    """Append events; ``req`` is the client's opaque ack correlator.
+
+    ``traceparent`` / ``tracestate`` (an a2trio addition: a frame has no
+    headers) are the W3C Trace Context the push continues, as an HTTP push's
+    headers are."""
 
     req: int
     events: list[PushedEventWire]
     session_id: str | UnsetType = UNSET
+    traceparent: str | UnsetType = UNSET
+    tracestate: str | UnsetType = UNSET
+
+    def trace_headers(self) -> dict[str, str]:
+        """The frame's trace fields, as the headers an HTTP push would carry."""
+        fields = (("traceparent", self.traceparent), ("tracestate", self.tracestate))
+        return {name: value for name, value in fields if isinstance(value, str)}
 
 
 class PresenceUpFrame(_Frame, frozen=True, tag="presence"):

@@ -34,6 +34,7 @@ from ..identifiers import MAX_SAFE_INTEGER
 from ..push import PushedEvent, PushedPresence
 from ..server import Server
 from ..stores._feed import own_tasks
+from ..telemetry import encode_trace_context
 from . import wire
 from ._http import Message, Receive, Send, bad_input, failure, logger, report
 from .access import Grants, reauthorize
@@ -349,7 +350,9 @@ class _Socket:
                 PushOperation(self.server.contract.name, session_id, pushed),
             )
             with bad_input():
-                events = await self.server.session(session_id).append(*pushed)
+                events = await self.server.session(session_id).push(
+                    pushed, trace_parent=encode_trace_context(frame.trace_headers())
+                )
         except Exception as exc:
             report(exc)
             await self.put(wire.encode_error_ack(frame.req, exc, tag))
