@@ -1,8 +1,9 @@
 """One trace from an HTTP push to its handler in another process (issue 18).
 
-Two ``python -m a2trio.serve`` processes share a SQLite file: the API takes
-the push and runs no handlers; the worker's sweep finds the event and runs it.
-Each writes its OpenTelemetry spans to its own file (``tests/trace_workers``).
+Two ``python -m a2trio.serve`` processes of ``examples/tracing.py`` share a
+SQLite file: the API takes the push and runs no handlers; the worker's sweep
+finds the event and runs it. Each writes its OpenTelemetry spans to its own
+file (``SPANS_FILE``).
 The push carries a W3C ``traceparent``; the worker's spans must continue it
 through the trace context stored with each event.
 """
@@ -22,8 +23,8 @@ import httpx
 import trio
 
 ROOT = Path(__file__).resolve().parent.parent
-TRACE = 0x4BF92F3577B34DA6A3CE929D0E0E4736
-CALLER = 0x00F067AA0BA902B7
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CALLER = "00f067aa0ba902b7"
 
 Span = dict[str, Any]
 
@@ -32,7 +33,7 @@ Span = dict[str, Any]
 async def serving(target: str, db: Path, spans: Path) -> AsyncIterator[str]:
     """Run ``python -m a2trio.serve`` on ``target``; yield its base URL."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("A2_")}
-    env |= {"PYTHONPATH": str(ROOT), "A2_TRACE_SPANS": str(spans)}
+    env |= {"PYTHONPATH": str(ROOT), "SPANS_FILE": str(spans)}
     process = await trio.lowlevel.open_process(
         [sys.executable, "-m", "a2trio.serve", target, "--store", f"sqlite:///{db}", "--port", "0"],
         cwd=ROOT,
@@ -61,10 +62,13 @@ def read_spans(path: Path) -> list[Span]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def handled(spans: list[Span]) -> bool:
-    """Whether the worker has run the ``shipped`` event, the last of the trace."""
-    return any(
-        s["name"] == "a2.event" and s["attributes"]["a2.event.type"] == "shipped" for s in spans
+def finished(spans: list[Span]) -> bool:
+    """Whether the worker has run the ``shipped`` event, the last of the trace,
+    and ended the drains its events link (a drain ends after its events)."""
+    drains = {s["span_id"] for s in spans if s["name"] == "a2.drain"}
+    events = [s for s in spans if s["name"] == "a2.event"]
+    return any(e["attributes"]["a2.event.type"] == "shipped" for e in events) and all(
+        set(e["links"]) <= drains for e in events
     )
 
 
@@ -85,35 +89,35 @@ async def test_a_push_and_its_handlers_in_another_process_are_one_trace(tmp_path
     db = tmp_path / "shop.db"
     api_spans, worker_spans = tmp_path / "api.jsonl", tmp_path / "worker.jsonl"
     async with (
-        serving("tests.trace_workers.app:api", db, api_spans) as api,
-        serving("tests.trace_workers.app:worker", db, worker_spans),
+        serving("examples.tracing:api", db, api_spans) as api,
+        serving("examples.tracing:worker", db, worker_spans),
         httpx.AsyncClient(base_url=api) as http,
     ):
         response = await http.post(
             "/shop/o1",
             json={"events": [{"type": "ordered", "payload": {"item": "book"}}]},
-            headers={"traceparent": f"00-{TRACE:032x}-{CALLER:016x}-01"},
+            headers={"traceparent": f"00-{TRACE}-{CALLER}-01"},
         )
         assert response.status_code == 200, response.text
         with trio.fail_after(60):
-            while not handled(read_spans(worker_spans)):  # noqa: ASYNC110 (another process)
+            while not finished(read_spans(worker_spans)):  # noqa: ASYNC110 (another process)
                 await trio.sleep(0.05)
 
     [push] = read_spans(api_spans)
     assert push["name"] == "a2.append"
-    assert (push["trace"], push["parent"]) == (TRACE, CALLER)
+    assert (push["trace_id"], push["parent_id"]) == (TRACE, CALLER)
     worker = read_spans(worker_spans)
     ordered = one(worker, "a2.event", event_type="ordered")
     shipped = one(worker, "a2.event", event_type="shipped")
     note = one(worker, "a2.append", append_source="handler")
     # The worker's drains are its own traces; each event continues the trace
     # that appended it and links the drain that ran it.
-    drains = {s["span"]: s for s in worker if s["name"] == "a2.drain"}
-    assert all(d["trace"] != TRACE and d["parent"] is None for d in drains.values())
-    assert (ordered["trace"], ordered["parent"]) == (TRACE, push["span"])
+    drains = {s["span_id"]: s for s in worker if s["name"] == "a2.drain"}
+    assert all(d["trace_id"] != TRACE and d["parent_id"] is None for d in drains.values())
+    assert (ordered["trace_id"], ordered["parent_id"]) == (TRACE, push["span_id"])
     assert ordered["attributes"]["a2.event.outcome"] == "processed"
-    assert (note["trace"], note["parent"]) == (TRACE, ordered["span"])
-    assert (shipped["trace"], shipped["parent"]) == (TRACE, ordered["span"])
+    assert (note["trace_id"], note["parent_id"]) == (TRACE, ordered["span_id"])
+    assert (shipped["trace_id"], shipped["parent_id"]) == (TRACE, ordered["span_id"])
     assert shipped["attributes"]["a2.event.outcome"] == "processed"
     for event in (ordered, shipped):
         [drain] = event["links"]
