@@ -131,3 +131,27 @@ async def test_the_seeds_ddl_and_ours_at_once_leave_one_schema() -> None:
         "a2_events_event_id",
     } <= set(index_names)
     assert len(index_names) == len(set(index_names))
+
+
+async def test_a_reader_holding_the_events_table_does_not_block_a_starting_store() -> None:
+    # Every process runs the DDL when it opens; none of it may wait on a
+    # plain reader (an `alter table` would: it takes an access-exclusive lock
+    # even when there is nothing to add), or a fleet's restart queues every
+    # query behind a long report.
+    async with _fresh_database() as dsn:
+        first = postgres(dsn)
+        await first.read("s")
+        # Closed, it releases the process's pool, so the next store runs the
+        # DDL again, as a new process would.
+        await first.aclose()
+        reader = await PgConnection.connect(dsn, timeout_s=5, prepare=False)
+        second = postgres(dsn)
+        try:
+            await reader.script(b"begin; lock table a2_events in access share mode")
+            with trio.fail_after(10):
+                await second.append("s", [AppendEvent("note", {"n": 1}, id="e1")])
+            await reader.script(b"commit")
+            assert [e.id for e in await second.read("s")] == ["e1"]
+        finally:
+            reader.close()
+            await second.aclose()

@@ -102,8 +102,17 @@ create index if not exists a2_events_dead_letters
 
 -- Each event's trace context (issue 18): the appender's, so a handler in
 -- another process continues its trace. Nullable, so the seed's inserts,
--- which do not name it, still work.
-alter table a2_events add column if not exists trace_context text;
+-- which do not name it, still work. Checked in the catalog first: `alter
+-- table ... if not exists` takes an access-exclusive lock on the table even
+-- when the column is there, and every process runs this DDL when it starts.
+do $$
+begin
+  if not exists (select 1 from pg_attribute
+                  where attrelid = 'a2_events'::regclass
+                    and attname = 'trace_context' and not attisdropped) then
+    alter table a2_events add column trace_context text;
+  end if;
+end $$;
 """
 
 # Notifications are transactional: delivered at commit, never for a rollback.
