@@ -274,7 +274,9 @@ PLANNED = {
     "_RETRY_AT": Planned(_RETRY_AT, (LONG, NOW), "a2_events_dispatch_ready"),
     "_READY_LANE": Planned(_READY_LANE, (LONG, "L"), "a2_events_lane_pending"),
     "_INSERT": Planned(
-        _INSERT, (LONG, 1, "ordered", "{}", "x", NOW, None, "L", None), "a2_events_lane_pending"
+        _INSERT,
+        (LONG, 1, "ordered", "{}", "x", NOW, None, "L", None, None),
+        "a2_events_lane_pending",
     ),
 }
 
