@@ -25,12 +25,16 @@ import pytest
 import trio
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+import a2trio
 from a2trio.clock import Clock
 from a2trio.errors import A2Error, ErrorCode
+from a2trio.schedulers import DurableScheduler
+from a2trio.stores import memory
 from a2trio.stores.base import AppendEvent, Store
 from a2trio.stores.conformance import CHECKS, REQUIRES, StoreFactory, capabilities
 from a2trio.stores.postgres import PostgresStore, postgres
 
+from .apps import Note
 from .backends.pgbouncer import admin_rows, pgbouncer
 from .backends.postgres import SERVER_DSN, database_dsn, run_sql
 
@@ -142,3 +146,46 @@ async def test_without_pooler_the_startup_options_are_refused(bouncer: tuple[str
         await store.aclose()
     assert caught.value.code == ErrorCode.STORE_UNAVAILABLE
     assert "unsupported startup parameter: options" in str(caught.value.__cause__)
+
+
+async def test_a_durable_scheduler_through_pgbouncer_delivers(bouncer: tuple[str, int]) -> None:
+    # Its queries go through the pooler (no prepared statements: PgBouncer
+    # 1.18 has none in transaction mode), its listener straight to the server.
+    host, port = bouncer
+    direct = await database_dsn()
+    listener_app = f"a2s_{secrets.token_hex(4)}"
+    shop = a2trio.contract(f"bounce_{secrets.token_hex(4)}", events={"note": Note})
+    scheduler = DurableScheduler.postgres(
+        await _pooled_dsn(bouncer),
+        pooler="transaction",
+        listen_dsn=make_conninfo(direct, application_name=listener_app),
+    )
+    server = a2trio.Server(shop, store=memory(), scheduler=scheduler)
+    try:
+        async with server:
+            for n in range(3):
+                await server.session("s1").schedule(
+                    f"n{n}", "10ms", shop.event("note", Note(f"{n}"))
+                )
+            with trio.fail_after(10):
+                while len(await server.session("s1").history()) < 3:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            clients = await trio.to_thread.run_sync(admin_rows, host, port, _USER, "show clients")
+            listeners = await run_sql(
+                direct,
+                f"select query from pg_stat_activity where application_name = '{listener_app}'",
+            )
+    finally:
+        await run_sql(direct, f"delete from a2_scheduler_tasks where contract = '{shop.name}'")
+    database = conninfo_to_dict(direct)["dbname"]
+    assert [c for c in clients if c["database"] == database]
+    assert [str(q).split()[0].lower() for (q,) in listeners] == ["listen"]
+
+
+def test_a_durable_scheduler_behind_a_transaction_pooler_needs_a_listen_dsn() -> None:
+    with pytest.raises(ValueError, match=r"pass `listen_dsn`"):
+        DurableScheduler.postgres("host=pooler", pooler="transaction")
+    with pytest.raises(
+        ValueError, match=r"^`pooler` must be None or 'transaction', got 'session'$"
+    ):
+        DurableScheduler.postgres("host=pooler", pooler="session")  # type: ignore[arg-type]

@@ -20,7 +20,12 @@ committed entirely or not at all; a connection error closes the connection
 and the next call opens another.
 
 Notifications: one more connection, outside the pool, runs ``LISTEN`` and
-waits on its socket with ``trio.lowlevel.wait_readable``.
+waits on its socket with ``trio.lowlevel.wait_readable``; it connects to
+``listen_dsn`` when the pool's ``dsn`` goes through a transaction-mode pooler
+(where ``LISTEN`` does not work). Every statement is already its own
+transaction or inside one pipelined ``begin ... commit``, and names no
+schema, so a transaction pooler needs nothing else but prepared statements
+off.
 """
 
 from __future__ import annotations
@@ -111,8 +116,10 @@ class PostgresQueue:
 
     cross_process: Literal["none", "poll", "notify"] = "notify"
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, *, listen_dsn: str | None = None, prepare: bool = True) -> None:
         self.dsn = dsn
+        self.listen_dsn = dsn if listen_dsn is None else listen_dsn
+        self.prepare = prepare
         self._pool: PgPool | None = None
         self._writes: GroupCommit[_Work, list[Row]] = GroupCommit(
             self._run_group, rejected=(PgError,)
@@ -144,7 +151,12 @@ class PostgresQueue:
         return rows[1:-1]
 
     async def open(self) -> None:
-        pool = PgPool(self.dsn, max_size=MAX_CONNECTIONS, connect_timeout_s=CONNECT_TIMEOUT_S)
+        pool = PgPool(
+            self.dsn,
+            max_size=MAX_CONNECTIONS,
+            connect_timeout_s=CONNECT_TIMEOUT_S,
+            prepare=self.prepare,
+        )
         try:
             async with pool.connection() as conn:
                 # The simple protocol runs the script as one transaction: the
@@ -205,7 +217,7 @@ class PostgresQueue:
             conn: PgConnection | None = None
             try:
                 conn = await PgConnection.connect(
-                    self.dsn, timeout_s=CONNECT_TIMEOUT_S, prepare=False
+                    self.listen_dsn, timeout_s=CONNECT_TIMEOUT_S, prepare=False
                 )
                 await conn.script(f"LISTEN {CHANNEL}".encode())
                 if started:

@@ -7,7 +7,7 @@ store's file or database, or use another), so any store can pair with it.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from ._engine import DEFAULT_LEASE_S, DEFAULT_MAX_IN_FLIGHT, QueueScheduler
 
@@ -82,13 +82,36 @@ class DurableScheduler(QueueScheduler):
         clock: Clock | None = None,
         lease_s: float = DEFAULT_LEASE_S,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        pooler: Literal["transaction"] | None = None,
+        listen_dsn: str | None = None,
     ) -> DurableScheduler:
         """A scheduler on the Postgres database at ``dsn`` (needs ``psycopg``).
 
         Many processes and hosts: claims use ``FOR UPDATE SKIP LOCKED``;
         inserts ``NOTIFY`` other processes' workers. Does no I/O until first
-        used. Arguments as for :meth:`sqlite`.
+        used. Other arguments as for :meth:`sqlite`.
+
+        Args:
+          pooler: ``"transaction"`` when ``dsn`` goes through a
+            transaction-mode pooler (PgBouncer ``pool_mode=transaction``, as
+            for the store): prepared statements off, since each transaction
+            may run on another server connection, and the listener needs
+            ``listen_dsn``.
+          listen_dsn: where the one ``LISTEN`` connection connects (a direct
+            connection to the same database); default ``dsn``.
+
+        Raises:
+          ValueError: an unknown ``pooler``, or a transaction pooler without
+            ``listen_dsn``.
         """
         from ._pg_queue import PostgresQueue
 
-        return cls(PostgresQueue(dsn), clock=clock, lease_s=lease_s, max_in_flight=max_in_flight)
+        if pooler not in (None, "transaction"):
+            raise ValueError(f"`pooler` must be None or 'transaction', got {pooler!r}")
+        if pooler == "transaction" and listen_dsn is None:
+            raise ValueError(
+                "LISTEN does not work through a transaction-mode pooler: pass `listen_dsn` "
+                "(a direct connection to the same database)"
+            )
+        queue = PostgresQueue(dsn, listen_dsn=listen_dsn, prepare=pooler != "transaction")
+        return cls(queue, clock=clock, lease_s=lease_s, max_in_flight=max_in_flight)
