@@ -9,6 +9,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import parse_qsl, unquote
 
+import trio
+
 from ..errors import A2Error, ErrorCode
 from ..identifiers import MAX_SAFE_INTEGER
 from . import wire
@@ -148,3 +150,13 @@ async def respond(
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+async def watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    """Cancel ``scope`` once the client disconnects (HTTP or WebSocket): a
+    stream's other tasks only send, so this one listens."""
+    while True:
+        message = await receive()
+        if message["type"] in ("http.disconnect", "websocket.disconnect"):
+            scope.cancel(reason="client disconnected")
+            return

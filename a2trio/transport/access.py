@@ -29,7 +29,7 @@ from . import wire
 from ._http import report
 from .auth import Authorize, Operation, Request, check_authorized
 
-__all__ = ["Grants", "RevokePredicate", "reauthorize"]
+__all__ = ["Grants", "RevokePredicate", "Withdrawal", "reauthorize", "under_review"]
 
 #: ``predicate(request, operation) -> bool``: True ends the stream or lane.
 RevokePredicate = Callable[[Request, Operation], bool]
@@ -93,3 +93,40 @@ async def reauthorize(
             report(exc)
             end(wire.as_a2_error(exc))
             return
+
+
+class Withdrawal:
+    """How an open stream or lane is ended (an :data:`End`): the first error
+    is kept for its client, and ``scope``, which the stream or lane runs in,
+    is cancelled."""
+
+    __slots__ = ("error", "scope")
+
+    def __init__(self, scope: trio.CancelScope) -> None:
+        self.scope = scope
+        self.error: A2Error | None = None
+
+    def __call__(self, error: A2Error) -> None:
+        if self.error is None:
+            self.error = error
+            self.scope.cancel(reason="access withdrawn")
+
+
+@contextmanager
+def under_review(
+    nursery: trio.Nursery,
+    grants: Grants,
+    authorize: Authorize | None,
+    request: Request,
+    operation: Operation,
+    reauthorize_s: float | None,
+    end: End,
+) -> Iterator[None]:
+    """Keep an open stream or lane's access under review for the block: held
+    in ``grants`` (so ``App.revoke`` reaches it) and, with an ``authorize``
+    policy and a ``reauthorize_s``, re-asked in a task of ``nursery``.
+    Either way a withdrawal calls ``end``."""
+    if authorize is not None and reauthorize_s is not None:
+        nursery.start_soon(reauthorize, authorize, request, operation, reauthorize_s, end)
+    with grants.holding(request, operation, end):
+        yield

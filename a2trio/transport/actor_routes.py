@@ -38,8 +38,17 @@ from ..identifiers import check_message_id
 from ..server import Server
 from ..telemetry import encode_trace_context
 from . import sse, wire
-from ._http import Receive, Refusal, Send, bad_input, failure, index_param, report
-from .access import Grants, reauthorize
+from ._http import (
+    Receive,
+    Refusal,
+    Send,
+    bad_input,
+    failure,
+    index_param,
+    report,
+    watch_disconnect,
+)
+from .access import Grants, Withdrawal, under_review
 from .auth import (
     Authorize,
     CallOperation,
@@ -217,7 +226,6 @@ async def _stream(
     start_after = _start_after(request)
     operation = StreamOperation(server.contract.name, actor_id, start_after or 0)
     await check_authorized(authorize, request, operation)
-    revoked: list[A2Error] = []
 
     async def chunk(data: bytes) -> None:
         await send({"type": "http.response.body", "body": data, "more_body": True})
@@ -226,18 +234,11 @@ async def _stream(
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
         await chunk(sse.encode_comment("ok"))
         async with trio.open_nursery() as nursery:
-
-            def end(error: A2Error) -> None:
-                if not revoked:
-                    revoked.append(error)
-                    nursery.cancel_scope.cancel(reason="access withdrawn")
-
-            nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
-            if authorize is not None and limits.reauthorize_s is not None:
-                nursery.start_soon(
-                    reauthorize, authorize, request, operation, limits.reauthorize_s, end
-                )
-            with grants.holding(request, operation, end):
+            withdrawn = Withdrawal(nursery.cancel_scope)
+            nursery.start_soon(watch_disconnect, receive, nursery.cancel_scope)
+            with under_review(
+                nursery, grants, authorize, request, operation, limits.reauthorize_s, withdrawn
+            ):
                 try:
                     while True:
                         with trio.move_on_after(limits.heartbeat_s) as idle:
@@ -251,17 +252,9 @@ async def _stream(
                     report(exc)
                     await chunk(sse.encode_error_frame(exc))
             nursery.cancel_scope.cancel(reason="stream ended")
-    if revoked:
-        await chunk(sse.encode_error_frame(revoked[0]))
+    if withdrawn.error is not None:
+        await chunk(sse.encode_error_frame(withdrawn.error))
     await send({"type": "http.response.body", "body": b""})
-
-
-async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
-    while True:
-        message = await receive()
-        if message["type"] in ("http.disconnect", "websocket.disconnect"):
-            scope.cancel(reason="client disconnected")
-            return
 
 
 async def serve_actor_socket(
@@ -305,18 +298,11 @@ async def serve_actor_socket(
     await send({"type": "websocket.accept"})
     closing: list[tuple[int, str]] = []
     async with server.actor(actor_id).states(start_after) as feed, trio.open_nursery() as nursery:
-
-        def end(error: A2Error) -> None:
-            if not closing:
-                closing.append((_POLICY, error.message))
-                nursery.cancel_scope.cancel(reason="access withdrawn")
-
-        nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
-        if authorize is not None and limits.reauthorize_s is not None:
-            nursery.start_soon(
-                reauthorize, authorize, request, operation, limits.reauthorize_s, end
-            )
-        with grants.holding(request, operation, end):
+        withdrawn = Withdrawal(nursery.cancel_scope)
+        nursery.start_soon(watch_disconnect, receive, nursery.cancel_scope)
+        with under_review(
+            nursery, grants, authorize, request, operation, limits.reauthorize_s, withdrawn
+        ):
             try:
                 while True:
                     with trio.move_on_after(limits.ping_s) as idle:
@@ -330,6 +316,8 @@ async def serve_actor_socket(
                 report(exc)
                 closing.append((_INTERNAL, wire.as_a2_error(exc).message))
                 nursery.cancel_scope.cancel(reason="feed failed")
+    if withdrawn.error is not None:
+        closing.insert(0, (_POLICY, withdrawn.error.message))
     if closing:
         code, reason = closing[0]
         await send({"type": "websocket.close", "code": code, "reason": reason[:120]})

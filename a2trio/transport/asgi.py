@@ -62,8 +62,9 @@ from ._http import (
     report,
     request_of,
     respond,
+    watch_disconnect,
 )
-from .access import Grants, RevokePredicate, reauthorize
+from .access import Grants, RevokePredicate, Withdrawal, under_review
 from .actor_routes import View, serve_actor_http, serve_actor_socket
 from .auth import (
     Authorize,
@@ -383,7 +384,6 @@ class App:
         await check_authorized(self.authorize, request, operation)
         session = server.session(session_id)
         heartbeat = self.limits.heartbeat_s
-        revoked: list[A2Error] = []
 
         async def body(chunk: bytes) -> None:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -414,25 +414,19 @@ class App:
             # An immediate comment: the client sees the stream open before any event.
             await body(sse.encode_comment("ok"))
             async with trio.open_nursery() as nursery:
-
-                def end(error: A2Error) -> None:
-                    if not revoked:
-                        revoked.append(error)
-                        nursery.cancel_scope.cancel(reason="access withdrawn")
-
-                nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
+                withdrawn = Withdrawal(nursery.cancel_scope)
+                nursery.start_soon(watch_disconnect, receive, nursery.cancel_scope)
                 if beat is not None:
                     nursery.start_soon(beat.run)
-                if self.authorize is not None and self.limits.reauthorize_s is not None:
-                    nursery.start_soon(
-                        reauthorize,
-                        self.authorize,
-                        request,
-                        operation,
-                        self.limits.reauthorize_s,
-                        end,
-                    )
-                with self.grants.holding(request, operation, end):
+                with under_review(
+                    nursery,
+                    self.grants,
+                    self.authorize,
+                    request,
+                    operation,
+                    self.limits.reauthorize_s,
+                    withdrawn,
+                ):
                     try:
                         while True:
                             await body(await next_chunk())
@@ -447,10 +441,10 @@ class App:
                         # Lapped included: the client resumes with Last-Event-ID.
                         await body(sse.encode_error_frame(exc))
                 nursery.cancel_scope.cancel(reason="stream ended")
-        if revoked:
+        if withdrawn.error is not None:
             # The resumable end: the client reconnects with Last-Event-ID and
             # is asked again.
-            await body(sse.encode_error_frame(revoked[0]))
+            await body(sse.encode_error_frame(withdrawn.error))
         await send({"type": "http.response.body", "body": b""})
 
     # -- sockets --------------------------------------------------------------------
@@ -564,14 +558,6 @@ class _Heartbeat:
             if trio.current_time() >= self.last + self.interval:
                 self.subscription.interrupt()
                 self.last = trio.current_time()  # the ping is on its way
-
-
-async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            scope.cancel(reason="client disconnected")
-            return
 
 
 def asgi(

@@ -37,7 +37,7 @@ from ..stores._feed import own_tasks
 from ..telemetry import encode_trace_context
 from . import wire
 from ._http import Message, Receive, Send, bad_input, failure, logger, report
-from .access import Grants, reauthorize
+from .access import Grants, Withdrawal, under_review
 from .auth import (
     Authorize,
     Operation,
@@ -152,28 +152,21 @@ class _Socket:
             if self.multiplexed
             else StreamOperation(contract, session_id, start_after, self.presence)
         )
-        revoked: list[A2Error] = []
         with trio.CancelScope() as scope:
-
-            def end(error: A2Error) -> None:
-                if not revoked:
-                    revoked.append(error)
-                    scope.cancel(reason="access withdrawn")
-
+            withdrawn = Withdrawal(scope)
             self.lanes[session_id] = scope
             task_status.started()
             try:
-                with self.grants.holding(self.request, operation, end):
-                    async with own_tasks() as nursery:
-                        if self.authorize is not None and self.limits.reauthorize_s is not None:
-                            nursery.start_soon(
-                                reauthorize,
-                                self.authorize,
-                                self.request,
-                                operation,
-                                self.limits.reauthorize_s,
-                                end,
-                            )
+                async with own_tasks() as nursery:
+                    with under_review(
+                        nursery,
+                        self.grants,
+                        self.authorize,
+                        self.request,
+                        operation,
+                        self.limits.reauthorize_s,
+                        withdrawn,
+                    ):
                         await self._follow(session_id, start_after, tag)
             except Lapped as exc:
                 # The resumable end of a lane too slow for its session.
@@ -191,12 +184,12 @@ class _Socket:
             finally:
                 if self.lanes.get(session_id) is scope:
                     del self.lanes[session_id]
-        if revoked:
+        if withdrawn.error is not None:
             # The resumable end (transport/access.py).
             if self.multiplexed:
-                await self.put(wire.encode_unsubscribed(session_id, "forbidden", revoked[0]))
+                await self.put(wire.encode_unsubscribed(session_id, "forbidden", withdrawn.error))
             else:
-                await self.close(_POLICY, f"forbidden: {revoked[0].message}")
+                await self.close(_POLICY, f"forbidden: {withdrawn.error.message}")
 
     async def _follow(self, session_id: str, start_after: int, tag: str | None) -> None:
         session = self.server.session(session_id)
