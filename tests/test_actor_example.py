@@ -5,10 +5,7 @@ exactly-once answers under retries and across a server restart."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -23,8 +20,7 @@ from a2trio.serve import lanes
 from a2trio.stores import memory
 from a2trio.transport import asgi, open_actor_client
 from examples.vault import PublicVault, app, public_view, review, vault
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.serve_kit import start_serve
 
 
 def test_the_banner_names_the_actor_lanes() -> None:
@@ -53,26 +49,11 @@ async def test_large_deposits_are_flagged_and_stay_private(autojump_clock: trio.
 async def serving_the_example(cwd: Path) -> AsyncIterator[str]:
     """Run the documented command in ``cwd`` (its SQLite file lives there);
     yield its URL; stop it with Ctrl-C."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("A2_")}
-    env["PYTHONPATH"] = str(ROOT)
-    process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "a2trio.serve", "examples.vault:app", "--port", "0"],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    started = await start_serve("examples.vault:app", "--port", "0", cwd=cwd, timeout_s=30)
+    process = started.process
     assert process.stdout is not None
-    output = b""
     try:
-        with trio.fail_after(30):
-            while b"Ctrl-C" not in output:
-                chunk = await process.stdout.receive_some()
-                assert chunk, output
-                output += chunk
-        banner = output.decode().splitlines()
-        url = next(line.split()[3] for line in banner if line.startswith("a2trio serving on"))
-        yield url
+        yield started.url
         process.send_signal(signal.SIGINT)
         with trio.fail_after(30):
             async for _ in process.stdout:

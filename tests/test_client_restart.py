@@ -11,10 +11,7 @@ store holds (read back over the history lane, straight from the server).
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -35,12 +32,12 @@ from a2trio.transport import (
     open_http_client,
     wire,
 )
+from tests.serve_kit import start_serve
 from tests.test_transport import (  # the autouse collector keeps client garbage here
     collect_client_garbage,  # noqa: F401
     guarded,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 EVENTS = 40
 #: Quick retries: the server is back within a second or two.
 QUICK = Backoff(base_s=0.05, cap_s=0.5)
@@ -79,29 +76,11 @@ async def serving(db: Path) -> AsyncIterator[list[Served]]:
 
 
 async def start(db: Path) -> Served:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("A2_")}
-    env["PYTHONPATH"] = str(ROOT)
-    process = await trio.lowlevel.open_process(
-        [
-            sys.executable,
-            *("-m", "a2trio.serve", "tests.client_workers.app:server"),
-            *("--store", f"sqlite:///{db}", "--port", "0", "--gc-threshold", "0"),
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+    started = await start_serve(
+        "tests.client_workers.app:server",
+        *("--store", f"sqlite:///{db}", "--port", "0", "--gc-threshold", "0"),
     )
-    assert process.stdout is not None
-    output = b""
-    with trio.fail_after(60):
-        while b"Ctrl-C" not in output:
-            chunk = await process.stdout.receive_some()
-            assert chunk, output.decode()
-            output += chunk
-    line = next(x for x in output.decode().splitlines() if x.startswith("a2trio serving on"))
-    # The rest of the output is not read: the server logs little, far below a pipe's buffer.
-    return Served(process, line.split()[3])
+    return Served(started.process, started.url)
 
 
 async def kill(served: Served) -> None:

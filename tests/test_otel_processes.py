@@ -3,17 +3,13 @@
 Two ``python -m a2trio.serve`` processes of ``examples/tracing.py`` share a
 SQLite file: the API takes the push and runs no handlers; the worker's sweep
 finds the event and runs it. Each writes its OpenTelemetry spans to its own
-file (``SPANS_FILE``).
-The push carries a W3C ``traceparent``; the worker's spans must continue it
+file (``SPANS_FILE``). The push carries a W3C ``traceparent``; the worker's spans must continue it
 through the trace context stored with each event.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,7 +18,8 @@ from typing import Any
 import httpx
 import trio
 
-ROOT = Path(__file__).resolve().parent.parent
+from .serve_kit import start_serve
+
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER = "00f067aa0ba902b7"
 
@@ -32,28 +29,14 @@ Span = dict[str, Any]
 @asynccontextmanager
 async def serving(target: str, db: Path, spans: Path) -> AsyncIterator[str]:
     """Run ``python -m a2trio.serve`` on ``target``; yield its base URL."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("A2_")}
-    env |= {"PYTHONPATH": str(ROOT), "SPANS_FILE": str(spans)}
-    process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "a2trio.serve", target, "--store", f"sqlite:///{db}", "--port", "0"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+    started = await start_serve(
+        target, "--store", f"sqlite:///{db}", "--port", "0", env={"SPANS_FILE": str(spans)}
     )
     try:
-        assert process.stdout is not None
-        output = b""
-        with trio.fail_after(60):
-            while b"Ctrl-C" not in output:
-                chunk = await process.stdout.receive_some()
-                assert chunk, output.decode()
-                output += chunk
-        line = next(x for x in output.decode().splitlines() if x.startswith("a2trio serving on"))
-        yield line.split()[3]
+        yield started.url
     finally:
-        process.kill()
-        await process.wait()
+        started.process.kill()
+        await started.process.wait()
 
 
 def read_spans(path: Path) -> list[Span]:
