@@ -94,7 +94,7 @@ def _sessions_table(page: SessionsPage) -> list[str]:
 
 
 def _events_table(page: SessionEventsPage) -> list[str]:
-    rows = [("index", "type", "state", "attempts", "failures", "id")]
+    rows = [("index", "type", "state", "attempts", "failures", "id", "trace")]
     rows += [
         (
             str(e.event.index),
@@ -103,6 +103,7 @@ def _events_table(page: SessionEventsPage) -> list[str]:
             str(e.status.attempts),
             str(e.status.failures),
             e.event.id,
+            e.trace_id or "-",
         )
         for e in page.events
     ]

@@ -39,6 +39,7 @@ from .stores.base import (
     SnapshotInfo,
     StoredEvent,
 )
+from .telemetry import trace_id_of
 
 __all__ = [
     "MAX_ACTOR_CHARS",
@@ -93,11 +94,17 @@ class EventStatus(msgspec.Struct, frozen=True):
 
 class InspectedEvent(msgspec.Struct, frozen=True):
     """A typed event, its status, and the operator actions recorded on it
-    (oldest first; their ``session_id`` without the namespace)."""
+    (oldest first; their ``session_id`` without the namespace).
+
+    ``trace_id`` is the W3C trace id of the span that appended the event
+    (None when it was not traced): the same trace holds the request that
+    pushed it and its handler's spans, so it finds them in a tracing backend.
+    """
 
     event: Event[Any]
     status: EventStatus
     actions: list[OperatorAction] = msgspec.field(default_factory=list)
+    trace_id: str | None = None
 
 
 class DeadLettersPage(msgspec.Struct, frozen=True):
@@ -313,7 +320,10 @@ class ServerInspection:
         self, row: StoredEvent, now_ms: int, actions: list[OperatorAction]
     ) -> InspectedEvent:
         return InspectedEvent(
-            self._engine.to_public(row), event_status(row, now_ms, actions), actions
+            self._engine.to_public(row),
+            event_status(row, now_ms, actions),
+            actions,
+            trace_id_of(row.trace_context),
         )
 
     def _public(self, action: OperatorAction, session_id: str) -> OperatorAction:

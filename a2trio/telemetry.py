@@ -32,6 +32,7 @@ __all__ = [
     "Telemetry",
     "decode_trace_context",
     "encode_trace_context",
+    "trace_id_of",
 ]
 
 AttributeValue = str | int | float | bool
@@ -73,6 +74,19 @@ def decode_trace_context(trace_context: str | None) -> dict[str, str]:
     except msgspec.DecodeError:  # malformed JSON, or not an object of strings
         return {}
     return {name: value for name, value in headers.items() if name in TRACE_HEADERS}
+
+
+def trace_id_of(trace_context: str | None) -> str | None:
+    """The W3C trace id (32 hex digits) in a stored trace context's
+    ``traceparent``, or None: no context, or not a valid one."""
+    traceparent = decode_trace_context(trace_context).get("traceparent", "")
+    parts = traceparent.split("-")
+    if len(parts) < 4 or len(parts[1]) != 32:
+        return None
+    trace_id = parts[1].lower()
+    if trace_id == "0" * 32 or any(c not in "0123456789abcdef" for c in trace_id):
+        return None
+    return trace_id
 
 
 class Span(Protocol):

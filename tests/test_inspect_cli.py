@@ -82,8 +82,9 @@ def test_a_table_of_events_and_the_next_page(
     name, url = app
     assert main(["--app", name, "--store", url, "events", "s1", "--limit", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["index", "type", "state", "attempts", "failures", "id"]
+    assert lines[0].split() == ["index", "type", "state", "attempts", "failures", "id", "trace"]
     assert lines[1].split()[:3] == ["1", "note", "settled"]
+    assert lines[1].split()[-1] == "-"  # appended without a trace
     assert lines[2] == "(more: --after 1; through index 2)"
 
 

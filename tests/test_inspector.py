@@ -131,6 +131,7 @@ async def test_dead_letters_redrive_skip_and_retry_now_over_http() -> None:
         events = (await c.get("/_a2/inspect/orders/s1", headers=OPERATOR)).json()["events"]
         assert [e["status"]["state"] for e in events] == ["processed", "processed"]
         assert [a["action"] for a in events[0]["actions"]] == ["redrive"]
+        assert [e["trace_id"] for e in events] == [None, None]  # this server traces nothing
 
         again = await c.post("/_a2/inspect/orders/s1/1/redrive", json=body, headers=OPERATOR)
         assert again.status_code == 409

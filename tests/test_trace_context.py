@@ -16,7 +16,12 @@ import trio_websocket
 import a2trio
 from a2trio.push import PushedEvent
 from a2trio.stores import memory
-from a2trio.telemetry import MAX_TRACE_HEADER, decode_trace_context, encode_trace_context
+from a2trio.telemetry import (
+    MAX_TRACE_HEADER,
+    decode_trace_context,
+    encode_trace_context,
+    trace_id_of,
+)
 from a2trio.testing import RecordingTelemetry
 from a2trio.transport import asgi
 from examples.vault import vault
@@ -187,3 +192,39 @@ async def test_an_http_actor_call_carries_its_trace_context() -> None:
         assert answered.status_code == 200, answered.text
     [append] = telemetry.find("a2.append")
     assert decode_trace_context(append.parent) == {"traceparent": TRACEPARENT}
+
+
+@pytest.mark.parametrize(
+    ("stored", "trace_id"),
+    [
+        (CALLER, "0af7651916cd43dd8448eb211c80319c"),
+        (
+            encode_trace_context({"traceparent": "00-0AF7651916CD43DD8448EB211C80319C-b7-01"}),
+            ("0af7651916cd43dd8448eb211c80319c"),
+        ),
+        (None, None),
+        (encode_trace_context({"traceparent": "00-" + "0" * 32 + "-b7ad6b7169203331-01"}), None),
+        (encode_trace_context({"traceparent": "00-0af76519-b7ad6b7169203331-01"}), None),
+        (encode_trace_context({"traceparent": "00-" + "g" * 32 + "-b7ad6b7169203331-01"}), None),
+        (encode_trace_context({"traceparent": "garbage"}), None),
+    ],
+)
+def test_trace_id_of_reads_the_traceparent(stored: str | None, trace_id: str | None) -> None:
+    assert trace_id_of(stored) == trace_id
+
+
+async def test_inspection_shows_the_trace_an_event_was_appended_in(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    telemetry = RecordingTelemetry()
+    server = a2trio.Server(orders, store=memory(clock=a2trio.TrioClock()), telemetry=telemetry)
+    async with server:
+        await server.session("s1").push(
+            [PushedEvent("ordered", {"item": "book"})], trace_parent=CALLER
+        )
+        async with a2trio.Server(orders, store=server.store) as untraced:
+            await untraced.session("s1").append(orders.event("note", Note("plain")))
+        page = await server.inspect.read_session_page("s1")
+    push = telemetry.one("a2.append")
+    assert [e.trace_id for e in page.events] == [trace_id_of(push.context), None]
+    assert page.events[0].trace_id is not None
