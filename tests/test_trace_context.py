@@ -23,7 +23,7 @@ from a2trio.telemetry import (
     trace_id_of,
 )
 from a2trio.testing import RecordingTelemetry
-from a2trio.transport import asgi
+from a2trio.transport import asgi, open_client, open_http_client
 from examples.vault import vault
 
 from .apps import Note, Ordered, Shipped, orders
@@ -228,3 +228,22 @@ async def test_inspection_shows_the_trace_an_event_was_appended_in(
     push = telemetry.one("a2.append")
     assert [e.trace_id for e in page.events] == [trace_id_of(push.context), None]
     assert page.events[0].trace_id is not None
+
+
+@guarded(20)
+async def test_the_clients_pushes_carry_the_callers_trace_context() -> None:
+    served = RecordingTelemetry()
+    caller = RecordingTelemetry()
+    app = asgi(a2trio.Server(orders, store=memory(), telemetry=served), limits=FAST)
+    async with serving(app) as base:
+        ws = ws_url(base, "/orders/ws")
+        async with (
+            open_http_client(f"{base}/orders", telemetry=caller) as over_http,
+            open_client(ws, telemetry=caller) as over_socket,
+        ):
+            with caller.span("app.request", {}):
+                await over_http.push("s1", ordered("by-http"))
+                await over_socket.push("s1", ordered("by-socket"))
+            await over_http.push("s1", ordered("untraced"))
+    request = caller.one("app.request")
+    assert [s.parent for s in served.find("a2.append")] == [request.context] * 2 + [None]

@@ -38,11 +38,19 @@ import trio_websocket
 from ..errors import A2Error, ErrorCode
 from ..ids import random_id
 from . import wire
-from .connection import DEFAULT_RECONNECT, Closed, ReconnectPolicy, logger, retrying
+from .connection import (
+    DEFAULT_RECONNECT,
+    Closed,
+    ReconnectPolicy,
+    logger,
+    retrying,
+    trace_headers,
+)
 from .lane import LANE_BUFFER, Fold, Lane, LaneFrame
 
 if TYPE_CHECKING:
     from ..contract import Contract, Reducer
+    from ..telemetry import Telemetry
 
 __all__ = ["CONNECT_TIMEOUT_S", "Client", "open_client", "with_ids"]
 
@@ -175,8 +183,10 @@ class Client:
         policy: ReconnectPolicy,
         watchdog_s: float,
         connect_timeout_s: float,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.url = url
+        self._telemetry = telemetry
         self._nursery = nursery
         self._policy = policy
         self._watchdog_s = watchdog_s
@@ -229,7 +239,12 @@ class Client:
         Cancellation: a cancelled push may still commit on the server; retry
         with the same ids to learn its outcome.
         """
-        frame = {"kind": "push", "events": with_ids(events), "sessionId": session_id}
+        frame = {
+            "kind": "push",
+            "events": with_ids(events),
+            "sessionId": session_id,
+            **trace_headers(self._telemetry),
+        }
         return await retrying(lambda: self._push_once(frame))
 
     async def _push_once(self, frame: dict[str, Any]) -> list[wire.WireEvent]:
@@ -397,6 +412,7 @@ async def open_client(
     reconnect: ReconnectPolicy = DEFAULT_RECONNECT,
     watchdog_s: float = 45.0,
     connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    telemetry: Telemetry | None = None,
 ) -> AsyncIterator[Client]:
     """A client of a multiplexed socket, ``ws://host:port/{contract}/ws``.
 
@@ -411,13 +427,17 @@ async def open_client(
       connect_timeout_s: how long opening a socket may take. A connection
         closed during the handshake (a proxy whose upstream is down) is only
         noticed at this deadline: trio-websocket does not wake on it.
+      telemetry: with one (``a2trio.otel.OpenTelemetry()``), each push
+        carries the caller's current span as its trace context (the frame's
+        ``traceparent``), so the append and its handlers on the server
+        continue the caller's trace.
 
     Cancellation: leaving the block (or being cancelled) closes the socket and
     every lane; pushes not yet acknowledged may have committed.
     """
     try:
         async with trio.open_nursery() as nursery:
-            client = Client(url, nursery, reconnect, watchdog_s, connect_timeout_s)
+            client = Client(url, nursery, reconnect, watchdog_s, connect_timeout_s, telemetry)
             try:
                 yield client
             finally:

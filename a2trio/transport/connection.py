@@ -35,6 +35,7 @@ import msgspec
 import trio
 
 from ..errors import A2Error, ErrorCode
+from ..telemetry import Telemetry, decode_trace_context
 
 __all__ = [
     "DEFAULT_PUSH_BACKOFF",
@@ -51,6 +52,7 @@ __all__ = [
     "ReconnectPolicy",
     "retryable",
     "retrying",
+    "trace_headers",
 ]
 
 logger = logging.getLogger("a2trio.transport.client")
@@ -240,3 +242,10 @@ async def retrying(
             logger.info("push attempt %d failed (%s); retrying", n, exc.message)
         await trio.sleep(backoff.delay(n))
         n += 1
+
+
+def trace_headers(telemetry: Telemetry | None) -> dict[str, str]:
+    """The W3C trace headers of the caller's current span (``traceparent``,
+    ``tracestate``) for a push to carry, so the server continues the caller's
+    trace; none without a telemetry or a current span."""
+    return {} if telemetry is None else decode_trace_context(telemetry.trace_context())

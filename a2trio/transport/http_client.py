@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -33,7 +33,7 @@ import trio
 from ..errors import A2Error, ErrorCode
 from . import wire
 from .client import with_ids
-from .connection import DEFAULT_RECONNECT, Closed, ReconnectPolicy, retrying
+from .connection import DEFAULT_RECONNECT, Closed, ReconnectPolicy, retrying, trace_headers
 from .history import DEFAULT_HISTORY_LIMIT, Backscroll, History
 from .lane import Fold, Lane, LaneFrame
 from .sse import SSEDecoder, SSEEvent
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from ..contract import Contract, Reducer
+    from ..telemetry import Telemetry
 
 __all__ = ["REQUEST_TIMEOUT_S", "HttpClient", "open_http_client"]
 
@@ -60,6 +61,7 @@ _events = msgspec.json.Decoder(_Events)
 _event = msgspec.json.Decoder(wire.WireEvent)
 _patch = msgspec.json.Decoder(wire.WirePresencePatch)
 _snapshot = msgspec.json.Decoder(wire.WirePresenceSnapshot)
+_JSON: Final = {"content-type": "application/json"}
 
 
 def _unavailable(why: str) -> A2Error:
@@ -103,8 +105,10 @@ class HttpClient:
         nursery: trio.Nursery,
         policy: ReconnectPolicy,
         watchdog_s: float,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.http = http
+        self._telemetry = telemetry
         self._nursery = nursery
         self._policy = policy
         self._watchdog_s = watchdog_s
@@ -134,10 +138,12 @@ class HttpClient:
         Cancellation: a cancelled push may still commit; retry with the same ids.
         """
         body = wire.encode({"events": with_ids(events)})
-        return await retrying(lambda: self._post(session_id, body))
+        headers = {**_JSON, **trace_headers(self._telemetry)}
+        return await retrying(lambda: self._post(session_id, body, headers))
 
-    async def _post(self, session_id: str, body: bytes) -> list[wire.WireEvent]:
-        headers = {"content-type": "application/json"}
+    async def _post(
+        self, session_id: str, body: bytes, headers: Mapping[str, str]
+    ) -> list[wire.WireEvent]:
         answer = await self._request("POST", session_id, content=body, headers=headers)
         return _events.decode(answer).events
 
@@ -162,7 +168,7 @@ class HttpClient:
             presence["seen"] = seen
         if at_ms is not None:
             presence["at"] = at_ms
-        await self._post(session_id, wire.encode({"presence": presence}))
+        await self._post(session_id, wire.encode({"presence": presence}), _JSON)
 
     # -- lanes -------------------------------------------------------------------
 
@@ -311,6 +317,7 @@ async def open_http_client(
     watchdog_s: float = 45.0,
     headers: Mapping[str, str] | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
+    telemetry: Telemetry | None = None,
 ) -> AsyncIterator[HttpClient]:
     """A client of one mounted contract over HTTP, ``http://host:port/{contract}``.
 
@@ -321,6 +328,9 @@ async def open_http_client(
         server's default 15 s heartbeats.
       headers: sent with every request (an ``authorization`` header, say).
       transport: an httpx transport (tests, proxies).
+      telemetry: with one (``a2trio.otel.OpenTelemetry()``), each push
+        carries the caller's current span as its ``traceparent`` header, so
+        the append and its handlers on the server continue the caller's trace.
 
     Cancellation: leaving the block cancels every stream and closes the
     connections; pushes not yet answered may have committed.
@@ -336,7 +346,7 @@ async def open_http_client(
             ) as http,
             trio.open_nursery() as nursery,
         ):
-            client = HttpClient(http, nursery, reconnect, watchdog_s)
+            client = HttpClient(http, nursery, reconnect, watchdog_s, telemetry)
             try:
                 yield client
             finally:
