@@ -29,6 +29,8 @@ class RecordedSpan:
       context: the span's own trace context, what ``trace_context()`` returns
         inside it (a W3C ``traceparent`` in the trace of the span current when
         it opened, or in a new one).
+      trace_id: the number in that ``traceparent``'s trace id: spans with
+        equal ones are in one recorded trace.
     """
 
     __slots__ = (

@@ -160,3 +160,17 @@ async def watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
         if message["type"] in ("http.disconnect", "websocket.disconnect"):
             scope.cancel(reason="client disconnected")
             return
+
+
+async def refuse_handshake(send: Send, exc: Exception) -> None:
+    """Answer a WebSocket upgrade request with the error envelope and its
+    status (the ASGI denial response), instead of accepting it."""
+    status, body = failure(exc)
+    await send(
+        {
+            "type": "websocket.http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json")],
+        }
+    )
+    await send({"type": "websocket.http.response.body", "body": body})

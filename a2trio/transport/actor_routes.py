@@ -43,8 +43,8 @@ from ._http import (
     Refusal,
     Send,
     bad_input,
-    failure,
     index_param,
+    refuse_handshake,
     report,
     watch_disconnect,
 )
@@ -285,18 +285,10 @@ async def serve_actor_socket(
         operation = StreamOperation(server.contract.name, actor_id, start_after or 0)
         await check_authorized(authorize, request, operation)
     except Exception as exc:
-        status, body = failure(exc)
-        await send(
-            {
-                "type": "websocket.http.response.start",
-                "status": status,
-                "headers": [(b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "websocket.http.response.body", "body": body})
+        await refuse_handshake(send, exc)
         return
     await send({"type": "websocket.accept"})
-    closing: list[tuple[int, str]] = []
+    failed: tuple[int, str] | None = None
     async with server.actor(actor_id).states(start_after) as feed, trio.open_nursery() as nursery:
         withdrawn = Withdrawal(nursery.cancel_scope)
         nursery.start_soon(watch_disconnect, receive, nursery.cancel_scope)
@@ -314,10 +306,10 @@ async def serve_actor_socket(
                     await send({"type": "websocket.send", "text": wire.encode(frame).decode()})
             except Exception as exc:
                 report(exc)
-                closing.append((_INTERNAL, wire.as_a2_error(exc).message))
+                failed = (_INTERNAL, wire.as_a2_error(exc).message)
                 nursery.cancel_scope.cancel(reason="feed failed")
-    if withdrawn.error is not None:
-        closing.insert(0, (_POLICY, withdrawn.error.message))
-    if closing:
-        code, reason = closing[0]
+    # At most one of the two: either ends the lane before the other can.
+    closing = (_POLICY, withdrawn.error.message) if withdrawn.error is not None else failed
+    if closing is not None:
+        code, reason = closing
         await send({"type": "websocket.close", "code": code, "reason": reason[:120]})

@@ -59,6 +59,7 @@ from ._http import (
     index_param,
     logger,
     path_segments,
+    refuse_handshake,
     report,
     request_of,
     respond,
@@ -494,15 +495,7 @@ class App:
         except Exception as exc:
             message = await receive()
             if message["type"] == "websocket.connect":
-                status, body = failure(exc)
-                await send(
-                    {
-                        "type": "websocket.http.response.start",
-                        "status": status,
-                        "headers": [(b"content-type", b"application/json")],
-                    }
-                )
-                await send({"type": "websocket.http.response.body", "body": body})
+                await refuse_handshake(send, exc)
             return
         if len(segments) == 3:
             await serve_session_socket(

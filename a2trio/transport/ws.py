@@ -36,7 +36,16 @@ from ..server import Server
 from ..stores._feed import own_tasks
 from ..telemetry import encode_trace_context
 from . import wire
-from ._http import Message, Receive, Send, bad_input, failure, logger, report
+from ._http import (
+    Message,
+    Receive,
+    Send,
+    bad_input,
+    failure,
+    logger,
+    refuse_handshake,
+    report,
+)
 from .access import Grants, Withdrawal, under_review
 from .auth import (
     Authorize,
@@ -378,19 +387,6 @@ def _code(exc: Exception) -> ErrorCode | None:
     return exc.code if isinstance(exc, A2Error) else None
 
 
-async def _refuse_handshake(send: Send, exc: Exception) -> None:
-    """Answer the upgrade request with the error envelope and its status."""
-    status, body = failure(exc)
-    await send(
-        {
-            "type": "websocket.http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json")],
-        }
-    )
-    await send({"type": "websocket.http.response.body", "body": body})
-
-
 async def _accept(receive: Receive) -> bool:
     message = await receive()
     return bool(message["type"] == "websocket.connect")
@@ -427,7 +423,7 @@ async def serve_session_socket(
             StreamOperation(server.contract.name, session.id, start_after, presence),
         )
     except Exception as exc:
-        await _refuse_handshake(send, exc)
+        await refuse_handshake(send, exc)
         return
     await send({"type": "websocket.accept"})
     socket = _Socket(server, request, receive, authorize, limits, presence, session.id, grants)
