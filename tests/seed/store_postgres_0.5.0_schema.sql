@@ -3,7 +3,8 @@
 -- the diff 0.3.0 -> 0.5.0). Its `initializeSchema` runs it as
 --   begin; select pg_advisory_xact_lock(hashtext('a2:postgres:schema')); <this>; commit
 -- tests/test_pg_schema_lock.py runs it beside a2trio's DDL and checks this copy
--- against the seed file when that is present.
+-- against the seed text's sha256 (recorded there), and against the seed file
+-- itself when that is present.
 create table if not exists a2_events (
   session_id   text    not null,
   idx          bigint  not null,
