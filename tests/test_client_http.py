@@ -295,3 +295,15 @@ def test_sse_frames_mirror_socket_frames() -> None:
         "ann", {"x": 1}, 2, "t", "s1"
     )
     assert _frame(SSEEvent("message", "1"), "s1") is None
+
+
+def test_sse_frames_decode_as_the_seed_does() -> None:
+    # The seed's client accepts an event without a payload and an error frame
+    # without a message (the code is the message).
+    data = '{"id":"e-1","type":"cleared","index":1,"sessionId":"s1","createdAt":"t"}'
+    frame = _frame(SSEEvent("event", data), "s1")
+    assert isinstance(frame, wire.EventFrame)
+    assert (frame.id, frame.payload, frame.index) == ("e-1", None, 1)
+    with pytest.raises(a2trio.A2Error) as refused:
+        _frame(SSEEvent("error", '{"error":{"code":"FORBIDDEN"}}'), "s1")
+    assert (refused.value.code, refused.value.message) == (a2trio.ErrorCode.FORBIDDEN, "FORBIDDEN")

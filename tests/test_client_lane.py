@@ -42,7 +42,12 @@ LOST = A2Error(ErrorCode.STORE_UNAVAILABLE, "socket lost: closed")
 
 def event(index: int, session_id: str = "s1") -> wire.EventFrame:
     return wire.EventFrame(
-        f"e-{index}", "note", {"text": str(index)}, index, session_id, "2025-01-01T00:00:00.000Z"
+        id=f"e-{index}",
+        type="note",
+        payload={"text": str(index)},
+        index=index,
+        session_id=session_id,
+        created_at="2025-01-01T00:00:00.000Z",
     )
 
 

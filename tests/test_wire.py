@@ -197,6 +197,49 @@ def test_unreadable_down_frames_are_skipped_and_lost_lanes_keep_their_error() ->
     assert lost.error.message == "unintelligible subscription error"
 
 
+# Frames the seed writes and its parseSocketFrame / errorFromWire accept: an
+# event without ``payload`` (isWireEvent does not ask for one) and an error
+# without ``message`` (``String(message ?? code)``).
+SEED_EVENT = '{"kind":"event","id":"e-1","type":"cleared","index":1,"sessionId":"s1","createdAt":"2025-01-02T03:04:05.678Z"}'  # noqa: E501
+
+
+def test_down_frames_decode_as_the_seed_does() -> None:
+    frame = wire.decode_down_frame(SEED_EVENT)
+    assert isinstance(frame, wire.EventFrame)
+    assert (frame.id, frame.type, frame.payload, frame.index) == ("e-1", "cleared", None, 1)
+    events = '[{"id":"e-1","type":"cleared","index":1,"sessionId":"s1","createdAt":"t"}]'
+    ack = wire.decode_down_frame('{"kind":"ack","req":2,"events":' + events + "}")
+    assert isinstance(ack, wire.AckFrame)
+    assert ack.error is msgspec.UNSET
+    assert isinstance(ack.events, list)
+    assert ack.events[0].payload is None
+    for data in (
+        '{"kind":"ack","req":3,"error":{"code":"FORBIDDEN"}}',
+        '{"kind":"ack","req":3,"error":{"code":"FORBIDDEN","message":null}}',
+    ):
+        refused = wire.decode_down_frame(data)
+        assert isinstance(refused, wire.AckFrame)
+        assert isinstance(refused.error, wire.WireErrorBody)
+        error = wire.error_from_wire(refused.error)
+        assert error is not None
+        assert (error.code, error.message) == (ErrorCode.FORBIDDEN, "FORBIDDEN")
+    lost = wire.decode_down_frame(
+        '{"kind":"unsubscribed","sessionId":"s1","reason":"gone","error":{"code":"FORBIDDEN"}}'
+    )
+    assert isinstance(lost, wire.UnsubscribedFrame)
+    assert isinstance(lost.error, wire.WireErrorBody)
+    gone = wire.error_from_wire(lost.error)
+    assert gone is not None
+    assert (gone.code, gone.message) == (ErrorCode.FORBIDDEN, "FORBIDDEN")
+    envelope = wire.error_from_wire(b'{"error":{"code":"CALL_REFUSED","details":{"n":1}}}')
+    assert envelope is not None
+    assert (envelope.code, envelope.message, envelope.details) == (
+        ErrorCode.CALL_REFUSED,
+        "CALL_REFUSED",
+        {"n": 1},
+    )
+
+
 def test_push_body_shapes() -> None:
     body = wire.decode_push_body(b'{"events": [{"type": "t"}], "presence": null}')
     assert body.events == [wire.PushedEventWire("t")]

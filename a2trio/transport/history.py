@@ -79,12 +79,12 @@ class History:
             if event.index not in self._by_index:
                 if isinstance(event, wire.EventFrame):
                     event = wire.WireEvent(
-                        event.id,
-                        event.type,
-                        event.payload,
-                        event.index,
-                        event.session_id,
-                        event.created_at,
+                        id=event.id,
+                        type=event.type,
+                        payload=event.payload,
+                        index=event.index,
+                        session_id=event.session_id,
+                        created_at=event.created_at,
                     )
                 self._by_index[event.index] = event
         if 1 in self._by_index:

@@ -82,8 +82,7 @@ def _frame(event: SSEEvent, session_id: str) -> LaneFrame | None:
     try:
         match event.event:
             case "event":
-                e = _event.decode(event.data)
-                return wire.EventFrame(e.id, e.type, e.payload, e.index, e.session_id, e.created_at)
+                return wire.event_frame(_event.decode(event.data))
             case "presence":
                 p = _patch.decode(event.data)
                 return wire.PresenceFrame(p.participant, p.values, p.seen, p.at, session_id)

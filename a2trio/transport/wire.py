@@ -77,6 +77,7 @@ __all__ = [
     "error_from_wire",
     "error_status",
     "error_to_wire",
+    "event_frame",
     "event_to_wire",
     "iso_ms",
     "presence_patch_to_wire",
@@ -118,12 +119,15 @@ def iso_ms(moment: datetime | int) -> str:
 # -- payload records -----------------------------------------------------------
 
 
-class WireEvent(msgspec.Struct, frozen=True, rename="camel"):
-    """``WireEvent``: one stored event as clients see it."""
+class WireEvent(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """``WireEvent``: one stored event as clients see it.
+
+    ``payload`` may be absent on the wire (``isWireEvent`` does not ask for
+    it); it reads as ``None``."""
 
     id: str
     type: str
-    payload: Any
+    payload: Any = None
     index: int
     session_id: str
     created_at: str
@@ -151,8 +155,12 @@ class WirePresenceSnapshot(msgspec.Struct, frozen=True):
 
 
 class WireErrorBody(msgspec.Struct, frozen=True):
+    """``{code, message, details?}``; a ``message`` that is absent or ``null``
+    reads as ``None``, and :func:`error_from_wire` uses the code instead, as
+    ``errorFromWire`` does."""
+
     code: str
-    message: str
+    message: str | None = None
     details: Any | UnsetType = UNSET
 
 
@@ -193,12 +201,13 @@ class _Frame(msgspec.Struct, frozen=True, tag_field="kind", rename="camel"):
     pass
 
 
-class EventFrame(_Frame, frozen=True, tag="event"):
-    """A live event; its own ``sessionId`` routes it on a multiplexed socket."""
+class EventFrame(_Frame, frozen=True, kw_only=True, tag="event"):
+    """A live event; its own ``sessionId`` routes it on a multiplexed socket.
+    As in :class:`WireEvent`, an absent ``payload`` reads as ``None``."""
 
     id: str
     type: str
-    payload: Any
+    payload: Any = None
     index: int
     session_id: str
     created_at: str
@@ -339,12 +348,24 @@ def encode(value: Any) -> bytes:
 def event_to_wire(event: Event[Any]) -> WireEvent:
     """``eventToWire``: the typed payload becomes JSON builtins."""
     return WireEvent(
-        event.id,
-        event.type,
-        msgspec.to_builtins(event.payload),
-        event.index,
-        event.session_id,
-        iso_ms(event.created_at),
+        id=event.id,
+        type=event.type,
+        payload=msgspec.to_builtins(event.payload),
+        index=event.index,
+        session_id=event.session_id,
+        created_at=iso_ms(event.created_at),
+    )
+
+
+def event_frame(event: WireEvent) -> EventFrame:
+    """The socket frame of a wire event (the same fields, tagged ``event``)."""
+    return EventFrame(
+        id=event.id,
+        type=event.type,
+        payload=event.payload,
+        index=event.index,
+        session_id=event.session_id,
+        created_at=event.created_at,
     )
 
 
@@ -405,7 +426,7 @@ def error_from_wire(body: WireErrorBody | bytes) -> A2Error | None:
     if body.code not in _KNOWN_CODES:
         return None
     details = None if body.details is UNSET else body.details
-    return A2Error(body.code, body.message, details)
+    return A2Error(body.code, body.code if body.message is None else body.message, details)
 
 
 def encode_events(events: list[Event[Any]]) -> bytes:
@@ -427,8 +448,7 @@ def encode_item_frame(
             wire = presence_patch_to_wire(item)
             frame = PresenceFrame(wire.participant, wire.values, wire.seen, wire.at, tag)
         case _:
-            e = event_to_wire(item)
-            frame = EventFrame(e.id, e.type, e.payload, e.index, e.session_id, e.created_at)
+            frame = event_frame(event_to_wire(item))
     return _encoder.encode(frame)
 
 
@@ -436,9 +456,7 @@ def encode_event_text(event: Event[Any]) -> str:
     """An event's socket frame as text: what :meth:`~a2trio.FeedEntry.encoded`
     caches, so every socket lane of the session shares one encoding of each
     event (its ``sessionId`` routes it on a multiplexed socket too)."""
-    e = event_to_wire(event)
-    frame = EventFrame(e.id, e.type, e.payload, e.index, e.session_id, e.created_at)
-    return _encoder.encode(frame).decode()
+    return _encoder.encode(event_frame(event_to_wire(event))).decode()
 
 
 def encode_ack(req: int, events: list[Event[Any]], session_id: str | None = None) -> bytes:
