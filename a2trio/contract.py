@@ -72,7 +72,8 @@ class Reducer(Generic[S]):
       name: the snapshot key; change it when ``fold`` changes meaning.
       initial: the state before any event. Never mutated: each fold starts
         from a fresh copy.
-      fold: ``fold(state, event) -> state``.
+      fold: ``fold(state, event) -> state``. It may mutate ``state`` in place:
+        every ``state()`` call folds a state of its own.
       state_type: the msgspec type the state encodes to and decodes from.
         A cached snapshot that fails to convert to it is rejected and the state
         is refolded from the log. Defaults to ``type(initial)`` when ``initial``

@@ -23,6 +23,7 @@ module imports no engine part.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 import re
@@ -384,7 +385,8 @@ class Engine:
         """The snapshot and tail of ``key`` for ``reducer``. While the server is
         open, calls made in the same scheduler round coalesce into one
         ``store.read_states`` (the seed's batching): three sessions' ``state()``
-        at once are one round trip.
+        at once are one round trip. Each caller gets a read of its own (a
+        second caller of one key a deep copy), so a fold may mutate its state.
 
         Raises:
           Exception: the store's failure (the caller falls back to the log).
@@ -399,11 +401,11 @@ class Engine:
             batch = self._state_batches[reducer] = _StateBatch()
             # Runs after this scheduler round: every caller meanwhile joins.
             self.spawn(self._read_states, reducer, batch)
-        batch.keys[key] = None
+        batch.keys[key] = batch.keys.get(key, 0) + 1
         await batch.done.wait()
         if batch.reads is None:
             raise A2Error(ErrorCode.STORE_UNAVAILABLE, "read state failed") from batch.error
-        return batch.reads[key]
+        return batch.reads[key].pop()
 
     async def _read_states(self, reducer: str, batch: _StateBatch) -> None:
         if self._state_batches.get(reducer) is batch:
@@ -411,7 +413,13 @@ class Engine:
         keys = list(batch.keys)
         try:
             reads = await self.store.read_states(keys, reducer)
-            batch.reads = dict(zip(keys, reads, strict=True))
+            # One read per caller, copied before any of them folds: a fold may
+            # mutate its state in place, and callers of one key would
+            # otherwise fold into one shared snapshot (issue 29).
+            batch.reads = {
+                key: [read, *(copy.deepcopy(read) for _ in range(batch.keys[key] - 1))]
+                for key, read in zip(keys, reads, strict=True)
+            }
         except Exception as exc:
             batch.error = exc
         finally:
@@ -451,9 +459,9 @@ class _StateBatch:
     __slots__ = ("done", "error", "keys", "reads")
 
     def __init__(self) -> None:
-        self.keys: dict[str, None] = {}
+        self.keys: dict[str, int] = {}  # key -> callers waiting on it
         self.done = trio.Event()
-        self.reads: dict[str, StateRead] | None = None
+        self.reads: dict[str, list[StateRead]] | None = None  # a read per caller
         self.error: BaseException | None = None
 
 

@@ -99,3 +99,40 @@ async def test_a_cancelled_caller_leaves_the_batch_to_the_others(
                     await server.session("a").state(count())
             nursery.start_soon(state)
         assert got == [(1, 1)]
+
+
+def texts() -> a2trio.Reducer[dict[str, list[str]]]:
+    def fold(state: dict[str, list[str]], event: a2trio.Event[Any]) -> dict[str, list[str]]:
+        state["texts"].append(event.payload.text)  # mutates in place, as folds may
+        return state
+
+    return a2trio.Reducer("texts", {"texts": []}, fold)
+
+
+async def test_same_round_callers_each_get_their_own_state(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Issue 29: the batch's one snapshot was every caller's starting state,
+    # so a fold that mutates it in place folded each caller's tail into the
+    # others' answers.
+    store = Counting()
+    async with a2trio.Server(orders, store=store) as server:
+        session = server.session("a")
+        await session.append(orders.event("note", Note("x")))
+        assert await session.state(texts()) == ({"texts": ["x"]}, 1)
+        await server.settle()  # the snapshot through 1 is written
+        await session.append(orders.event("note", Note("y")))
+        got: list[tuple[dict[str, list[str]], int]] = []
+
+        async def state() -> None:
+            got.append(await session.state(texts()))
+
+        store.calls.clear()
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(state)
+        assert store.calls == [("read_states", [server.key("a")])]  # still one read
+        assert got == [({"texts": ["x", "y"]}, 2)] * 3
+        got[0][0]["texts"].append("mine")
+        assert got[1][0] == got[2][0] == {"texts": ["x", "y"]}
+        await server.settle()
