@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -9,7 +10,7 @@ import pytest
 import trio
 
 import a2trio
-from a2trio.stores import memory
+from a2trio.stores import memory, sqlite
 from a2trio.transport import (
     Closed,
     ConnectionState,
@@ -83,6 +84,47 @@ async def test_push_subscribe_and_resume_with_last_event_id() -> None:
                 async with client.subscribe("s 1"):
                     pass
         assert state_of(lane) == Closed()
+
+
+class _WritesElsewhere(httpx.AsyncBaseTransport):
+    """Sends POSTs to another server (another process's store on the same file)."""
+
+    def __init__(self, writes: str) -> None:
+        self._inner = httpx.AsyncHTTPTransport()
+        self._writes = httpx.URL(writes)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            request.url = request.url.copy_with(port=self._writes.port)
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+@guarded(20)
+async def test_a_push_refreshes_a_stream_that_has_not_seen_it(tmp_path: Path) -> None:
+    # The stream's server polls its store once an hour and is not woken by the
+    # write (another store instance makes it, as another process would): only
+    # the client's refresh after its own push can deliver the event.
+    db = str(tmp_path / "a2.db")
+    hourly = a2trio.Timings(poll_active_s=3600.0, poll_idle_s=3600.0)
+    streams = a2trio.Server(orders, store=sqlite(db, timings=hourly))
+    writes = a2trio.Server(orders, store=sqlite(db))
+    async with (
+        serving(asgi(streams, limits=FAST)) as stream_base,
+        serving(asgi(writes)) as write_base,
+        open_http_client(f"{stream_base}/orders", transport=_WritesElsewhere(write_base)) as client,
+        client.subscribe("s1") as lane,
+    ):
+        assert await lane.wait_live() == Live(0)
+        [mine] = await client.push("s1", ordered("book"))
+        frame = await lane.receive()
+        assert isinstance(frame, wire.EventFrame)
+        assert (frame.id, frame.index) == (mine.id, 1)
+        assert await lane.wait_live() == Live(1)
+        [again] = await client.push("s1", ordered("pen"))
+        assert (await lane.receive()).index == again.index == 2  # type: ignore[union-attr]
 
 
 @guarded(20)

@@ -33,7 +33,14 @@ import trio
 from ..errors import A2Error, ErrorCode
 from . import wire
 from .client import with_ids
-from .connection import DEFAULT_RECONNECT, Closed, ReconnectPolicy, retrying, trace_headers
+from .connection import (
+    DEFAULT_RECONNECT,
+    Closed,
+    Live,
+    ReconnectPolicy,
+    retrying,
+    trace_headers,
+)
 from .history import DEFAULT_HISTORY_LIMIT, Backscroll, History
 from .lane import Fold, Lane, LaneFrame
 from .sse import SSEDecoder, SSEEvent
@@ -133,12 +140,31 @@ class HttpClient:
         """``POST`` events (``{type, payload, id?}``); as the socket client's
         :meth:`~a2trio.transport.Client.push`: client ids, three attempts on
         ``STORE_UNAVAILABLE`` and transport failures, other errors at once.
+        A live stream of the session that has not delivered the stored events
+        yet is refreshed (restarted from its index at once, state
+        ``Connecting`` then ``Live``), so the follower sees its own write
+        without waiting for a polling server's next read.
 
         Cancellation: a cancelled push may still commit; retry with the same ids.
         """
         body = wire.encode({"events": with_ids(events)})
         headers = {**_JSON, **trace_headers(self._telemetry)}
-        return await retrying(lambda: self._post(session_id, body, headers))
+        stored = await retrying(lambda: self._post(session_id, body, headers))
+        self._refresh(session_id, stored)
+        return stored
+
+    def _refresh(self, session_id: str, stored: list[wire.WireEvent]) -> None:
+        """Restart a live stream of ``session_id`` that has not delivered
+        ``stored`` yet, as the seed refreshes an idle SSE stream after its own
+        push: a polling server's stream may sleep up to ``poll_idle_s``
+        before reading the write, while a fresh GET reads it at once. It
+        resumes from the lane's index, so nothing is skipped or repeated; a
+        lane already reconnecting is shared, since its GET reads the store anew."""
+        lane = self._lanes.get(session_id)
+        if lane is None or not stored or not isinstance(lane.state, Live):
+            return
+        if lane.index < max(event.index for event in stored):
+            lane.reconnect()
 
     async def _post(
         self, session_id: str, body: bytes, headers: Mapping[str, str]
