@@ -82,10 +82,11 @@ class Server:
         store's clock.
       run_handlers: False for a process that only appends (an API tier): its
         appends still record what the handlers imply (pending, lanes), but it
-        wakes no drain and follows no other process's appends; worker
-        processes on a store with cross-process wake-up (Postgres) run the
-        handlers at once. Explicit ``drain()`` and scheduler-delivered drains
-        still run them here.
+        wakes no drain, follows no other process's appends and runs no
+        handler on its own. A watchdog drain its scheduler delivers is handed
+        on: acknowledged, nothing claimed, the work left for a worker's sweep
+        or cross-process wake-up (Postgres). Only an explicit :meth:`drain`
+        runs handlers here.
       sweep: on a store that can tell (``SweepsClaimable``: memory, SQLite,
         Postgres), a server that runs handlers asks it for claimable work when
         it opens and every ``timings.sweep_s``, so nothing a crashed process
@@ -238,7 +239,8 @@ class Server:
 
     @property
     def run_handlers(self) -> bool:
-        """Whether appends here wake this process's drains."""
+        """Whether this process runs handlers: appends here wake its drains and
+        a delivered watchdog drain runs here (see ``Server(run_handlers=...)``)."""
         return self._engine.run_handlers
 
     # -- lifecycle ---------------------------------------------------------
@@ -370,6 +372,10 @@ class Server:
     async def deliver(self, task: SchedulerTask) -> None:
         """Run a due scheduler task: a watchdog drain or a delayed append.
 
+        A server that does not run handlers hands a watchdog drain on: it
+        returns at once, claiming nothing, and the work stays claimable for a
+        worker (its sweep, or the cross-process wake-up, finds it).
+
         Raises:
           ValueError: the task is for another contract.
           A2Error: the append failed (the scheduler retries the task).
@@ -384,7 +390,8 @@ class Server:
             )
         session_id = check_session_id(task.session_id)
         if isinstance(task, DrainTask):
-            await self._drains.drain(session_id, watchdog_due_at_ms=task.due_at_ms)
+            if self.run_handlers:
+                await self._drains.drain(session_id, watchdog_due_at_ms=task.due_at_ms)
             return
         inputs = [AppendInput(e.type, e.payload, e.id) for e in task.events]
         await self._drains.append(

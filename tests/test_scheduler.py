@@ -307,6 +307,42 @@ async def test_watchdog_rescues_a_drain_lost_with_its_server(
         assert await scheduler.queued() == 1
 
 
+async def test_an_api_tier_hands_a_delivered_watchdog_on_to_a_worker(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # Issue 29: a server with run_handlers=False ran the handlers of every
+    # watchdog drain its scheduler delivered to it.
+    started: list[tuple[str, float]] = []
+
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> None:
+        started.append((ctx.event.payload.item, trio.current_time()))
+
+    store = fresh_store()
+    scheduler = LocalScheduler()
+    api = a2trio.Server(
+        shop,
+        store=store,
+        handlers={"ordered": ship},
+        scheduler=scheduler,
+        run_handlers=False,
+        sweep=False,
+    )
+    async with api:
+        await api.session(SID).append(shop.event("ordered", Ordered("book")))
+        assert await scheduler.queued() == 1  # the append's watchdog
+        await trio.sleep(60)
+        assert started == []  # the watchdog was delivered at 35 s
+        assert await scheduler.queued() == 0
+        await api.deliver(DrainTask("shop", SID, at(60)))
+        assert started == []
+        # Handed on: nothing claimed, the event waits for a worker's claim.
+        assert await store.claimable_sessions("shop", limit=10) == [api.key(SID)]
+    async with a2trio.Server(shop, store=store, handlers={"ordered": ship}) as worker:
+        await worker.settle()
+        await trio.sleep(1)
+    assert started == [("book", 60.0)]
+
+
 async def test_inline_append_arms_the_slotted_watchdog(autojump_clock: trio.abc.Clock) -> None:
     release = trio.Event()
 
