@@ -194,8 +194,20 @@ def _dead_cursor(cursor: str) -> tuple[str, int]:
     """``"<index>:<session>"``, as :meth:`ServerInspection.list_dead_letters`
     hands it out."""
     index, colon, session_id = cursor.partition(":")
-    if not colon or not session_id or not index.isdigit() or not index.isascii():
-        raise ValueError(f"a dead-letter cursor reads '<index>:<session>', got {cursor!r}")
+    # Bounded here, once for every store: past 64 bits SQLite's driver raised
+    # OverflowError, which surfaced as the store being unavailable.
+    if (
+        not colon
+        or not session_id
+        or not index.isdigit()
+        or not index.isascii()
+        or len(index) > len(str(MAX_SAFE_INTEGER))
+        or int(index) > MAX_SAFE_INTEGER
+    ):
+        raise ValueError(
+            f"a dead-letter cursor reads '<index>:<session>' with an index of at most "
+            f"{MAX_SAFE_INTEGER}, got {cursor[:80]!r}"
+        )
     return check_session_id(session_id), int(index)
 
 
@@ -435,8 +447,15 @@ class ServerInspection:
         required: bool,
     ) -> OperatorAction:
         check_session_id(session_id)
-        if isinstance(index, bool) or not isinstance(index, int) or index < 1:
-            raise TypeError(f"the event index must be a positive integer, got {index!r}")
+        if (
+            isinstance(index, bool)
+            or not isinstance(index, int)
+            or not 1 <= index <= MAX_SAFE_INTEGER
+        ):
+            raise TypeError(
+                f"the event index must be a positive integer up to {MAX_SAFE_INTEGER}, "
+                f"got {index!r}"
+            )
         by = _check_words("by", by, MAX_ACTOR_CHARS, required=True)
         reason = _check_words("reason", reason, MAX_REASON_CHARS, required=required)
         store = self._operator()

@@ -20,6 +20,7 @@ from .contract import AppendInput, Event, Reducer
 from .core import Appends, Engine, WriteMode
 from .errors import store_unavailable
 from .fanout import Subscription
+from .identifiers import MAX_SAFE_INTEGER
 from .ids import handler_event_id
 from .presence import (
     PresenceMap,
@@ -54,8 +55,12 @@ def _too_long(after: int, lte: int | None) -> str:
 def _check_index(name: str, value: object) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    # Bounded so that no store sees an index past its integer columns (SQLite
+    # raised OverflowError past 64 bits: an outage, not the caller's error).
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SAFE_INTEGER:
+        raise ValueError(
+            f"{name} must be a non-negative integer up to {MAX_SAFE_INTEGER}, got {value!r}"
+        )
     return value
 
 

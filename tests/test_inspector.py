@@ -4,12 +4,16 @@ operation type (refused without a policy)."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import httpx
+import pytest
+import trio
 
 import a2trio
 from a2trio.stores import memory
+from a2trio.stores.conformance import StoreFactory
 from a2trio.testing import FaultyStore
 from a2trio.transport import (
     InspectOperation,
@@ -224,3 +228,46 @@ async def test_a_store_without_operator_actions_answers_404() -> None:
         assert "no operator actions" in listed.json()["error"]["message"]
         acted = await c.post("/_a2/inspect/orders/s1/retry-now", json={"by": "a"}, headers=JSON)
         assert acted.status_code == 404
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres", "redis"])
+def open_store(request: pytest.FixtureRequest) -> StoreFactory:
+    module = importlib.import_module(f"tests.backends.{request.param}")
+    # Skips here, in a sync fixture, so the reason survives.
+    if request.param == "postgres":
+        trio.run(module.database_dsn)
+    if request.param == "redis":
+        trio.run(module.reachable)
+    factory: StoreFactory = module.open_store
+    return factory
+
+
+@guarded(30)
+async def test_a_cursor_index_past_the_safe_integers_is_a_400_on_every_store(
+    open_store: StoreFactory,
+) -> None:
+    # Issue 29: SQLite answered 2**64 with a 503 naming its OverflowError.
+    async with open_store(a2trio.TrioClock()) as store:
+        server = _server(store)
+        async with (
+            serving(asgi(server, inspect=True, authorize=_Policy())) as base,
+            httpx.AsyncClient(base_url=base) as c,
+        ):
+            await _dead_letter(c, server)
+            for index in (2**53, 2**64, 10**30):
+                answer = await c.get(
+                    f"/_a2/inspect/orders?view=dead-letters&cursor={index}:s1", headers=OPERATOR
+                )
+                assert answer.status_code == 400, answer.text
+                error = answer.json()["error"]
+                assert error["code"] == "INVALID_PAYLOAD"
+                assert "cursor" in error["message"]
+            largest = await c.get(
+                f"/_a2/inspect/orders?view=dead-letters&cursor={2**53 - 1}:s1", headers=OPERATOR
+            )
+            assert largest.status_code == 200, largest.text
+            # The Python surface bounds its indexes too (SQLite's overflow was a 503).
+            with pytest.raises(ValueError, match="up to 9007199254740991"):
+                await server.session("s1").history(gte=2**64)
+            with pytest.raises(ValueError, match="index of at most"):
+                await server.inspect.list_dead_letters(cursor=f"{2**64}:s1")
