@@ -173,6 +173,32 @@ async def test_percent_decoding_is_strict() -> None:
         assert accepted.json()["events"][0]["sessionId"] == "\ufffd"
 
 
+@guarded(20)
+async def test_a_malformed_percent_escape_is_refused() -> None:
+    """``%G1`` was taken literally, so ``/notes/%G1`` and ``/notes/%25G1`` were
+    one session (issue 29)."""
+    server = a2trio.Server(orders, store=a2trio.stores.memory())
+    async with (
+        serving(asgi(server)) as base,
+        httpx.AsyncClient(base_url=base) as c,
+    ):
+        for path in ("/orders/%G1", "/orders/a%", "/orders/a%4", "/orders/%%41", "/orders/%4G"):
+            for response in (
+                await c.post(path, json=push_body(ordered("x"))),
+                await c.get(path),
+            ):
+                assert response.status_code == 400, path
+                assert response.json()["error"]["code"] == "INVALID_PAYLOAD"
+                assert "percent-escape" in response.json()["error"]["message"]
+        with pytest.raises(trio_websocket.ConnectionRejected) as refused:
+            async with trio_websocket.open_websocket_url(ws_url(base, "/orders/%G1/ws")):
+                pass
+        assert refused.value.status_code == 400
+        accepted = await c.post("/orders/%25G1", json=push_body(ordered("x")))
+        assert accepted.status_code == 200
+        assert accepted.json()["events"][0]["sessionId"] == "%G1"
+
+
 rooms = a2trio.contract("rooms", events={"ordered": Ordered}, presence={"typing": bool})
 
 

@@ -43,6 +43,7 @@ Send = Callable[[Message], Awaitable[None]]
 logger: Final = logging.getLogger("a2trio.transport")
 
 _INDEX: Final = re.compile(r"(?:0|[1-9][0-9]{0,15})")
+_MALFORMED_ESCAPE: Final = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
 class Refusal(Exception):
@@ -101,13 +102,20 @@ def path_segments(scope: Scope) -> list[str]:
 
     Decoding is strict: an escape that is not UTF-8 (``%FF``) is refused rather
     than replaced with U+FFFD, which would make ``%FF``, ``%FE`` and ``%EF%BF%BD``
-    one session.
+    one session; so is a ``%`` not followed by two hex digits, which ``unquote``
+    keeps literally (``%G1`` would be the session ``%25G1`` names).
 
     Raises:
-      A2Error: ``INVALID_PAYLOAD`` for a segment that is not UTF-8.
+      A2Error: ``INVALID_PAYLOAD`` for a malformed escape or a segment that is
+        not UTF-8.
     """
     raw = scope.get("raw_path") or scope["path"].encode()
     path = raw.decode("latin-1").partition("?")[0]
+    if _MALFORMED_ESCAPE.search(path) is not None:
+        raise A2Error(
+            ErrorCode.INVALID_PAYLOAD,
+            "the path holds a malformed percent-escape: '%' must be followed by two hex digits",
+        )
     try:
         return [unquote(segment, errors="strict") for segment in path.split("/")[1:]]
     except UnicodeDecodeError:
