@@ -13,7 +13,7 @@ pages, :class:`Cors`, the sockets' ``Origin`` check, and signed tokens
 from __future__ import annotations
 
 from .access import RevokePredicate
-from .actor_client import ActorClient, ActorRequestError, open_actor_client
+from .actor_client import ActorClient, ActorRequestError, ActorStates, open_actor_client
 from .actor_routes import View
 from .asgi import App, asgi
 from .auth import (
@@ -60,6 +60,7 @@ __all__ = [
     "TIMESTAMP_HEADER",
     "ActorClient",
     "ActorRequestError",
+    "ActorStates",
     "App",
     "Authorize",
     "Backoff",

@@ -6,8 +6,8 @@
                                  state_type=PublicVault) as vault:
         answer = await vault.call("deposit", {"amount": 50}, id="deposit-7")
         current = await vault.state()
-        async with vault.follow() as states:      # SSE state frames, forward only
-            async for state in states: ...
+        async with vault.follow() as states:      # SSE state frames, forward only,
+            async for state in states: ...        # across reconnects
 
 What it promises:
 
@@ -21,30 +21,38 @@ What it promises:
 * **The live view moves forward only**: :attr:`ActorClient.latest` adopts an
   answer, a read or a stream frame only if its index is newer, so a delayed
   frame or an older answer never replaces a newer state. ``follow()`` yields
-  only states newer than the last adopted one and resumes after it.
+  only states newer than the last adopted one.
+* **The live view reconnects**: ``follow()`` runs on the session client's
+  machinery (:class:`~a2trio.transport.lane.Resuming`): the same connection
+  states, reconnect policy and ``reconnect()``, each try resuming after
+  :attr:`ActorClient.latest`.
 
-Failures are :class:`ActorRequestError`, with the HTTP ``status`` when there
-was an answer and the server's :class:`~a2trio.A2Error` when it sent the
-envelope. Set timeouts with ``trio.fail_after`` around any call.
+Failures of calls and reads are :class:`ActorRequestError`, with the HTTP
+``status`` when there was an answer and the server's :class:`~a2trio.A2Error`
+when it sent the envelope; a followed stream's failures are its connection
+states. Set timeouts with ``trio.fail_after`` around any call.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 from typing import Any, Final, Generic, TypeVar, cast, overload
 from urllib.parse import quote
 
 import httpx
 import msgspec
+import trio
 
 from ..actor_calls import ActorState
-from ..errors import A2Error
-from ..stores._feed import Feed
+from ..errors import A2Error, ErrorCode
+from ..stores._feed import own_tasks
 from . import wire
-from .sse import SSEDecoder, SSEEvent
+from .connection import DEFAULT_RECONNECT, ReconnectPolicy
+from .lane import Resuming
+from .sse import SSEDecoder
 
-__all__ = ["ActorClient", "ActorRequestError", "open_actor_client"]
+__all__ = ["ActorClient", "ActorRequestError", "ActorStates", "open_actor_client"]
 
 S = TypeVar("S")
 
@@ -86,8 +94,13 @@ class ActorClient(Generic[S]):
         actor_id: str,
         state_type: type[S] | Any,
         on_snapshot: Callable[[ActorState[S]], None] | None,
+        reconnect: ReconnectPolicy = DEFAULT_RECONNECT,
+        watchdog_s: float = 45.0,
     ) -> None:
         self._http = http
+        self._actor_id = actor_id
+        self._reconnect = reconnect
+        self._watchdog_s = watchdog_s
         self._path = f"/{_quote(actor)}/{_quote(actor_id)}"
         self._state_type = state_type
         self._on_snapshot = on_snapshot
@@ -159,67 +172,91 @@ class ActorClient(Generic[S]):
         return await self._request("GET", params={"snapshot": "1"})
 
     @asynccontextmanager
-    async def follow(self) -> AsyncIterator[Feed[ActorState[S]]]:
+    async def follow(self) -> AsyncIterator[ActorStates[S]]:
         """Follow the actor's state frames (SSE), from after :attr:`latest`
-        (its current state first when nothing was adopted yet). The feed
-        yields only states newer than the last adopted one; it ends when the
-        server ends the stream, and raises :class:`ActorRequestError` if the
-        server refused or lost it. Enter it again to resume.
+        (its current state first when nothing was adopted yet), across
+        reconnects: the session client's connection states
+        (``states.connection``), its reconnect policy and ``reconnect()``.
 
-        Cancellation: leaving the block closes the stream.
+        Each try asks for the states after :attr:`latest`, so after a lost
+        stream, a restarted server or a watchdog timeout the feed goes on
+        from the newest state adopted, by the stream or by a call's answer.
+        It yields only states newer than the last adopted one. A refused or
+        lost stream is a connection state, not an exception: its error is
+        the :class:`~a2trio.A2Error` the server sent (``FORBIDDEN``, ...) or
+        ``STORE_UNAVAILABLE`` for a lost stream or an unreadable frame;
+        ``await states.wait_live()`` raises it once the policy pauses.
+
+        Cancellation: leaving the block closes the stream (state ``Closed``,
+        iteration ends).
         """
+        states = ActorStates(self, self._reconnect)
+        async with own_tasks() as nursery:
+            await nursery.start(states.run_tries, self._stream)
+            yield states
+
+    async def _stream(
+        self,
+        live: Callable[[], None],
+        deliver: Callable[[ActorState[S]], Awaitable[None]],
+    ) -> None:
+        """One try of :meth:`follow`: a GET of the states after :attr:`latest`."""
         params = {} if self.latest is None else {"startAfter": str(self.latest.index)}
         try:
             async with self._http.stream("GET", self._path, params=params, headers=_SSE) as r:
                 if r.status_code != 200:
-                    await r.aread()
-                    error = wire.error_from_wire(r.content)
-                    raise ActorRequestError(
-                        f"GET {self._path} (stream) answered {r.status_code}",
-                        r.status_code,
-                        error,
-                    )
-                frames = _StateFrames(self, r)
-                try:
-                    yield frames
-                finally:
-                    # httpx's byte iterator is a generator: close it here, in
-                    # the stream's block, not in the garbage collector.
-                    await frames.aclose()
+                    error = wire.error_from_wire(await r.aread())
+                    raise error or _unavailable(f"the stream answered {r.status_code}")
+                live()
+                decoder = SSEDecoder()
+                # httpx's byte iterator is a generator: close it here, in the
+                # stream's block, not in the garbage collector.
+                chunks = cast("AsyncGenerator[bytes]", r.aiter_bytes())
+                with trio.CancelScope() as watchdog:
+                    watchdog.relative_deadline = self._watchdog_s
+                    async with aclosing(chunks):
+                        async for chunk in chunks:
+                            watchdog.relative_deadline = self._watchdog_s
+                            for frame in decoder.feed(chunk):
+                                if frame.event == "error":
+                                    error = wire.error_from_wire(frame.data.encode())
+                                    raise error or _unavailable("the stream failed")
+                                if frame.event == "state":
+                                    await deliver(self._streamed(frame.data))
+                if watchdog.cancelled_caught:
+                    raise _unavailable(f"stream lost: no frame for {self._watchdog_s} s")
         except httpx.HTTPError as exc:
-            raise ActorRequestError(f"GET {self._path} (stream) failed: {exc}", None) from exc
+            raise _unavailable(f"stream lost: {exc!r}") from exc
+        except ValueError as exc:  # the decoder's line limit
+            raise _unavailable(f"stream lost: {exc}") from exc
+
+    def _streamed(self, data: str) -> ActorState[S]:
+        try:
+            return self._decode(data)
+        except ActorRequestError as exc:
+            raise _unavailable(str(exc)) from exc
 
 
-class _StateFrames(Feed[ActorState[S]]):
-    def __init__(self, client: ActorClient[S], response: httpx.Response) -> None:
+class ActorStates(Resuming[ActorState[S]]):
+    """What :meth:`ActorClient.follow` yields: ``async for state in states``.
+
+    Attributes:
+      connection: the stream's :class:`~a2trio.transport.ConnectionWatch`
+        (``Connecting``, ``Live``, ``Paused``, ``Closed``, with the error that
+        ended the last try).
+    """
+
+    def __init__(self, client: ActorClient[S], policy: ReconnectPolicy) -> None:
+        super().__init__(client._actor_id, policy)
         self._client = client
-        self._chunks = cast("AsyncGenerator[bytes]", response.aiter_bytes())
-        self._decoder = SSEDecoder()
-        self._frames: list[SSEEvent] = []
 
-    async def aclose(self) -> None:
-        await self._chunks.aclose()
+    def takes(self, frame: ActorState[S]) -> bool:
+        """Only a state newer than :attr:`ActorClient.latest`, which adopts it."""
+        return self._client._adopt(frame)
 
-    async def receive(self) -> ActorState[S]:
-        while True:
-            while self._frames:
-                frame = self._frames.pop(0)
-                if frame.event == "error":
-                    error = wire.error_from_wire(frame.data.encode())
-                    raise ActorRequestError(
-                        f"the stream ended: {error.message if error else frame.data[:200]}",
-                        None,
-                        error,
-                    )
-                if frame.event == "state":
-                    state = self._client._decode(frame.data)
-                    if self._client._adopt(state):
-                        return state
-            try:
-                chunk = await anext(self._chunks)
-            except httpx.HTTPError as exc:
-                raise ActorRequestError(f"the stream failed: {exc}", None) from exc
-            self._frames.extend(self._decoder.feed(chunk))
+
+def _unavailable(why: str) -> A2Error:
+    return A2Error(ErrorCode.STORE_UNAVAILABLE, why)
 
 
 def _quote(segment: str) -> str:
@@ -235,6 +272,8 @@ def open_actor_client(
     state_type: type[S],
     on_snapshot: Callable[[ActorState[S]], None] | None = None,
     http: httpx.AsyncClient | None = None,
+    reconnect: ReconnectPolicy = DEFAULT_RECONNECT,
+    watchdog_s: float = 45.0,
 ) -> AbstractAsyncContextManager[ActorClient[S]]: ...
 
 
@@ -246,6 +285,8 @@ def open_actor_client(
     *,
     on_snapshot: Callable[[ActorState[Any]], None] | None = None,
     http: httpx.AsyncClient | None = None,
+    reconnect: ReconnectPolicy = DEFAULT_RECONNECT,
+    watchdog_s: float = 45.0,
 ) -> AbstractAsyncContextManager[ActorClient[Any]]: ...
 
 
@@ -257,6 +298,8 @@ def open_actor_client(
     state_type: Any = Any,
     on_snapshot: Callable[[ActorState[Any]], None] | None = None,
     http: httpx.AsyncClient | None = None,
+    reconnect: ReconnectPolicy = DEFAULT_RECONNECT,
+    watchdog_s: float = 45.0,
 ) -> AbstractAsyncContextManager[ActorClient[Any]]:
     """A client of actor ``actor_id`` of the actor mounted as ``actor`` at
     ``base_url``: an async context manager.
@@ -268,21 +311,39 @@ def open_actor_client(
         the method returns.
       http: an ``httpx.AsyncClient`` of your own, whose ``base_url`` is used
         instead; by default one (without timeouts) is opened and closed here.
+      reconnect: the reconnect policy of :meth:`ActorClient.follow`'s stream
+        (the session client's, ``policy(actor_id, error, attempt)``).
+      watchdog_s: silence after which a followed stream counts as lost; three
+        of the server's default 15 s heartbeats.
     """
-    return _open(base_url, actor, actor_id, state_type, on_snapshot, http)
+    options = _Options(state_type, on_snapshot, reconnect, watchdog_s)
+    return _open(base_url, actor, actor_id, options, http)
+
+
+class _Options(msgspec.Struct, frozen=True):
+    state_type: Any
+    on_snapshot: Callable[[ActorState[Any]], None] | None
+    reconnect: ReconnectPolicy
+    watchdog_s: float
 
 
 @asynccontextmanager
 async def _open(
-    base_url: str,
-    actor: str,
-    actor_id: str,
-    state_type: Any,
-    on_snapshot: Callable[[ActorState[Any]], None] | None,
-    http: httpx.AsyncClient | None,
+    base_url: str, actor: str, actor_id: str, options: _Options, http: httpx.AsyncClient | None
 ) -> AsyncIterator[ActorClient[Any]]:
+    def client(http: httpx.AsyncClient) -> ActorClient[Any]:
+        return ActorClient(
+            http,
+            actor,
+            actor_id,
+            options.state_type,
+            options.on_snapshot,
+            options.reconnect,
+            options.watchdog_s,
+        )
+
     if http is not None:
-        yield ActorClient(http, actor, actor_id, state_type, on_snapshot)
+        yield client(http)
         return
     async with httpx.AsyncClient(base_url=base_url, timeout=None) as owned:
-        yield ActorClient(owned, actor, actor_id, state_type, on_snapshot)
+        yield client(owned)

@@ -18,13 +18,17 @@ never sends) ends the try as lost, and the next one fills it from the store.
 
 Presence is repainted: each try that asks for presence starts with a
 snapshot, which replaces :attr:`Lane.presence`; patches update it.
+
+The loop of tries, the policy and the connection states are
+:class:`Resuming`, which :class:`Lane` extends with its index, gap check and
+presence; the actor client's ``follow()`` extends it too, with its states.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, Self, TypeVar
 
 import msgspec
 import trio
@@ -47,7 +51,17 @@ from .connection import (
 if TYPE_CHECKING:
     from ..contract import Contract
 
-__all__ = ["LANE_BUFFER", "Attach", "Fold", "Folded", "Lane", "LaneFrame", "to_event"]
+__all__ = [
+    "LANE_BUFFER",
+    "Attach",
+    "Fold",
+    "Folded",
+    "Lane",
+    "LaneFrame",
+    "Resuming",
+    "Try",
+    "to_event",
+]
 
 #: Frames buffered per lane for its reader. A reader that stalls past this
 #: holds up the lane's transport (on a multiplexed socket, every lane of it).
@@ -55,6 +69,7 @@ LANE_BUFFER: Final = 256
 
 LaneFrame = wire.EventFrame | wire.PresenceFrame | wire.PresenceSnapshotFrame
 S = TypeVar("S")
+F = TypeVar("F")
 
 
 class Attach(Protocol):
@@ -68,34 +83,32 @@ class Attach(Protocol):
     ) -> Awaitable[None]: ...
 
 
-class Lane:
-    """One followed session: ``async for frame in lane`` across reconnects.
+#: One try of a :class:`Resuming` stream, supplied by its transport:
+#: ``try_once(live, deliver)`` calls ``live()`` once the server confirmed the
+#: stream, ``deliver(frame)`` for each frame, returns when the server ended it
+#: cleanly and raises :class:`~a2trio.A2Error` when it was refused or lost.
+Try = Callable[[Callable[[], None], Callable[[F], Awaitable[None]]], Awaitable[None]]
 
-    Iteration yields every event after the start index exactly once, in order,
-    and presence frames as they come. It waits through reconnects, and while
-    the lane is paused (the policy said ``False``: call :meth:`reconnect`);
-    it ends when the ``subscribe`` block exits.
+
+class Resuming(Generic[F]):
+    """A followed stream that reconnects by itself: the tries, the reconnect
+    policy and the connection state behind every live view of the clients (a
+    session's :class:`Lane`, an actor client's ``follow()``).
+
+    Iteration yields what each try delivers and :meth:`takes` lets through.
+    It waits through reconnects, and while the stream is paused (the policy
+    said ``False``: call :meth:`reconnect`); it ends when the stream is closed.
 
     Attributes:
-      session_id: the session.
-      index: the last event index queued for the reader (the resume frontier;
-        while a full buffer holds a frame back, already that frame's).
-      connection: this lane's :class:`~a2trio.transport.ConnectionWatch`.
-      presence: the session's presence map as last painted,
-        ``{participant: {field: WirePresenceValue}}`` (empty without presence).
+      session_id: what the reconnect policy is told (the session, or the actor id).
+      connection: this stream's :class:`~a2trio.transport.ConnectionWatch`.
     """
 
-    def __init__(
-        self, session_id: str, start_after: int = 0, policy: ReconnectPolicy = DEFAULT_RECONNECT
-    ) -> None:
-        if type(start_after) is not int or start_after < 0:
-            raise ValueError(f"`start_after` must be a non-negative int, got {start_after!r}")
+    def __init__(self, session_id: str, policy: ReconnectPolicy = DEFAULT_RECONNECT) -> None:
         self.session_id = session_id
-        self.index = start_after
         self.connection = ConnectionWatch()
-        self.presence: dict[str, dict[str, wire.WirePresenceValue]] = {}
         self._policy = policy
-        self._send, self._receive = trio.open_memory_channel[LaneFrame](LANE_BUFFER)
+        self._send, self._receive = trio.open_memory_channel[F](LANE_BUFFER)
         self._reconnects = 0
         self._attempt = 1
         self._try: trio.CancelScope | None = None
@@ -104,16 +117,16 @@ class Lane:
 
     @property
     def state(self) -> ConnectionState:
-        """The connection's current state (``lane.connection.state``)."""
+        """The connection's current state (``.connection.state``)."""
         return self.connection.state
 
     def reconnect(self) -> None:
-        """Restart the subscription from :attr:`index` now: a live one is
-        replaced (after a write made outside this client), a waiting or paused
-        one tries at once, and the policy's ``attempt`` starts again at 1.
+        """Restart the stream from where it is now: a live one is replaced
+        (after a write made outside this client), a waiting or paused one
+        tries at once, and the policy's ``attempt`` starts again at 1.
 
         Does no I/O and returns at once; watch :attr:`connection` for progress.
-        Does nothing on a closed lane.
+        Does nothing on a closed stream.
         """
         state = self.state
         if isinstance(state, Closed):
@@ -126,12 +139,12 @@ class Lane:
             self._try.cancel(reason="reconnect()")
 
     async def wait_live(self) -> Live:
-        """Wait until the lane is live.
+        """Wait until the stream is live.
 
         Raises:
-          A2Error: the lane paused (its error, or ``STORE_UNAVAILABLE`` after a
-            clean end).
-          trio.ClosedResourceError: the lane closed.
+          A2Error: the stream paused (its error, or ``STORE_UNAVAILABLE`` after
+            a clean end).
+          trio.ClosedResourceError: the stream closed.
 
         Cancellation: a checkpoint; cancelling it changes nothing.
         """
@@ -143,32 +156,32 @@ class Lane:
                 raise error or A2Error(ErrorCode.STORE_UNAVAILABLE, "the stream ended (paused)")
         raise trio.ClosedResourceError("the lane is closed")
 
-    async def receive(self) -> LaneFrame:
-        """The next frame. Raises ``StopAsyncIteration`` once the lane is closed."""
+    async def receive(self) -> F:
+        """The next frame. Raises ``StopAsyncIteration`` once the stream is closed."""
         try:
             return await self._receive.receive()
         except (trio.EndOfChannel, trio.ClosedResourceError):
             raise StopAsyncIteration from None
 
-    def __aiter__(self) -> Lane:
+    def __aiter__(self) -> Self:
         return self
 
-    async def __anext__(self) -> LaneFrame:
+    async def __anext__(self) -> F:
         return await self.receive()
 
-    async def run(
-        self, attach: Attach, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    async def run_tries(
+        self, try_once: Try[F], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Run tries until cancelled (the transport's client calls this in its
-        nursery). Never raises but for the policy's own exceptions.
+        """Run tries until cancelled (the client calls this in its nursery).
+        Never raises but for the policy's own exceptions.
 
-        Cancellation: the lane closes (state ``Closed``, iteration ends).
+        Cancellation: the stream closes (state ``Closed``, iteration ends).
         """
         self.connection.set(Connecting(0, None))
         task_status.started()
         try:
             while True:
-                error = await self._one_try(attach)
+                error = await self._one_try(try_once)
                 self._reconnects += 1
                 if self._restart:
                     self._restart, self._attempt = False, 1
@@ -180,11 +193,20 @@ class Lane:
             self.connection.set(Closed())
             self._send.close()
 
-    async def _one_try(self, attach: Attach) -> A2Error | None:
+    def takes(self, frame: F) -> bool:
+        """Whether the reader gets ``frame`` of a try (a subclass's filter;
+        every frame by default). Raising ``A2Error`` loses the try."""
+        return True
+
+    async def _deliver(self, frame: F) -> None:
+        if self.takes(frame):
+            await self._send.send(frame)
+
+    async def _one_try(self, try_once: Try[F]) -> A2Error | None:
         with trio.CancelScope() as scope:
             self._try = scope
             try:
-                await attach(self.index, self._live, self._deliver)
+                await try_once(self._live, self._deliver)
             except A2Error as exc:
                 logger.info("lane %r lost: %s", self.session_id, exc)
                 return exc
@@ -210,6 +232,50 @@ class Lane:
     def _live(self) -> None:
         self._attempt = 1
         self.connection.set(Live(self._reconnects))
+
+
+class Lane(Resuming[LaneFrame]):
+    """One followed session: ``async for frame in lane`` across reconnects.
+
+    Iteration yields every event after the start index exactly once, in order,
+    and presence frames as they come. It waits through reconnects, and while
+    the lane is paused (the policy said ``False``: call :meth:`reconnect`);
+    it ends when the ``subscribe`` block exits.
+
+    Attributes:
+      session_id: the session.
+      index: the last event index queued for the reader (the resume frontier;
+        while a full buffer holds a frame back, already that frame's).
+      connection: this lane's :class:`~a2trio.transport.ConnectionWatch`.
+      presence: the session's presence map as last painted,
+        ``{participant: {field: WirePresenceValue}}`` (empty without presence).
+    """
+
+    def __init__(
+        self, session_id: str, start_after: int = 0, policy: ReconnectPolicy = DEFAULT_RECONNECT
+    ) -> None:
+        if type(start_after) is not int or start_after < 0:
+            raise ValueError(f"`start_after` must be a non-negative int, got {start_after!r}")
+        super().__init__(session_id, policy)
+        self.index = start_after
+        self.presence: dict[str, dict[str, wire.WirePresenceValue]] = {}
+
+    async def run(
+        self, attach: Attach, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run tries, each ``attach`` from :attr:`index`, until cancelled (the
+        transport's client calls this in its nursery). Never raises but for
+        the policy's own exceptions.
+
+        Cancellation: the lane closes (state ``Closed``, iteration ends).
+        """
+
+        def try_once(
+            live: Callable[[], None], deliver: Callable[[LaneFrame], Awaitable[None]]
+        ) -> Awaitable[None]:
+            return attach(self.index, live, deliver)
+
+        await self.run_tries(try_once, task_status=task_status)
 
     async def _deliver(self, frame: LaneFrame) -> None:
         match frame:
