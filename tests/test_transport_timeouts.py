@@ -51,6 +51,39 @@ async def test_a_body_that_never_finishes_gets_a_408() -> None:
         }
 
 
+async def _answer(stream: trio.SocketStream) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    answer = b""
+    while chunk := await stream.receive_some():
+        answer += chunk
+    return answer
+
+
+@guarded(20)
+async def test_content_length_with_chunked_encoding_is_refused_at_once() -> None:
+    # Issue 29: the request was held until the body timeout (hypercorn's h11
+    # frames it as chunked); framing a request two ways is how requests are
+    # smuggled past a proxy, so it is refused before its body is read.
+    server = a2trio.Server(orders, store=memory())
+    async with serving(asgi(server, limits=Limits(body_timeout_s=600))) as base:
+        host, port = base.removeprefix("http://").split(":")
+        for path, extra in ((b"/orders/s1", b""), (b"/orders/s1", b'5\r\n{"eve\r\n'), (b"/x", b"")):
+            stream = await trio.open_tcp_stream(host, int(port))
+            async with stream:
+                await stream.send_all(
+                    b"POST " + path + b" HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                    b"content-length: 13\r\ntransfer-encoding: chunked\r\n\r\n" + extra
+                )
+                with trio.fail_after(5):  # well inside the 600 s body timeout
+                    answer = await _answer(stream)
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 400"), answer
+            assert b"connection: close" in head.lower()
+            error = json.loads(body)["error"]
+            assert error["code"] == "INVALID_PAYLOAD"
+            assert "Content-Length and Transfer-Encoding" in error["message"]
+
+
 @guarded(20)
 async def test_duplicate_subscriptions_in_one_frame_collapse_and_too_many_close() -> None:
     server = a2trio.Server(orders, store=memory())

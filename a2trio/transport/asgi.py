@@ -208,6 +208,16 @@ class App:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = request_of(scope)
+        if "content-length" in request.headers and "transfer-encoding" in request.headers:
+            # Framed two ways (RFC 9112 6.3: a request smuggling vector):
+            # refused before any route reads the body, which h11 would frame
+            # as chunked and wait on until the body timeout; the connection
+            # closes, since where this request ends is unknown.
+            status, body = failure(
+                Refusal(400, "a request may not carry both Content-Length and Transfer-Encoding")
+            )
+            await respond(send, status, body, [(b"connection", b"close")])
+            return
         if self.cors is not None:
             if is_preflight(request):
                 await answer_preflight(self.cors, request, send)
