@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -42,36 +41,40 @@ from .inspection import (
     SessionEventsPage,
     SessionsPage,
 )
+from .serve import TargetError, load_target
 from .server import Server
 from .stores.base import OperatorAction
+from .transport import App
 
 __all__ = ["main"]
 
 
 def load_server(target: str, contract: str | None) -> Server:
-    """The server ``module:attribute`` names (a list picked by ``contract``).
+    """The server ``module:attribute`` names, read as ``serve`` reads it: a
+    server, a list of them, or the app :func:`a2trio.transport.asgi` built
+    over them (``--contract`` picks one of several).
 
     Raises:
-      ValueError: no such attribute, not a server, or an ambiguous list.
+      TargetError: nothing to inspect there (see :func:`a2trio.serve.load_target`),
+        an ASGI app a2trio did not build, or several servers and no ``contract``.
     """
-    module_name, _, attribute = target.partition(":")
-    module = importlib.import_module(module_name)
-    value = getattr(module, attribute or "server", None)
-    servers = (
-        list(value)
-        if isinstance(value, list | tuple)
-        else [value]
-        if isinstance(value, Server)
-        else []
-    )
-    if not servers or not all(isinstance(s, Server) for s in servers):
-        raise ValueError(f"{target} is not an a2trio.Server or a list of them")
+    app = load_target(target)
+    if not isinstance(app, App):
+        raise TargetError(
+            f"{target} is an ASGI app that a2trio.transport.asgi did not build: "
+            "name the Server (or the list of them) it serves"
+        )
+    servers = list(app.servers.values())
     if contract is not None:
         servers = [s for s in servers if s.contract.name == contract]
     if len(servers) != 1:
-        names = ", ".join(s.contract.name for s in servers) or "none"
-        raise ValueError(f"{target} holds servers for {names}: pick one with --contract")
+        names = ", ".join(s.contract.name for s in app.servers.values())
+        raise TargetError(f"{target} holds servers for {names}: pick one with --contract")
     return servers[0]
+
+
+class _NoSession(Exception):
+    """``events`` on a session that has none."""
 
 
 def _sessions_table(page: SessionsPage) -> list[str]:
@@ -163,6 +166,10 @@ async def _run(server: Server, args: argparse.Namespace) -> str:
             events = await inspect.read_session_page(
                 args.session, after_index=args.after, limit=args.limit
             )
+            if not events.events and events.through_index == 0:
+                raise _NoSession(
+                    f"no session {args.session!r} in {server.contract.name!r} (it has no events)"
+                )
             return _render(args, events, lambda: _events_table(events))
         if args.command == "dead-letters":
             dead = await inspect.list_dead_letters(limit=args.limit, cursor=args.cursor)
@@ -231,8 +238,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         server = load_server(args.app, args.contract)
         output: Any = trio.run(_run, server, args)
-    except (A2Error, InspectionUnsupportedError, TypeError, ValueError, ImportError) as exc:
-        print(f"a2trio.inspect: {exc}", file=sys.stderr)
+    except (A2Error, InspectionUnsupportedError, _NoSession, TypeError, ValueError) as exc:
+        # ValueError: TargetError, StoreURLError, a refused action
+        # (OperatorActionError), a bad argument value. An unreachable store
+        # says why (the driver's error is the A2Error's cause).
+        cause = ""
+        if isinstance(exc, A2Error) and exc.__cause__ is not None:
+            cause = " (" + " ".join(str(exc.__cause__).split()) + ")"
+        print(f"a2trio.inspect: {exc}{cause}", file=sys.stderr)
         return 1
     print(output)
     return 0

@@ -43,7 +43,9 @@ import msgspec
 import trio
 
 from .actor import Actor
+from .errors import A2Error
 from .server import Server
+from .stores import StoreURLError
 from .transport import DEFAULT_LIMITS, App, Limits, asgi
 from .tuning import GC_THRESHOLD, tune_gc
 
@@ -53,6 +55,7 @@ __all__ = [
     "SHUTDOWN_GRACE_S",
     "JsonFormatter",
     "StartupError",
+    "TargetError",
     "configure_logging",
     "lanes",
     "load_target",
@@ -73,6 +76,11 @@ _GC_ENV: Final = "A2_SERVE_GC_THRESHOLD"
 _BODY_TIMEOUT_ENV: Final = "A2_SERVE_BODY_TIMEOUT"
 
 
+class TargetError(ValueError):
+    """``module:attribute`` names nothing to serve: a missing module or
+    attribute, or a value that is no server, list of servers or ASGI app."""
+
+
 def load_target(target: str, *, limits: Limits = DEFAULT_LIMITS) -> App | Any:
     """Import ``module:attribute`` and make it an ASGI app.
 
@@ -87,16 +95,24 @@ def load_target(target: str, *, limits: Limits = DEFAULT_LIMITS) -> App | Any:
       when it is already an ASGI app (any other callable).
 
     Raises:
-      ValueError: the module has no such attribute, or it is neither a server,
-        a list of servers nor callable; a ``static`` that is not a mapping.
+      TargetError: the module cannot be found, has no such attribute, or it is
+        neither a server, a list of servers nor callable; a ``static`` that is
+        not a mapping.
     """
     module_name, _, attribute = target.partition(":")
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        # Only the target itself missing is a usage error: an import failing
+        # inside the app's own code keeps its traceback.
+        if exc.name is None or not (module_name + ".").startswith(exc.name + "."):
+            raise
+        raise TargetError(f"cannot import {module_name!r}: {exc}") from exc
     attribute = attribute or "server"
     try:
         value = getattr(module, attribute)
     except AttributeError:
-        raise ValueError(f"module {module_name!r} has no attribute {attribute!r}") from None
+        raise TargetError(f"module {module_name!r} has no attribute {attribute!r}") from None
     servers: list[Server] = []
     if isinstance(value, Server):
         servers = [value]
@@ -107,11 +123,11 @@ def load_target(target: str, *, limits: Limits = DEFAULT_LIMITS) -> App | Any:
         # the module's pages.
         static = getattr(module, "static", None)
         if static is not None and not isinstance(static, Mapping):
-            raise ValueError(f"{module_name}.static is {static!r}: expected {{prefix: directory}}")
+            raise TargetError(f"{module_name}.static is {static!r}: expected {{prefix: directory}}")
         return asgi(*servers, limits=limits, static=static)
     if callable(value):
         return value
-    raise ValueError(
+    raise TargetError(
         f"{target} is {value!r}: expected an a2trio.Server, a list of them, or an ASGI app"
     )
 
@@ -346,7 +362,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.use_reloader = True
         print(f"a2trio serving {args.target} on http://{args.host}:{args.port} (reloading)")
         return hypercorn.run.run(config)
-    app = load_target(args.target, limits=Limits(body_timeout_s=args.body_timeout))
+    try:
+        app = load_target(args.target, limits=Limits(body_timeout_s=args.body_timeout))
+    except (TargetError, StoreURLError, A2Error) as exc:
+        # Usage errors, said in one line (an unknown store URL and
+        # STORE_NOT_CONFIGURED surface while the module builds its servers).
+        print(f"a2trio: {exc}", file=sys.stderr)
+        return 1
     if args.gc_threshold:
         tune_gc(args.gc_threshold)
     try:

@@ -25,6 +25,11 @@ other = a2trio.contract("other", events={"note": Note})
 server = a2trio.Server(notes)
 both = [server, a2trio.Server(other)]
 not_a_server = 42
+app = a2trio.transport.asgi(server)
+both_app = a2trio.transport.asgi(*both)
+
+async def foreign_app(scope, receive, send):
+    pass
 """
 
 
@@ -91,7 +96,7 @@ def test_a_table_of_events_and_the_next_page(
 @pytest.mark.parametrize(
     ("target", "extra", "message"),
     [
-        (":not_a_server", [], "is not an a2trio.Server or a list of them"),
+        (":not_a_server", [], "is 42: expected an a2trio.Server, a list of them, or an ASGI app"),
         (":both", [], "holds servers for notes, other: pick one with --contract"),
         (":server", ["events", "a\x00b"], "session id 'a\\x00b' contains U+0000"),
         (":server", ["events", "s1", "--limit", "5000"], "at most 1000 items"),
@@ -118,3 +123,44 @@ def test_a_list_of_servers_takes_a_contract(
     name, url = app
     assert main(["--app", f"{name}:both", "--contract", "notes", "--store", url, "sessions"]) == 0
     assert "s2" in capsys.readouterr().out
+
+
+def test_an_app_that_serve_accepts_is_inspected(
+    app: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    name, url = app
+    assert main(["--app", f"{name}:app", "--store", url, "sessions"]) == 0
+    assert "s2" in capsys.readouterr().out
+    assert (
+        main(["--app", f"{name}:both_app", "--contract", "notes", "--store", url, "sessions"]) == 0
+    )
+    assert "s2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--app", "{name}:foreign_app", "sessions"],
+            "is an ASGI app that a2trio.transport.asgi did not build: name the Server",
+        ),
+        (["--app", "no_such_module_here", "sessions"], "cannot import 'no_such_module_here'"),
+        (["--store", "bogus://", "--app", "{name}", "sessions"], "unknown store URL 'bogus://'"),
+        (["--app", "{name}", "events", "nobody"], "no session 'nobody' in 'notes'"),
+        (
+            ["--store", "postgresql://root@127.0.0.1:1/none", "--app", "{name}", "sessions"],
+            "STORE_UNAVAILABLE: list sessions failed: the store is unavailable (",
+        ),
+    ],
+)
+def test_usage_and_store_errors_are_one_line_naming_the_cause(
+    app: tuple[str, str], capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    name, url = app
+    argv = [a.format(name=name) for a in argv]
+    if "--store" not in argv:
+        argv = ["--store", url, *argv]
+    assert main(argv) == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("a2trio.inspect: ")
+    assert message in line

@@ -114,3 +114,41 @@ def test_the_banner_names_a_foreign_asgi_app() -> None:
         return None
 
     assert lanes(app, "http://127.0.0.1:1") == [f"  ASGI app {app!r} at http://127.0.0.1:1"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["no_such_module_here:server"], "a2trio: cannot import 'no_such_module_here'"),
+        (["cli_target:nothing"], "a2trio: module 'cli_target' has no attribute 'nothing'"),
+    ],
+)
+def test_a_target_that_names_nothing_is_one_line(
+    target: ModuleType, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    assert main(argv) == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(message)
+
+
+def test_an_unknown_store_url_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    module = ModuleType("cli_target_default_store")
+    # The module builds its server at import, from A2_STORE.
+    module.__dict__["__getattr__"] = lambda name: a2trio.Server(
+        a2trio.contract("notes", events={"note": Note})
+    )
+    monkeypatch.setitem(sys.modules, "cli_target_default_store", module)
+    assert main(["cli_target_default_store:server", "--store", "bogus://x"]) == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("a2trio: unknown store URL 'bogus://x'")
+
+
+def test_an_import_error_inside_the_app_keeps_its_traceback(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    (tmp_path / "cli_broken_app.py").write_text("import no_such_dependency_here\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModuleNotFoundError, match="no_such_dependency_here"):
+        main(["cli_broken_app:server"])

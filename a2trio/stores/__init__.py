@@ -58,6 +58,7 @@ __all__ = [
     "RedisStore",
     "SqliteStore",
     "Store",
+    "StoreURLError",
     "default_store",
     "from_url",
     "memory",
@@ -67,13 +68,17 @@ __all__ = [
 ]
 
 
+class StoreURLError(ValueError):
+    """A store URL that names no backend (``A2_STORE``, ``--store``)."""
+
+
 def from_url(url: str) -> Store:
     """Build a store from a URL: ``memory:``, ``sqlite:///relative.db``,
     ``sqlite:////absolute.db``, ``sqlite:///:memory:``, ``postgresql://...``,
     ``redis://...`` / ``rediss://...`` (key prefix ``a2``).
 
     Raises:
-      ValueError: an unknown scheme.
+      StoreURLError: an unknown scheme (a ``ValueError``).
     """
     if url.startswith("memory"):
         return memory()
@@ -85,7 +90,7 @@ def from_url(url: str) -> Store:
         return postgres(url)
     if url.startswith(("redis://", "rediss://")):
         return redis(url)
-    raise ValueError(
+    raise StoreURLError(
         f"unknown store URL {url!r}: use 'memory:', 'sqlite:///path', 'postgresql://...'"
         " or 'redis://...'"
     )
@@ -98,7 +103,7 @@ def default_store(contract_name: str) -> Store:
 
     Raises:
       A2Error: ``STORE_NOT_CONFIGURED`` under ``A2_ENV=production``.
-      ValueError: an unknown ``A2_STORE`` URL.
+      StoreURLError: an unknown ``A2_STORE`` URL (a ``ValueError``).
     """
     url = os.environ.get("A2_STORE")
     if url:
