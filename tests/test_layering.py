@@ -1,8 +1,10 @@
 """The package's dependencies point one way (``docs/architecture.md``).
 
 Builds the import graph of ``a2trio/`` from the source, imports under
-``TYPE_CHECKING`` included, and asserts it has no cycle; and that no module
-imports another module's private name.
+``TYPE_CHECKING`` included, and asserts it has no cycle; that every import
+goes down the layers ``docs/architecture.md`` draws (:data:`LAYERS`), private
+modules included; and that no module imports another module's private name.
+Needs nothing outside the repository: ``pytest tests/test_layering.py``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,27 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "a2trio"
+
+#: The layers of ``docs/architecture.md``, top to bottom: a module imports
+#: modules of its own layer or of a lower one. A name is a top-level module
+#: or subpackage of ``a2trio`` (all its modules, private ones included); the
+#: package itself (``a2trio/__init__.py``, the public face) may import any.
+LAYERS: list[set[str]] = [
+    {"serve", "inspect", "testing", "otel"},
+    {"transport"},
+    {"server"},
+    {"inspection", "actor_calls", "drains"},
+    {"drain"},
+    {"abort", "handlers"},
+    {"session"},
+    {"presence"},
+    {"schedulers"},
+    {"core"},
+    {"fanout", "push", "scheduler"},
+    {"stores"},
+    {"contract", "actor"},
+    {"identifiers", "ids", "errors", "clock", "timings", "telemetry", "tuning"},
+]
 
 
 def _module_name(path: Path) -> str:
@@ -101,6 +124,31 @@ def test_the_engine_parts_do_not_import_the_server() -> None:
         not {f"a2trio.{m}" for m in ("drain", "drains", "session", "presence")}
         & graph["a2trio.core"]
     )
+
+
+def _layer(module: str) -> int:
+    name = module.split(".")[1]
+    for depth, layer in enumerate(LAYERS):
+        if name in layer:
+            return depth
+    raise AssertionError(f"{module} is in no layer of LAYERS (docs/architecture.md)")
+
+
+def test_every_import_goes_down_the_drawn_layers() -> None:
+    graph, _ = _graph()
+    upward = [
+        f"{module} imports {imported}"
+        for module, imports in sorted(graph.items())
+        if module != "a2trio"
+        for imported in sorted(imports)
+        if imported != "a2trio" and _layer(imported) < _layer(module)
+    ]
+    assert upward == []
+
+
+def test_the_layer_check_sees_an_upward_import() -> None:
+    assert _layer("a2trio.stores._pg_conn") > _layer("a2trio.core") > _layer("a2trio.server")
+    assert _layer("a2trio.transport.asgi") == _layer("a2trio.transport")
 
 
 def test_no_module_imports_another_modules_private_name() -> None:
