@@ -32,17 +32,24 @@ async def start_serve(
     cwd: Path = ROOT,
     env: Mapping[str, str] | None = None,
     timeout_s: float = 60,
+    python: str | None = None,
 ) -> Started:
     """Run ``python -m a2trio.serve TARGET ARGS`` in ``cwd`` and return once its
     banner is out. The environment is this one without ``A2_*`` settings,
     plus ``PYTHONPATH`` (the checkout) and ``env``. Output goes to a pipe the
     caller may read on (the server logs little, far below a pipe's buffer).
+
+    With ``python`` (another environment's interpreter) that one runs the
+    a2trio installed in it: no ``PYTHONPATH`` to the checkout.
     """
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("A2_")}
-    environment["PYTHONPATH"] = str(ROOT)
+    environment = {
+        k: v for k, v in os.environ.items() if not k.startswith("A2_") and k != "PYTHONPATH"
+    }
+    if python is None:
+        environment["PYTHONPATH"] = str(ROOT)
     environment |= env or {}
     process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "a2trio.serve", target, *args],
+        [python or sys.executable, "-m", "a2trio.serve", target, *args],
         cwd=cwd,
         env=environment,
         stdout=subprocess.PIPE,

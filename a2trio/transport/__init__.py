@@ -8,12 +8,19 @@ that reconnect, resume and retry (``docs/client.md``); :func:`open_actor_client`
 is one of an actor's lanes (``docs/actors.md``). For browsers: :class:`Static`
 pages, :class:`Cors`, the sockets' ``Origin`` check, and signed tokens
 (:func:`issue_token`, :func:`token_authorize`).
+
+The two HTTP clients need httpx, the ``client`` extra (``pip install
+'a2trio[client]'``); they are imported on first use, so serving, pushing,
+streaming and the socket client need only the core install, and using one
+without httpx raises ``ModuleNotFoundError`` naming the extra.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .access import RevokePredicate
-from .actor_client import ActorClient, ActorRequestError, ActorStates, open_actor_client
 from .actor_routes import View
 from .asgi import App, asgi
 from .auth import (
@@ -46,12 +53,40 @@ from .connection import (
 )
 from .cors import Cors, SocketOrigins
 from .history import Backscroll, History
-from .http_client import HttpClient, open_http_client
 from .lane import Fold, Folded, Lane, LaneFrame
 from .limits import DEFAULT_LIMITS, Limits
 from .scheduler_route import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign_task
 from .static import Static
 from .tokens import TokenClaims, issue_token, token_authorize, verify_token
+
+if TYPE_CHECKING:
+    from .actor_client import ActorClient, ActorRequestError, ActorStates, open_actor_client
+    from .http_client import HttpClient, open_http_client
+else:
+    #: The names of the httpx clients, by module: imported on first use.
+    _HTTPX_CLIENTS = {
+        "ActorClient": "actor_client",
+        "ActorRequestError": "actor_client",
+        "ActorStates": "actor_client",
+        "open_actor_client": "actor_client",
+        "HttpClient": "http_client",
+        "open_http_client": "http_client",
+    }
+
+    def __getattr__(name: str) -> Any:
+        """Import an httpx client on first use (PEP 562).
+
+        Raises:
+          ModuleNotFoundError: httpx is not installed; the message names the
+            ``client`` extra.
+        """
+        module = _HTTPX_CLIENTS.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
+        globals()[name] = value
+        return value
+
 
 __all__ = [
     "DEFAULT_LIMITS",
