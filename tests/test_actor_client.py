@@ -207,6 +207,23 @@ async def test_network_failures_and_bad_frames_lose_the_stream() -> None:
         assert "unreadable answer" in unreadable.error.message
 
 
+@guarded(20)
+async def test_a_silent_stream_trips_the_watchdog() -> None:
+    # heartbeat_s far above the watchdog: the stream is silent after its first frame.
+    server = a2trio.Server(vault, store=memory())
+    app = asgi(server, limits=a2trio.transport.Limits(heartbeat_s=60))
+    async with (
+        serving(app) as base,
+        open_actor_client(base, "vault", "gus", reconnect=pause, watchdog_s=0.2) as gus,
+        gus.follow() as states,
+    ):
+        await states.receive()
+        silent = await states.connection.wait_for(lambda s: isinstance(s, Paused))
+        assert isinstance(silent, Paused)
+        assert silent.error is not None
+        assert silent.error.message == "stream lost: no frame for 0.2 s"
+
+
 @guarded(30)
 async def test_follow_reconnects_after_a_cut_stream_and_resumes_from_latest() -> None:
     asked: list[tuple[str, a2trio.ErrorCode | None, int]] = []

@@ -5,7 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import a2trio
+import a2trio.transport
 
 
 def test_all_is_sorted_and_complete() -> None:
@@ -34,3 +37,15 @@ def test_import_a2trio_does_not_import_pytest_or_the_testing_kit() -> None:
     code = "import sys, a2trio; print('pytest' in sys.modules, 'a2trio.testing' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_serving_does_not_import_httpx() -> None:
+    # The HTTP clients load on first use (the core install has no httpx).
+    code = (
+        "import sys, a2trio.serve, a2trio.transport as t; print('httpx' in sys.modules); "
+        "t.open_actor_client; print('httpx' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        getattr(a2trio.transport, "nope")  # noqa: B009
