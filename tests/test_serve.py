@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -20,11 +21,10 @@ import pytest
 import trio
 
 import a2trio
-from a2trio.serve import lanes, load_target
+from a2trio.serve import AccessLog, lanes, load_target
 from a2trio.stores import memory
 from a2trio.transport import App, asgi
 from a2trio.transport.sse import SSEDecoder
-from a2trio.tuning import GC_THRESHOLD
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,8 +71,13 @@ def test_lanes_name_every_route(targets: ModuleType) -> None:
         "ws://h:1/notes/{session}/ws",
         "ws://h:1/notes/ws",
         "POST http://h:1/_a2/scheduler",
+        "GET  http://h:1/_a2/health",
     ):
         assert route in text
+    assert "/_a2/inspect" not in text
+    assert "GET  http://h:1/_a2/inspect" in "\n".join(
+        lanes(asgi(targets.server, inspect=True), "http://h:1")
+    )
 
 
 def test_tune_gc_freezes_startup_objects_and_raises_the_young_threshold() -> None:
@@ -154,19 +159,60 @@ async def test_the_readme_command_serves_the_example_on_sqlite(tmp_path: Path) -
         assert [(f["id"], f["type"], f["sessionId"]) for f in frames] == [
             ("c-1", "task_added", "team-1")
         ]
-    assert lines[-2:] == ["shutting down", "stopped"]
+    # (The SSE stream's access line may come as the server closes it.)
+    assert lines[-1] == "stopped"
+    assert "shutting down" in lines[-3:]
     assert (tmp_path / ".a2" / "dev.db").exists()
-    assert any(line.startswith(f"  gc thresholds ({GC_THRESHOLD}, ") for line in lines)
+    # The happy path shows in the terminal: a line per request, no query string.
+    access = [line.split("a2trio.access: ", 1)[1] for line in lines if "a2trio.access: " in line]
+    assert [a.rsplit(" ", 2)[0] for a in access] == [
+        "POST /board/team-1 200",
+        "GET /board/team-1 200 (stream)",
+    ]
+    # The collector's settings are a detail (DEBUG), not the banner's.
+    assert not any("gc thresholds" in line for line in lines)
 
 
 @pytest.mark.filterwarnings(r"ignore:Async generator 'http(x|core)\..*:ResourceWarning")
 async def test_store_flag_selects_the_store(tmp_path: Path) -> None:
-    async with serve_command(tmp_path, "--store", "memory:", "--gc-threshold", "0") as (
-        url,
-        lines,
-    ):
+    flags = ("--store", "memory:", "--gc-threshold", "0", "--log-level", "debug")
+    async with serve_command(tmp_path, *flags, "--no-access-log") as (url, lines):
         assert any("board: MemoryStore()" in line for line in lines), lines
         assert len(await push_and_follow(url)) == 1
     assert not (tmp_path / ".a2").exists()
     # Python's own collector settings, untouched.
-    assert f"  gc thresholds {gc.get_threshold()}, 0 startup objects frozen" in lines
+    assert any(
+        line.endswith(f"gc thresholds {gc.get_threshold()}, 0 startup objects frozen")
+        for line in lines
+    )
+    assert not any("a2trio.access" in line for line in lines)
+
+
+async def test_the_access_log_names_method_path_status_and_duration_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    async def receive() -> Any:
+        raise AssertionError("not read")
+
+    scope = {"type": "http", "method": "POST", "path": "/notes/s1", "query_string": b"token=x"}
+    with caplog.at_level(logging.INFO, logger="a2trio.access"):
+        await AccessLog(app)(scope, receive, send)
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    [record] = caplog.records
+    assert record.getMessage().startswith("POST /notes/s1 201 ")
+    assert record.getMessage().endswith(" ms")
+    assert "token" not in record.getMessage()
+    caplog.clear()
+    # Disabled: not a record, not a clock read.
+    with caplog.at_level(logging.WARNING, logger="a2trio.access"):
+        await AccessLog(app)(scope, receive, send)
+    assert caplog.records == []
