@@ -36,8 +36,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final, cast
 
 import hypercorn.config
+import hypercorn.events
 import hypercorn.run
 import hypercorn.trio
+import hypercorn.trio.tcp_server
 import hypercorn.typing
 import msgspec
 import trio
@@ -58,6 +60,7 @@ __all__ = [
     "StartupError",
     "TargetError",
     "configure_logging",
+    "guard_hypercorn",
     "lanes",
     "load_target",
     "main",
@@ -136,6 +139,7 @@ def load_target(target: str, *, limits: Limits = DEFAULT_LIMITS) -> App | Any:
 
 def _from_environ() -> App | Any:
     """The reloader's entry point: each fresh worker loads the target again."""
+    guard_hypercorn()
     body_timeout_s = float(os.environ.get(_BODY_TIMEOUT_ENV, DEFAULT_LIMITS.body_timeout_s))
     target = os.environ[_TARGET_ENV]
     app = load_target(target, limits=Limits(body_timeout_s=body_timeout_s))
@@ -322,6 +326,37 @@ async def _preflight(app: App | Any) -> None:
             raise StartupError(message) from exc
 
 
+def guard_hypercorn() -> None:
+    """Make hypercorn's trio worker treat a send that races its own close of
+    the connection as a closed connection. Idempotent; ``serve`` calls it.
+
+    hypercorn 0.18 closes a connection (``send_eof``) outside the lock that
+    orders its sends, and its ``protocol_send`` lets the ``BusyResourceError``
+    of a send caught in that window escape. A client that leaves just as its
+    body times out (issue 29) hits it: from the app's 408 it was logged as
+    "Error in ASGI Framework" with a traceback; from hypercorn's own 400 for
+    the truncated body it ended the listener's nursery, and with it the whole
+    server. The send's bytes are lost either way (the connection is closing),
+    so the guard does what hypercorn does for a closed stream. Call it before
+    serving an app with hypercorn's trio worker yourself.
+    """
+    server = hypercorn.trio.tcp_server.TCPServer
+    if getattr(server.protocol_send, "a2trio_guarded", False):
+        return
+    unguarded = server.protocol_send
+
+    async def protocol_send(
+        self: hypercorn.trio.tcp_server.TCPServer, event: hypercorn.events.Event
+    ) -> None:
+        try:
+            await unguarded(self, event)
+        except trio.BusyResourceError:
+            await self.protocol.handle(hypercorn.events.Closed())
+
+    protocol_send.a2trio_guarded = True  # type: ignore[attr-defined]
+    server.protocol_send = protocol_send  # type: ignore[method-assign]
+
+
 def _leaf(error: BaseException) -> BaseException:
     while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
         error = error.exceptions[0]
@@ -329,6 +364,7 @@ def _leaf(error: BaseException) -> BaseException:
 
 
 async def _serve(app: App | Any, config: hypercorn.config.Config, access_log: bool) -> None:
+    guard_hypercorn()
     await _preflight(app)
     served = AccessLog(app) if access_log else app
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

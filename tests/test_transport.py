@@ -27,6 +27,7 @@ import trio_websocket
 
 import a2trio
 from a2trio.scheduler import AppendTask, ScheduledEvent
+from a2trio.serve import guard_hypercorn
 from a2trio.stores import MemoryStore, memory
 from a2trio.testing import FaultyStore
 from a2trio.transport import Limits, Operation, Request, asgi, sign_task
@@ -90,7 +91,9 @@ rooms = a2trio.contract("rooms", events={"note": Note}, presence={"cursor": Curs
 
 @asynccontextmanager
 async def serving(app: a2trio.transport.App) -> AsyncIterator[str]:
-    """Serve ``app`` with hypercorn's trio worker on a free loopback port."""
+    """Serve ``app`` with hypercorn's trio worker on a free loopback port,
+    guarded as ``python -m a2trio.serve`` guards it."""
+    guard_hypercorn()
     config = hypercorn.config.Config()
     config.bind = ["127.0.0.1:0"]
     config.graceful_timeout = 0.2

@@ -4,7 +4,9 @@ make a socket restart a lane 30,000 times."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 
 import pytest
 import trio
@@ -14,6 +16,7 @@ import a2trio
 from a2trio.serve import KEEP_ALIVE_S, load_target, main
 from a2trio.stores import memory
 from a2trio.transport import DEFAULT_LIMITS, App, Limits, asgi
+from tests.serve_kit import start_serve
 from tests.test_transport import (
     collect_client_garbage,
     frame,
@@ -51,6 +54,29 @@ async def test_a_body_that_never_finishes_gets_a_408() -> None:
         }
 
 
+async def _leave_at_the_deadline(base: str, timeout_s: float) -> None:
+    """Slow clients that half-close around the body deadline, spread finely
+    enough (0.3 ms apart) to hit the instant the 408 is answered."""
+    host, port = base.removeprefix("http://").rstrip("/").split(":")
+
+    async def slow_client(delay_s: float) -> None:
+        stream = await trio.open_tcp_stream(host, int(port))
+        async with stream:
+            await stream.send_all(
+                b"POST /orders/s1 HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b'content-length: 100\r\n\r\n{"events"'
+            )
+            await trio.sleep(delay_s)
+            with contextlib.suppress(trio.BrokenResourceError):
+                await stream.send_eof()
+                await _answer(stream)
+
+    for _ in range(6):
+        async with trio.open_nursery() as nursery:
+            for n in range(20):
+                nursery.start_soon(slow_client, timeout_s - 0.003 + n * 0.0003)
+
+
 async def _answer(stream: trio.SocketStream) -> bytes:
     """Everything the server sends until it closes the connection."""
     answer = b""
@@ -82,6 +108,47 @@ async def test_content_length_with_chunked_encoding_is_refused_at_once() -> None
             error = json.loads(body)["error"]
             assert error["code"] == "INVALID_PAYLOAD"
             assert "Content-Length and Transfer-Encoding" in error["message"]
+
+
+@guarded(60)
+async def test_a_client_leaving_as_its_body_times_out_logs_no_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Issue 29: the 408 raced hypercorn's close of a connection whose client
+    # half-closed at that instant: hypercorn logged the app's BusyResourceError
+    # ("Error in ASGI Framework") with a traceback, or its own error answer's
+    # ended the server.
+    caplog.set_level(logging.INFO)
+    server = a2trio.Server(orders, store=memory())
+    async with serving(asgi(server, limits=Limits(body_timeout_s=0.2))) as base:
+        await _leave_at_the_deadline(base, 0.2)
+    noisy = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert noisy == [], [(r.name, r.getMessage(), r.exc_info) for r in noisy]
+
+
+@guarded(90)
+async def test_the_serve_process_outlives_clients_leaving_as_their_bodies_time_out() -> None:
+    started = await start_serve(
+        "tests.test_transport_timeouts:target", "--port", "0", "--body-timeout", "0.2"
+    )
+    process, stdout = started.process, started.process.stdout
+    assert stdout is not None
+    try:
+        await _leave_at_the_deadline(started.url, 0.2)
+        assert process.poll() is None, "the server died"
+        process.terminate()
+        output = started.banner.encode()
+        with trio.fail_after(30):
+            while chunk := await stdout.receive_some():
+                output += chunk
+    finally:
+        if process.poll() is None:
+            process.kill()
+        await process.wait()
+    text = output.decode()
+    assert "Traceback" not in text, text[-3000:]
+    assert "ERROR" not in text, text[-3000:]
+    assert "stopped" in text
 
 
 @guarded(20)
