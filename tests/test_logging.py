@@ -56,6 +56,42 @@ async def test_failures_and_the_dead_letter_are_logged_with_their_coordinates(
         assert isinstance(record.__dict__["a2_holder"], str)
 
 
+async def test_each_attempt_is_one_info_line_on_a2trio_runs(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="a2trio.runs")
+
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> None:
+        await trio.sleep(0.25)
+        if ctx.attempt == 1:
+            raise RuntimeError("the courier is down")
+
+    timings = a2trio.Timings(max_failures=1)
+    store = a2trio.stores.memory(clock=a2trio.TrioClock())
+    async with a2trio.Server(orders, store=store, handlers={"ordered": ship}, timings=timings) as s:
+        await s.session("s1").append(orders.event("ordered", Ordered("book")))
+        await s.settle()
+        await s.inspect.redrive("s1", 1, by="test")
+        await s.drain("s1")
+    first, second = records(caplog, "a2trio.runs")
+    assert first.levelno == second.levelno == logging.INFO
+    assert first.getMessage() == (
+        "ran ordered #1 of session 's1' (attempt 1) in 250.0 ms: dead-lettered"
+    )
+    assert (
+        second.getMessage() == "ran ordered #1 of session 's1' (attempt 2) in 250.0 ms: processed"
+    )
+    assert (first.__dict__["a2_outcome"], second.__dict__["a2_outcome"]) == (
+        "dead_lettered",
+        "processed",
+    )
+    assert second.__dict__["a2_duration_ms"] == 250.0
+    assert second.__dict__["a2_index"] == 1
+    # One failure is "1 time".
+    [dead] = records(caplog, "a2trio.drain")
+    assert "failed 1 time: dead-lettered" in dead.getMessage()
+
+
 async def test_a_lapsed_lease_is_logged(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
