@@ -782,6 +782,37 @@ async def check_aclose_is_idempotent(open_store: StoreFactory) -> None:
         await store.aclose()
 
 
+async def check_aclose_inside_the_block_ends_only_the_stores_tasks(
+    open_store: StoreFactory,
+) -> None:
+    """``aclose`` inside ``async with store`` (as the factory enters it), under
+    a cancel scope and a feed of the block's own, never cancels the block: the
+    code after it runs, and each later call raises ``STORE_UNAVAILABLE`` or
+    works (a store that reopens on use), never anything else."""
+    ran_on = False
+    async with open_store(ManualClock()) as store:
+        sid = _sid("early-close")
+        await _append_n(store, sid, 1)
+        with trio.fail_after(FEED_DEADLINE_S):
+            async with store.stream(sid) as feed:
+                assert _indexes(await _receive(feed, 1)) == [1]
+                await store.aclose()
+                await trio.lowlevel.checkpoint()
+        for call in (
+            lambda: store.read(sid),
+            lambda: store.append(sid, [_ev("after close")]),
+            lambda: store.claim_available(sid, holder="h", ttl_ms=1_000),
+        ):
+            try:
+                await call()
+            except A2Error as exc:
+                if exc.code is not ErrorCode.STORE_UNAVAILABLE:
+                    raise AssertionError(f"after aclose: {exc!r}") from exc
+        await store.aclose()
+        ran_on = True
+    assert ran_on, "aclose cancelled the block that entered the store"
+
+
 # -- claims -------------------------------------------------------------------
 
 
@@ -1733,6 +1764,7 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_trace_context_is_stored_with_the_event,
     check_cancelled_calls_commit_all_or_nothing,
     check_aclose_is_idempotent,
+    check_aclose_inside_the_block_ends_only_the_stores_tasks,
     check_read_bounds,
     check_claim_available,
     check_claim_limit,

@@ -104,6 +104,7 @@ from ._feed import Feed, FeedStatistics, Wakeups, adaptive_poll, open_pump_feed
 from ._pg_conn import Param, PgError, PgPool, Preamble, Row, Statement
 from ._pg_group import LOCKING, GroupCommitter, GroupStatistics, Kind, Request
 from ._pg_shared import PoolLease, SharedListener, acquire_pool, listener
+from ._tasks import StoreTasks
 from .base import (
     AppendEvent,
     AppendResult,
@@ -547,8 +548,8 @@ class PostgresStore:
         self._origin = random_id()
         self._wakeups = Wakeups()
         self._pending_watchers: set[Callable[[str], None]] = set()
+        self._tasks = StoreTasks("Postgres store")
         self._nursery: trio.Nursery | None = None
-        self._nursery_cm: AbstractAsyncContextManager[trio.Nursery] | None = None
         self._entered = 0
         self._subscribers = 0
         self._join: trio.CancelScope | None = None
@@ -567,19 +568,18 @@ class PostgresStore:
     # -- lifecycle ---------------------------------------------------------
 
     async def __aenter__(self) -> PostgresStore:
-        """Open the store's nursery (for the listener) on the first entry.
+        """Open the store's task nursery (``_tasks``: the listener, the
+        committers) on the first entry.
 
         Nested entries share it; the nursery closes with the outermost exit,
         which must happen in the task that entered first. No I/O happens here.
 
-        Cancellation: opens no connection, so there is nothing to undo.
+        Cancellation: opens no connection; if cancelled, nothing is left open.
         """
         if self._closed:
             raise trio.ClosedResourceError("this Postgres store was closed: create a new one")
         if self._entered == 0:
-            manager = trio.open_nursery()
-            self._nursery = await manager.__aenter__()
-            self._nursery_cm = manager
+            self._nursery = await self._tasks.enter()
         self._entered += 1
         self._join_listener()
         return self
@@ -594,21 +594,16 @@ class PostgresStore:
         if self._entered > 0:
             return
         try:
-            await self._stop_nursery()
+            self._nursery = None
+            self._join = None
+            await self._tasks.exit()
+            await self._listener_closed()
         finally:
             self._release_pool()
 
-    async def _stop_nursery(self) -> None:
-        """Cancel the store's tasks (the committers, the listener subscription)
-        and wait for them; if that left the shared listener without
-        subscribers, wait until its connection is closed too."""
-        manager, self._nursery_cm = self._nursery_cm, None
-        nursery, self._nursery = self._nursery, None
-        self._join = None
-        if manager is None or nursery is None:
-            return
-        nursery.cancel_scope.cancel(reason="store closed")
-        await manager.__aexit__(None, None, None)
+    async def _listener_closed(self) -> None:
+        """Once the store's tasks ended: if that left the shared listener
+        without subscribers, wait until its connection is closed too."""
         shared, self._listener = self._listener, None
         if shared is not None and shared.idle:
             # Bounded: the listener's task closes its connection synchronously
@@ -625,12 +620,23 @@ class PostgresStore:
     async def aclose(self) -> None:
         """Stop the listener, close the pool (if the store created it). Idempotent.
 
+        Inside ``async with store`` it ends the store's tasks, never the block
+        itself: the block goes on, and its next operation raises
+        ``STORE_UNAVAILABLE``. The nursery ``__aenter__`` opened is left to the
+        block's exit, so the block's own cancel scopes and feeds are not
+        misnested.
+
         Cancellation: a checkpoint; the connections are closed either way.
         """
         self._closed = True
-        self._entered = 0
+        self._nursery = None
+        self._join = None
         try:
-            await self._stop_nursery()
+            if self._tasks.entered:
+                await self._tasks.close()
+            else:
+                await self._tasks.exit()
+            await self._listener_closed()
         finally:
             self._release_pool()
             self._wakeups.notify_all()

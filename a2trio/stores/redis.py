@@ -63,6 +63,7 @@ the store-wide ones.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -84,6 +85,7 @@ from ..timings import DEFAULT_TIMINGS, Timings
 from . import _redis_scripts as lua
 from . import _verdicts as verdicts
 from ._feed import Feed, FeedStatistics, Wakeups, adaptive_poll, open_pump_feed
+from ._tasks import StoreTasks
 from .base import (
     ActionKind,
     AppendEvent,
@@ -111,6 +113,8 @@ from .base import (
 )
 
 __all__ = ["RedisStore", "SubscriberStatistics", "redis"]
+
+_log = logging.getLogger("a2trio.stores.redis")
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
@@ -600,8 +604,8 @@ class RedisStore:
         self._origin_bytes = self._origin.encode()
         self._shas: dict[str, str] = {}
         self._wakeups = Wakeups()
+        self._tasks = StoreTasks("Redis store")
         self._nursery: trio.Nursery | None = None
-        self._nursery_cm: AbstractAsyncContextManager[trio.Nursery] | None = None
         self._client: coredis.Redis[bytes] | None = None
         self._entered = 0
         self._closed = False
@@ -665,20 +669,24 @@ class RedisStore:
         return client
 
     async def __aenter__(self) -> RedisStore:
-        """Open the store's nursery and its client on the first entry.
+        """Open the store's task nursery (``_tasks``) and its client on the
+        first entry.
 
         Nested entries share them; they close with the outermost exit, which
         must happen in the task that entered first. No I/O happens here.
 
-        Cancellation: opens no connection, so there is nothing to undo.
+        Cancellation: opens no connection; if cancelled, nothing is left open.
         """
         if self._closed:
             raise trio.ClosedResourceError("this Redis store was closed: create a new one")
         if self._entered == 0:
-            manager = trio.open_nursery()
-            nursery = await manager.__aenter__()
-            self._nursery, self._nursery_cm = nursery, manager
-            self._client = await nursery.start(self._serve_client)
+            nursery = await self._tasks.enter()
+            try:
+                await nursery.start(self._serve_client)
+            except BaseException:
+                await self._stop_tasks()
+                raise
+            self._nursery = nursery
         self._entered += 1
         return self
 
@@ -691,45 +699,62 @@ class RedisStore:
         self._entered -= 1
         if self._entered > 0:
             return
-        await self._stop_nursery()
+        await self._stop_tasks()
 
-    async def _serve_client(self, *, task_status: trio.TaskStatus[coredis.Redis[bytes]]) -> None:
-        """Hold the command client (its pool's tasks) until the nursery closes."""
-        async with self._new_client() as client:
-            task_status.started(client)
-            await trio.sleep_forever()
+    async def _serve_client(self, *, task_status: trio.TaskStatus[None]) -> None:
+        """Hold the command client (its pool's tasks) until the store's tasks
+        are cancelled; if the pool fails (its connections' tasks raise), open
+        a new one after a backoff. Meanwhile calls open clients of their own."""
+        backoff = _SUBSCRIBER_BACKOFF_S[0]
+        while True:
+            try:
+                async with self._new_client() as client:
+                    self._client = client
+                    task_status.started()
+                    task_status = trio.TASK_STATUS_IGNORED
+                    await trio.sleep_forever()
+            except Exception:
+                # The pool's task group failed: the store outlives it (callers
+                # got STORE_UNAVAILABLE from their own calls). Cancellation is
+                # a BaseException: it ends this.
+                _log.warning("the Redis client failed; reopening it", exc_info=True)
+            finally:
+                self._client = None
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, _SUBSCRIBER_BACKOFF_S[1])
 
-    async def _stop_nursery(self) -> None:
-        manager, self._nursery_cm = self._nursery_cm, None
-        nursery, self._nursery = self._nursery, None
+    def _forget_tasks(self) -> None:
+        self._nursery = None
         self._client = None
         self._subscriber_started = False
         self._ready.clear()
         if self._listening.is_set():
             self._listening = trio.Event()
-        if manager is None or nursery is None:
-            return
-        nursery.cancel_scope.cancel(reason="store closed")
-        await manager.__aexit__(None, None, None)
+
+    async def _stop_tasks(self) -> None:
+        """End the store's tasks and leave the nursery ``__aenter__`` opened."""
+        self._forget_tasks()
+        await self._tasks.exit()
 
     async def aclose(self) -> None:
         """Close both connections; sever every feed with ``STORE_UNAVAILABLE``.
         Idempotent; later operations raise ``STORE_UNAVAILABLE``.
 
         Inside ``async with store`` it cancels the store's tasks (their
-        connections close as they end) and leaves the nursery to the block's
-        exit, so feeds open in the block are not misnested.
+        connections close as they end), never the block itself: the block goes
+        on, and its next operation raises ``STORE_UNAVAILABLE``. The nursery
+        ``__aenter__`` opened is left to the block's exit, so feeds open in
+        the block are not misnested.
 
         Cancellation: a checkpoint; the connections are closed either way.
         """
         self._closed = True
-        self._client = None
+        self._forget_tasks()
         try:
             if self._entered > 0:
-                if self._nursery is not None:
-                    self._nursery.cancel_scope.cancel(reason="store closed")
+                await self._tasks.close()
             else:
-                await self._stop_nursery()
+                await self._stop_tasks()
         finally:
             self._wakeups.notify_all()
         await trio.lowlevel.checkpoint()
@@ -857,7 +882,8 @@ class RedisStore:
 
     async def _subscribe_once(self) -> None:
         client = self._client
-        assert client is not None, "the subscriber runs only inside `async with store`"
+        if client is None:
+            raise trio.ClosedResourceError("the store's client is being reopened")
         pubsub = client.pubsub(
             retry_policy=NoRetryPolicy(),
             ignore_subscribe_messages=True,
