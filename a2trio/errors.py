@@ -32,6 +32,8 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+import trio
+
 __all__ = ["A2Error", "ErrorCode", "store_unavailable"]
 
 
@@ -85,6 +87,14 @@ class store_unavailable:
     Trio's ``Cancelled`` is a ``BaseException`` and is never caught. A class,
     not a generator: it wraps every store call on the hot path.
 
+    An exception group (a driver's or the store's own task group) is judged by
+    what it holds besides cancellations: nothing, and it passes through (a
+    cancellation); one verdict, and that is raised; otherwise it is one
+    ``STORE_UNAVAILABLE`` with the group as ``__cause__``. Its errors beat a
+    cancellation it also holds, as they do in a Trio nursery: a driver whose
+    tasks failed while the caller was cancelled never lets a bare driver error
+    out (once the caller's cancel scope drops the ``Cancelled`` from the group).
+
     The message names the operation only: the failure (a host, a port, driver
     or server text, SQL) stays in ``__cause__`` and in the logs, never in what
     a client is answered.
@@ -112,17 +122,38 @@ class store_unavailable:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc is None or not isinstance(exc, Exception):
+        if exc is None:
             return
-        if isinstance(exc, A2Error | TypeError | ValueError):
+        error: BaseException = exc
+        if isinstance(exc, BaseExceptionGroup):
+            _, failed = exc.split(trio.Cancelled)
+            if failed is None:
+                return
+            leaves = _leaves(failed)
+            if not all(isinstance(leaf, Exception) for leaf in leaves):
+                return  # a KeyboardInterrupt, a SystemExit: not ours to judge
+            if len(leaves) == 1:
+                error = leaves[0]
+        elif not isinstance(exc, Exception):
             return
-        if self.permanent is not None and self.permanent(exc):
+        if isinstance(error, A2Error | TypeError | ValueError):
+            if error is exc:
+                return
+            raise error
+        if self.permanent is not None and isinstance(error, Exception) and self.permanent(error):
             raise A2Error(
                 ErrorCode.INVALID_PAYLOAD, f"{self.what} failed: the store refused the data"
             ) from exc
         raise A2Error(
             ErrorCode.STORE_UNAVAILABLE, f"{self.what} failed: the store is unavailable"
         ) from exc
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    found: list[BaseException] = []
+    for exc in group.exceptions:
+        found.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return found
 
 
 A2Error.__module__ = "a2trio"

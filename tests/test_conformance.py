@@ -15,7 +15,13 @@ from pathlib import Path
 import pytest
 import trio
 
-from a2trio.stores.conformance import CHECKS, REQUIRES, StoreFactory, capabilities
+from a2trio.stores.conformance import (
+    CHECKS,
+    REQUIRES,
+    UNREACHABLE_CHECKS,
+    StoreFactory,
+    capabilities,
+)
 
 _TESTS = Path(__file__).resolve().parent
 
@@ -74,11 +80,34 @@ async def test_conformance(backend: str, check: Check, open_store: StoreFactory)
     await check(open_store)
 
 
+@pytest.fixture
+def open_unreachable_store(backend: str) -> StoreFactory:
+    """The backend's factory of stores it cannot reach, or a skip (in a sync
+    fixture, for the reason, as ``open_store``): the memory store has no
+    backend to lose."""
+    module = importlib.import_module(f"tests.backends.{backend}")
+    factory: StoreFactory | None = getattr(module, "open_unreachable_store", None)
+    if factory is None:
+        pytest.skip(f"the {backend} store has no backend to be unreachable")
+    return factory
+
+
+@pytest.mark.parametrize(
+    "check", UNREACHABLE_CHECKS, ids=lambda c: c.__name__.removeprefix("check_")
+)
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_unreachable(
+    backend: str, check: Check, open_unreachable_store: StoreFactory
+) -> None:
+    await check(open_unreachable_store)
+
+
 def test_every_check_is_listed() -> None:
     """A check defined in the module but left out of CHECKS would never run."""
     from a2trio.stores import conformance
 
     defined = {name for name in vars(conformance) if name.startswith("check_")}
-    assert defined == {check.__name__ for check in CHECKS}
-    assert len(CHECKS) == len(defined)
+    listed = [*CHECKS, *UNREACHABLE_CHECKS]
+    assert defined == {check.__name__ for check in listed}
+    assert len(listed) == len(defined)
     assert set(REQUIRES) <= defined

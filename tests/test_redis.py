@@ -108,6 +108,26 @@ async def test_operations_outside_async_with_open_their_own_client() -> None:
             await store.__aenter__()
 
 
+async def test_a_cancelled_call_outside_async_with_lets_no_driver_error_out() -> None:
+    """A call on its own client, cancelled at any point, is cancelled (or
+    done): the client's connection tasks live in its pool's task group, so a
+    cancellation that reached them cut the call's connection, and the driver's
+    ``ConnectionError`` came out in an ``ExceptionGroup`` (issue 29)."""
+    async with _prefix() as prefix:
+        store = redis(REDIS_URL, key_prefix=prefix)
+        await store.append("s", [_ev()])
+        calls: list[Callable[[], Any]] = [
+            lambda: store.inspect.list_sessions(prefix="", limit=10),
+            lambda: store.read("s"),
+            lambda: store.append("s", [_ev(id="once")]),
+        ]
+        for call in calls:
+            for step in range(12):
+                with trio.move_on_after(step * 2.5e-4):
+                    await call()
+        await store.aclose()
+
+
 async def test_feeds_follow_another_store_and_skip_their_own_echoes() -> None:
     async with _two_stores(timings=QUIET) as (a, b):
         await b.append("s", [_ev("zero")])

@@ -13,8 +13,10 @@ import sqlite3
 
 import httpx
 import pytest
+import trio
 
 import a2trio
+from a2trio.errors import store_unavailable
 from a2trio.stores.base import AppendEvent
 from tests.backends import postgres as pg_backend
 from tests.test_transport import (
@@ -139,3 +141,60 @@ async def test_health_answers_the_round_trip_or_a_bare_503() -> None:
                 "message": "the store for 'orders' is unavailable",
             }
         }
+
+
+# -- exception groups (issue 29) ---------------------------------------------
+
+
+def _group_in_store_call(*errors: BaseException) -> BaseException:
+    """What ``store_unavailable`` makes of a group of ``errors`` raised by a
+    driver's (or the store's own) task group inside a store call."""
+    try:
+        with store_unavailable("list sessions"):
+            raise BaseExceptionGroup("a driver's task group", list(errors))
+    except BaseException as exc:
+        return exc
+    raise AssertionError("nothing was raised")
+
+
+def _cancelled() -> BaseException:
+    """A real ``trio.Cancelled`` (it has no public constructor)."""
+    caught: list[BaseException] = []
+
+    async def main() -> None:
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            try:
+                await trio.lowlevel.checkpoint()
+            except trio.Cancelled as exc:
+                caught.append(exc)
+                raise
+
+    trio.run(main)
+    return caught[0]
+
+
+def test_a_driver_error_beside_a_cancellation_is_one_store_unavailable() -> None:
+    # The shape coredis let out of inspect.list_sessions: its pool's tasks
+    # cancelled with the caller, the call's ConnectionError beside them.
+    driver = ConnectionError("Connection lost!")
+    raised = _group_in_store_call(driver, _cancelled())
+    assert isinstance(raised, a2trio.A2Error)
+    assert raised.code is a2trio.ErrorCode.STORE_UNAVAILABLE
+    assert isinstance(raised.__cause__, BaseExceptionGroup)
+    assert raised.__cause__.exceptions[0] is driver
+
+
+def test_a_group_of_driver_errors_is_one_store_unavailable_with_the_group_as_cause() -> None:
+    raised = _group_in_store_call(OSError("one"), OSError("two"))
+    assert isinstance(raised, a2trio.A2Error)
+    assert raised.code is a2trio.ErrorCode.STORE_UNAVAILABLE
+    assert isinstance(raised.__cause__, ExceptionGroup)
+
+
+def test_a_group_of_one_verdict_raises_the_verdict_and_cancellations_pass() -> None:
+    verdict = a2trio.A2Error(a2trio.ErrorCode.INDEX_CONFLICT, "moved")
+    assert _group_in_store_call(verdict, _cancelled()) is verdict
+    only_cancelled = _group_in_store_call(_cancelled(), _cancelled())
+    assert isinstance(only_cancelled, BaseExceptionGroup)
+    assert not isinstance(only_cancelled, a2trio.A2Error)

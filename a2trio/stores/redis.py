@@ -26,10 +26,13 @@ the lane hand-off, each atomically. The rules are the seed's, through
 ``_verdicts`` (the scripts return what the rules read; the failure verdict is
 ``_verdicts.fail_verdict`` itself, written back by a compare-and-set script).
 
-**Cancellation.** A cancelled call either reached Redis, where its script ran
-whole, or did not; coredis keeps the connection's replies in order either
-way. Ids are generated before the script runs, so a retry with the same
-events replays instead of duplicating. The client never retries on its own:
+**Cancellation.** A call's round trip is shielded (coredis loses a pool slot
+to a connection cancelled mid-connect, and outside ``async with store`` its
+own client's connection tasks would be cancelled under it): a cancellation
+lands at the checkpoint after the reply, so a cancelled call either ran whole
+or never started, and waits at most the connect and command timeouts. Ids
+are generated before the script runs, so a retry with the same events
+replays instead of duplicating. The client never retries on its own:
 a lost connection is ``STORE_UNAVAILABLE`` and the caller retries.
 
 **Live feeds, as the seed does them.** A feed marks its session watched (a
@@ -790,15 +793,21 @@ class RedisStore:
         store's client, or on a client of its own outside ``async with``."""
         if self._closed:
             raise trio.ClosedResourceError("this Redis store was closed: create a new one")
+        # Shielded: coredis leaks a pool slot for a connection cancelled
+        # mid-connect (after its pool's 64 are gone, every call waits
+        # forever). Outside ``async with`` the client's exit is shielded too:
+        # its connection tasks run in its pool's task group, opened here, and
+        # cancelled with the caller they cut the call's connection under it;
+        # the pool's exit then let out the driver's error beside the
+        # Cancelled. A call is bounded by the connect and command timeouts;
+        # a cancellation lands at the checkpoint after it.
         client = self._client
-        if client is not None:
-            return await self._evalsha(client, source, keys, args)
-        async with self._new_client() as own:
-            # Shielded: coredis leaks a connection cancelled mid-connect. The
-            # call is bounded by the connect and command timeouts, and a
-            # cancellation lands at the checkpoint after it.
-            with trio.CancelScope(shield=True):
-                result: Any = await self._evalsha(own, source, keys, args)
+        with trio.CancelScope(shield=True):
+            if client is not None:
+                result: Any = await self._evalsha(client, source, keys, args)
+            else:
+                async with self._new_client() as own:
+                    result = await self._evalsha(own, source, keys, args)
         await trio.lowlevel.checkpoint()
         return result
 

@@ -28,8 +28,9 @@ from psycopg.conninfo import make_conninfo
 from a2trio.clock import Clock
 from a2trio.stores.base import Store
 from a2trio.stores.postgres import PostgresStore, postgres
+from tests.backends import unreachable_port
 
-__all__ = ["admin_dsn", "database_dsn", "open_store", "run_sql"]
+__all__ = ["admin_dsn", "database_dsn", "open_store", "open_unreachable_store", "run_sql"]
 
 # Read at import: the autouse fixture clears A2_* variables before each test.
 SERVER_DSN = os.environ.get("A2_TEST_POSTGRES_URL", "postgresql://root@127.0.0.1:5432/postgres")
@@ -94,3 +95,16 @@ async def open_store(clock: Clock, **options: Any) -> AsyncIterator[Store]:
     finally:
         await store.aclose()
         await run_sql(dsn, f'drop schema if exists "{schema}" cascade')
+
+
+@asynccontextmanager
+async def open_unreachable_store(clock: Clock) -> AsyncIterator[Store]:
+    """A Postgres store pointed at a loopback port where nothing listens
+    (bound, never listening: each connection is refused), not entered;
+    closed on exit."""
+    with unreachable_port() as port:
+        store = postgres(f"postgresql://root@127.0.0.1:{port}/test", clock=clock)
+        try:
+            yield store
+        finally:
+            await store.aclose()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -24,6 +25,7 @@ from coredis.retry import NoRetryPolicy
 from a2trio.clock import Clock
 from a2trio.stores.base import Store
 from a2trio.stores.redis import RedisStore, redis
+from tests.backends import unreachable_port
 
 __all__ = [
     "REDIS_URL",
@@ -32,6 +34,7 @@ __all__ = [
     "delete_prefix",
     "new_prefix",
     "open_store",
+    "open_unreachable_store",
     "reachable",
     "throwaway_redis",
 ]
@@ -98,6 +101,18 @@ async def open_store(clock: Clock, **options: Any) -> AsyncIterator[Store]:
         await delete_prefix(prefix)
 
 
+@asynccontextmanager
+async def open_unreachable_store(clock: Clock) -> AsyncIterator[Store]:
+    """A Redis store pointed at a loopback port where nothing listens (bound,
+    never listening, so each connection is refused), not entered; closed on exit."""
+    with unreachable_port() as port:
+        store = redis(f"redis://127.0.0.1:{port}/0", key_prefix=new_prefix(), clock=clock)
+        try:
+            yield store
+        finally:
+            await store.aclose()
+
+
 class Throwaway:
     """A redis-server of a test's own on a free loopback port, in a temporary
     directory, with AOF ``appendfsync always`` (so a SIGKILL loses nothing):
@@ -162,8 +177,6 @@ class Throwaway:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])

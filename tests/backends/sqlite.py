@@ -26,3 +26,20 @@ async def open_store(clock: Clock, ids: IdSource | None = None) -> AsyncIterator
             yield store
     finally:
         await trio.to_thread.run_sync(shutil.rmtree, folder)
+
+
+@asynccontextmanager
+async def open_unreachable_store(clock: Clock) -> AsyncIterator[Store]:
+    """A SQLite store whose file cannot be opened (its folder's place is taken
+    by a regular file), not entered; closed on exit."""
+    folder = await trio.to_thread.run_sync(tempfile.mkdtemp, None, "a2trio-sqlite-")
+    try:
+        blocker = Path(folder) / "not-a-folder"
+        await trio.to_thread.run_sync(blocker.write_text, "")
+        store = sqlite(str(blocker / "conformance.db"), clock=clock)
+        try:
+            yield store
+        finally:
+            await store.aclose()
+    finally:
+        await trio.to_thread.run_sync(shutil.rmtree, folder)
