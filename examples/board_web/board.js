@@ -179,16 +179,34 @@ function showError(message) {
   $("#error").textContent = message;
 }
 
-function colorOf(name) {
+// Eight hues 45° apart, dark enough for white text on them. Each viewer
+// prefers the hue its name hashes to; viewers whose names share one take the
+// next free hue, in name order, so two viewers never look alike (up to eight)
+// and every page agrees on who is which colour.
+const HUES = [0, 45, 90, 135, 180, 225, 270, 315];
+
+function hashOf(name) {
   let hash = 0;
   for (const ch of name) hash = (hash * 31 + ch.codePointAt(0)) >>> 0;
-  return `hsl(${hash % 360} 65% 48%)`;
+  return hash;
 }
 
-function dot(name) {
+function coloursOf(names) {
+  const colours = new Map();
+  const taken = new Set();
+  for (const name of [...names].sort()) {
+    let slot = hashOf(name) % HUES.length;
+    for (let tries = 0; tries < HUES.length && taken.has(slot); tries++) slot = (slot + 1) % HUES.length;
+    taken.add(slot);
+    colours.set(name, `hsl(${HUES[slot]} 70% 40%)`);
+  }
+  return colours;
+}
+
+function dot(colour) {
   const span = document.createElement("span");
   span.className = "dot";
-  span.style.background = colorOf(name);
+  span.style.background = colour;
   return span;
 }
 
@@ -240,6 +258,7 @@ function renderTasks() {
 
 function renderPeople() {
   const people = Object.entries(viewers).filter(([, fields]) => live(fields.viewing) || live(fields.cursor));
+  const colours = coloursOf(people.map(([participant]) => participant));
   $("#viewers").replaceChildren(
     ...people.map(([participant, fields]) => {
       const item = document.createElement("li");
@@ -250,7 +269,7 @@ function renderPeople() {
       where.className = "where";
       const viewing = live(fields.viewing) ? fields.viewing.value : "board";
       where.textContent = state.tasks[viewing] ? `on “${state.tasks[viewing].title}”` : "";
-      item.append(dot(participant), name, where);
+      item.append(dot(colours.get(participant)), name, where);
       return item;
     }),
   );
@@ -267,11 +286,19 @@ function renderPeople() {
       const name = document.createElement("span");
       name.className = "name";
       name.textContent = participant;
-      cursor.append(dot(participant), name);
+      cursor.append(dot(""), name);
       board.append(cursor);
     }
-    cursor.style.left = `${fields.cursor.value.x / 10}%`;
-    cursor.style.top = `${fields.cursor.value.y / 10}%`;
+    const { x, y } = fields.cursor.value;
+    cursor.style.left = `${x / 10}%`;
+    cursor.style.top = `${y / 10}%`;
+    // Past the middle the label sits left of the dot; near the bottom, above.
+    cursor.toggleAttribute("data-flip-x", x > 500);
+    cursor.toggleAttribute("data-flip-y", y > 900);
+    // A newcomer can move someone to a free hue: colours are set each paint.
+    const colour = colours.get(participant);
+    cursor.querySelector(".dot").style.background = colour;
+    cursor.querySelector(".name").style.background = colour;
   }
   for (const gone of cursors.values()) gone.remove();
 }
