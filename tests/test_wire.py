@@ -121,6 +121,84 @@ def test_up_frames_decode_and_unknown_kinds_are_skipped(frame: Any, expected: An
     assert wire.decode_up_frame(json.dumps(frame).encode()) == expected
 
 
+#: Every up-frame and request body as the seed's types write them (the fields
+#: in the order of ``SocketPushFrame`` & co., absent optionals left out).
+UP_BYTES = [
+    (
+        wire.PushFrame(
+            req=7,
+            events=[wire.PushedEventWire("note", {"text": "hi"}, "e-1")],
+            session_id="s1",
+        ),
+        b'{"kind":"push","req":7,"events":[{"type":"note","payload":{"text":"hi"},"id":"e-1"}],'
+        b'"sessionId":"s1"}',
+    ),
+    (
+        wire.PushFrame(
+            7,
+            [wire.PushedEventWire("note", None, "e-1")],
+            traceparent="00-a-b-01",
+            tracestate="k=v",
+        ),
+        b'{"kind":"push","req":7,"events":[{"type":"note","payload":null,"id":"e-1"}],'
+        b'"traceparent":"00-a-b-01","tracestate":"k=v"}',
+    ),
+    (
+        wire.PresenceUpFrame("ann", {"cursor": 3}, session_id="s1"),
+        b'{"kind":"presence","participant":"ann","values":{"cursor":3},"sessionId":"s1"}',
+    ),
+    (
+        wire.PresenceUpFrame("ann", {}, 2, 1000, "s1"),
+        b'{"kind":"presence","participant":"ann","values":{},"seen":2,"at":1000,"sessionId":"s1"}',
+    ),
+    (
+        wire.SubscribeFrame([wire.SubscribeSession("s1"), wire.SubscribeSession("s2", 4)]),
+        b'{"kind":"subscribe","sessions":[{"id":"s1","index":0},{"id":"s2","index":4}]}',
+    ),
+    (wire.UnsubscribeFrame(["s1"]), b'{"kind":"unsubscribe","sessions":["s1"]}'),
+    (
+        wire.PushBody(events=[wire.PushedEventWire("note", {}, "e-1")]),
+        b'{"events":[{"type":"note","payload":{},"id":"e-1"}]}',
+    ),
+    (
+        wire.PushBody(presence=wire.PushedPresenceWire("ann", {"typing": True})),
+        b'{"presence":{"participant":"ann","values":{"typing":true}}}',
+    ),
+    (
+        wire.PushBody(presence=wire.PushedPresenceWire("ann", {}, 2, 1000)),
+        b'{"presence":{"participant":"ann","values":{},"seen":2,"at":1000}}',
+    ),
+    (
+        wire.CallBody("deposit", {"amount": 5}, "m-1"),
+        b'{"event":"deposit","input":{"amount":5},"messageId":"m-1"}',
+    ),
+    (wire.CallBody("close"), b'{"event":"close","input":null}'),
+]
+
+
+@pytest.mark.parametrize(("frame", "expected"), UP_BYTES)
+def test_up_frames_and_bodies_encode_as_the_seed_writes_them(frame: Any, expected: bytes) -> None:
+    assert wire.encode(frame) == expected
+
+
+def test_state_answers_and_frames_encode_in_one_shape() -> None:
+    assert wire.encode(wire.StateBody({"n": 1}, 3)) == b'{"state":{"n":1},"index":3}'
+    assert wire.encode(wire.StateFrame(None, 0)) == b'{"kind":"state","state":null,"index":0}'
+    events = wire.encode_events([event(2)])
+    assert events.startswith(b'{"events":[{"id":"e-2","type":"item",')
+
+
+def test_call_bodies_read_an_absent_or_null_message_id_as_none() -> None:
+    for data in (b'{"event": "x"}', b'{"event": "x", "messageId": null}'):
+        call = wire.decode_call_body(data)
+        assert (call.event, call.input, call.id) == ("x", None, None)
+    assert wire.decode_call_body(b'{"event": "x", "input": 1, "messageId": "m"}').id == "m"
+    for bad in (b"{}", b'{"event": "x", "messageId": 5}', b"nope"):
+        with pytest.raises(A2Error) as caught:
+            wire.decode_call_body(bad)
+        assert caught.value.code is ErrorCode.INVALID_PAYLOAD
+
+
 @pytest.mark.parametrize(
     ("data", "req"),
     [

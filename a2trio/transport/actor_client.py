@@ -50,6 +50,7 @@ except ModuleNotFoundError as _missing:  # pragma: no cover - the dev extra inst
     ) from _missing
 import msgspec
 import trio
+from msgspec import UNSET
 
 from ..actor_calls import ActorState
 from ..errors import A2Error, ErrorCode
@@ -63,7 +64,6 @@ __all__ = ["ActorClient", "ActorRequestError", "ActorStates", "open_actor_client
 
 S = TypeVar("S")
 
-_encode = msgspec.json.Encoder().encode
 _SSE: Final = {"accept": "text/event-stream"}
 
 
@@ -83,12 +83,7 @@ class ActorRequestError(Exception):
         self.error = error
 
 
-class _Answer(msgspec.Struct, frozen=True):
-    state: Any
-    index: int
-
-
-_answer = msgspec.json.Decoder(_Answer)
+_answer = msgspec.json.Decoder(wire.StateBody)
 
 
 class ActorClient(Generic[S]):
@@ -163,11 +158,9 @@ class ActorClient(Generic[S]):
         Cancellation: the request is abandoned; whether the call committed is
         unknown, as after a network failure.
         """
-        body: dict[str, Any] = {"event": name, "input": msgspec.to_builtins(input)}
-        if id is not None:
-            body["messageId"] = id
+        body = wire.CallBody(name, msgspec.to_builtins(input), UNSET if id is None else id)
         return await self._request(
-            "POST", content=_encode(body), headers={"content-type": "application/json"}
+            "POST", content=wire.encode(body), headers={"content-type": "application/json"}
         )
 
     async def state(self) -> ActorState[S]:

@@ -33,7 +33,6 @@ import msgspec
 import trio
 
 from ..actor_calls import ActorState
-from ..errors import A2Error, ErrorCode
 from ..identifiers import check_message_id
 from ..server import Server
 from ..telemetry import encode_trace_context
@@ -58,6 +57,7 @@ from .auth import (
     check_authorized,
 )
 from .limits import Limits
+from .wire import CallBody, StateFrame, decode_call_body
 
 __all__ = [
     "ANSWER_HEADERS",
@@ -89,37 +89,6 @@ _POLICY: Final = 1008
 _INTERNAL: Final = 1011
 
 
-class CallBody(msgspec.Struct, frozen=True, rename="camel"):
-    """The call lane's body: ``{"event", "input"?, "messageId"?}``."""
-
-    event: str
-    input: Any = None
-    message_id: str | None = None
-
-
-class StateFrame(msgspec.Struct, frozen=True, tag_field="kind", tag="state"):
-    """The socket frame of one state: ``{"kind": "state", "state", "index"}``."""
-
-    state: Any
-    index: int
-
-
-_call_body = msgspec.json.Decoder(CallBody)
-
-
-def decode_call_body(data: bytes) -> CallBody:
-    """Decode the call lane's body.
-
-    Raises:
-      A2Error: ``INVALID_PAYLOAD`` for bad JSON or a wrong shape (the path
-        names the field).
-    """
-    try:
-        return _call_body.decode(data)
-    except (msgspec.DecodeError, RecursionError) as exc:
-        raise A2Error(ErrorCode.INVALID_PAYLOAD, f"malformed call body: {exc}") from None
-
-
 async def _shown(state: ActorState[Any], view: View | None, request: Request) -> Any:
     """The state as this mount shows it (JSON builtins)."""
     if view is None:
@@ -132,7 +101,7 @@ async def _shown(state: ActorState[Any], view: View | None, request: Request) ->
 
 async def encode_state(state: ActorState[Any], view: View | None, request: Request) -> bytes:
     """``{"state", "index"}`` with the mount's view applied."""
-    return wire.encode({"state": await _shown(state, view, request), "index": state.index})
+    return wire.encode(wire.StateBody(await _shown(state, view, request), state.index))
 
 
 async def _answer(send: Send, body: bytes) -> None:
@@ -181,18 +150,16 @@ async def serve_actor_http(
     method = request.method
     if method == "POST":
         call = decode_call_body(await body())
-        if call.message_id is not None:
+        if call.id is not None:
             with bad_input():
-                check_message_id(call.message_id)
+                check_message_id(call.id)
         await check_authorized(
-            authorize,
-            request,
-            CallOperation(name, actor_id, call.event, call.input, call.message_id),
+            authorize, request, CallOperation(name, actor_id, call.event, call.input, call.id)
         )
         answer = await server.actor(actor_id).call(
             call.event,
             call.input,
-            message_id=call.message_id,
+            message_id=call.id,
             trace_parent=encode_trace_context(request.headers),
         )
         await _answer(send, await encode_state(answer, view, request))

@@ -32,8 +32,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+import msgspec
 import trio
 import trio_websocket
+from msgspec import UNSET
 
 from ..errors import A2Error, ErrorCode
 from ..ids import random_id
@@ -87,10 +89,18 @@ def _refused(exc: Exception, connect_timeout_s: float) -> A2Error:
     return A2Error(ErrorCode.STORE_UNAVAILABLE, f"cannot connect: {why}")
 
 
-def with_ids(events: tuple[Mapping[str, Any], ...]) -> list[dict[str, Any]]:
-    """The events of a push, each with a client id (a fresh random one when
-    it has none), so that retrying the push replays instead of duplicating."""
-    return [{**e, "id": e.get("id") or random_id()} for e in events]
+def with_ids(events: tuple[Mapping[str, Any], ...]) -> list[wire.PushedEventWire]:
+    """The events of a push as wire records, each with a client id (a fresh
+    random one when it has none), so that retrying the push replays instead
+    of duplicating. Keys other than ``type``, ``payload`` and ``id`` are not
+    sent (the server reads no others); a missing ``type`` goes as ``null``,
+    for the server to refuse as it refuses any bad event."""
+    return [_with_id(e) for e in events]
+
+
+def _with_id(event: Mapping[str, Any]) -> wire.PushedEventWire:
+    kind: Any = event.get("type")  # not checked here: the server refuses a bad one
+    return wire.PushedEventWire(kind, event.get("payload"), event.get("id") or random_id())
 
 
 class _Subscription:
@@ -114,7 +124,7 @@ class _Socket:
         self.subscriptions: dict[str, _Subscription] = {}
         self.lost: A2Error | None = None
 
-    async def send(self, frame: Mapping[str, Any]) -> None:
+    async def send(self, frame: wire.UpFrame) -> None:
         if self.lost is not None:
             raise self.lost
         try:
@@ -239,22 +249,24 @@ class Client:
         Cancellation: a cancelled push may still commit on the server; retry
         with the same ids to learn its outcome.
         """
-        frame = {
-            "kind": "push",
-            "events": with_ids(events),
-            "sessionId": session_id,
-            **trace_headers(self._telemetry),
-        }
+        trace = trace_headers(self._telemetry)
+        frame = wire.PushFrame(
+            req=0,
+            events=with_ids(events),
+            session_id=session_id,
+            traceparent=trace.get("traceparent", UNSET),
+            tracestate=trace.get("tracestate", UNSET),
+        )
         return await retrying(lambda: self._push_once(frame))
 
-    async def _push_once(self, frame: dict[str, Any]) -> list[wire.WireEvent]:
+    async def _push_once(self, frame: wire.PushFrame) -> list[wire.WireEvent]:
         socket = await self._current()
         req = next(self._reqs)
         arrived = trio.Event()
         slot: list[wire.AckFrame] = []
         socket.acks[req] = (arrived, slot)
         try:
-            await socket.send({**frame, "req": req})
+            await socket.send(msgspec.structs.replace(frame, req=req))
             await arrived.wait()
         finally:
             del socket.acks[req]
@@ -284,16 +296,13 @@ class Client:
 
         Cancellation: the patch was sent or not; sending it again is harmless.
         """
-        frame: dict[str, Any] = {
-            "kind": "presence",
-            "participant": participant,
-            "values": dict(values),
-            "sessionId": session_id,
-        }
-        if seen is not None:
-            frame["seen"] = seen
-        if at_ms is not None:
-            frame["at"] = at_ms
+        frame = wire.PresenceUpFrame(
+            participant,
+            dict(values),
+            UNSET if seen is None else seen,
+            UNSET if at_ms is None else at_ms,
+            session_id,
+        )
         await (await self._current()).send(frame)
 
     # -- lanes -------------------------------------------------------------------
@@ -348,8 +357,8 @@ class Client:
         socket = await self._current()
         subscription = socket.subscriptions[session_id] = _Subscription()
         try:
-            entry = {"id": session_id, "index": start_after}
-            await socket.send({"kind": "subscribe", "sessions": [entry]})
+            entry = wire.SubscribeSession(session_id, start_after)
+            await socket.send(wire.SubscribeFrame([entry]))
             async for frame in subscription.receive:
                 if isinstance(frame, wire.SubscribedFrame):
                     live()
@@ -368,7 +377,7 @@ class Client:
             return
         with trio.CancelScope(shield=True), trio.move_on_after(1):
             try:
-                await socket.send({"kind": "unsubscribe", "sessions": [session_id]})
+                await socket.send(wire.UnsubscribeFrame([session_id]))
             except A2Error:
                 pass
 

@@ -67,11 +67,7 @@ S = TypeVar("S")
 REQUEST_TIMEOUT_S = 30.0
 
 
-class _Events(msgspec.Struct, frozen=True):
-    events: list[wire.WireEvent]
-
-
-_events = msgspec.json.Decoder(_Events)
+_events = msgspec.json.Decoder(wire.EventsBody)
 _event = msgspec.json.Decoder(wire.WireEvent)
 _patch = msgspec.json.Decoder(wire.WirePresencePatch)
 _snapshot = msgspec.json.Decoder(wire.WirePresenceSnapshot)
@@ -154,7 +150,7 @@ class HttpClient:
 
         Cancellation: a cancelled push may still commit; retry with the same ids.
         """
-        body = wire.encode({"events": with_ids(events)})
+        body = wire.encode(wire.PushBody(events=with_ids(events)))
         headers = {**_JSON, **trace_headers(self._telemetry)}
         stored = await retrying(lambda: self._post(session_id, body, headers))
         self._refresh(session_id, stored)
@@ -195,12 +191,8 @@ class HttpClient:
 
         Cancellation: the patch was applied or not; sending it again is harmless.
         """
-        presence: dict[str, Any] = {"participant": participant, "values": dict(values)}
-        if seen is not None:
-            presence["seen"] = seen
-        if at_ms is not None:
-            presence["at"] = at_ms
-        await self._post(session_id, wire.encode({"presence": presence}), _JSON)
+        presence = wire.PushedPresenceWire(participant, dict(values), seen, at_ms)
+        await self._post(session_id, wire.encode(wire.PushBody(presence=presence)), _JSON)
 
     # -- lanes -------------------------------------------------------------------
 

@@ -15,6 +15,14 @@ Python objects, and nothing here touches a socket (the shape of h11).
   (server to client): ``event``, ``presence``, ``presence-snapshot``, ``ack``,
   ``subscribed``, ``unsubscribed``, ``ping``. Up: ``push``, ``presence``,
   ``subscribe``, ``unsubscribe``.
+* The actor lanes (an a2trio addition) take a :class:`CallBody` and answer
+  ``{state, index}`` (:class:`StateBody`); their socket writes ``state``
+  frames (:class:`StateFrame`).
+
+Every frame and body is a struct here, and both sides encode through them, so
+field order and omitted optionals are the struct's: fields in the order of the
+seed's types, an absent optional omitted (``UNSET``, or ``omit_defaults``
+where the seed leaves a key out rather than writing ``null``).
 
 Forward compatibility follows ``parseSocketFrame``: a frame of unknown kind is
 skipped, and an ``ack`` is never dropped, because its waiter would hang behind a
@@ -39,8 +47,10 @@ __all__ = [
     "PING_FRAME",
     "AckFrame",
     "BadFrame",
+    "CallBody",
     "DownFrame",
     "EventFrame",
+    "EventsBody",
     "PingFrame",
     "PresenceFrame",
     "PresenceSnapshotFrame",
@@ -49,6 +59,8 @@ __all__ = [
     "PushFrame",
     "PushedEventWire",
     "PushedPresenceWire",
+    "StateBody",
+    "StateFrame",
     "SubscribeFrame",
     "SubscribeSession",
     "SubscribedFrame",
@@ -62,6 +74,7 @@ __all__ = [
     "WirePresenceSnapshot",
     "WirePresenceValue",
     "as_a2_error",
+    "decode_call_body",
     "decode_down_frame",
     "decode_push_body",
     "decode_up_frame",
@@ -171,14 +184,16 @@ class WireError(msgspec.Struct, frozen=True):
 
 
 class PushedEventWire(msgspec.Struct, frozen=True):
-    """One event of a push: ``{type, payload, id?}``."""
+    """One event of a push: ``{type, payload, id?}``. The clients always
+    write ``id`` (a client id makes a retry replay), and ``payload`` even
+    when it is ``null``, as the seed's type asks."""
 
     type: str
     payload: Any = None
     id: str | None = None
 
 
-class PushedPresenceWire(msgspec.Struct, frozen=True):
+class PushedPresenceWire(msgspec.Struct, frozen=True, omit_defaults=True):
     """The presence half of a push: ``{participant, values, seen?, at?}`` (``at`` in epoch ms)."""
 
     participant: str
@@ -187,11 +202,48 @@ class PushedPresenceWire(msgspec.Struct, frozen=True):
     at: int | None = None
 
 
-class PushBody(msgspec.Struct, frozen=True):
+class PushBody(msgspec.Struct, frozen=True, omit_defaults=True):
     """The push lane's body: ``{"events": [...]}`` and/or ``{"presence": {...}}``."""
 
     events: list[PushedEventWire] | None = None
     presence: PushedPresenceWire | None = None
+
+
+class EventsBody(msgspec.Struct, frozen=True):
+    """The push and history lanes' answer: ``{"events": [wire events]}``."""
+
+    events: list[WireEvent]
+
+
+class CallBody(msgspec.Struct, frozen=True, rename="camel"):
+    """The actor call lane's body: ``{"event", "input", "messageId"?}``.
+
+    ``input`` is always written (``null`` for none) and may be absent on the
+    way in; ``messageId`` is written only when there is one, and an absent or
+    ``null`` one reads as none (:attr:`id`)."""
+
+    event: str
+    input: Any = None
+    message_id: str | UnsetType | None = UNSET
+
+    @property
+    def id(self) -> str | None:
+        """The call's ``messageId``, or ``None`` without one."""
+        return self.message_id if isinstance(self.message_id, str) else None
+
+
+class StateBody(msgspec.Struct, frozen=True):
+    """An actor's state as an answer or an SSE ``state`` frame: ``{"state", "index"}``."""
+
+    state: Any
+    index: int
+
+
+class StateFrame(msgspec.Struct, frozen=True, tag_field="kind", tag="state"):
+    """The actor socket's frame of one state: ``{"kind": "state", "state", "index"}``."""
+
+    state: Any
+    index: int
 
 
 # -- socket frames ---------------------------------------------------------------
@@ -328,6 +380,7 @@ _up = msgspec.json.Decoder(UpFrame)
 _down = msgspec.json.Decoder(DownFrame)
 _push_body = msgspec.json.Decoder(PushBody)
 _error_envelope = msgspec.json.Decoder(WireError)
+_call_body = msgspec.json.Decoder(CallBody)
 _UP_KINDS: Final = frozenset({"push", "presence", "subscribe", "unsubscribe"})
 _DOWN_KINDS: Final = frozenset(
     {"event", "presence", "presence-snapshot", "ack", "subscribed", "unsubscribed", "ping"}
@@ -431,7 +484,7 @@ def error_from_wire(body: WireErrorBody | bytes) -> A2Error | None:
 
 def encode_events(events: list[Event[Any]]) -> bytes:
     """The push and history lanes' answer: ``{"events": [wire events]}``."""
-    return _encoder.encode({"events": [event_to_wire(e) for e in events]})
+    return _encoder.encode(EventsBody([event_to_wire(e) for e in events]))
 
 
 def encode_item_frame(
@@ -509,6 +562,19 @@ def decode_push_body(data: bytes) -> PushBody:
     if body.events is None and body.presence is None:
         raise _invalid('a push body needs "events" and/or "presence"')
     return body
+
+
+def decode_call_body(data: bytes) -> CallBody:
+    """Decode the actor call lane's body.
+
+    Raises:
+      A2Error: ``INVALID_PAYLOAD`` for bad JSON or a wrong shape (the path
+        names the field).
+    """
+    try:
+        return _call_body.decode(data)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise _invalid(f"malformed call body: {exc}") from None
 
 
 def decode_up_frame(data: bytes | str) -> UpFrame | BadFrame | None:
