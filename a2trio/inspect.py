@@ -199,11 +199,10 @@ def _login() -> str:
         return "unknown"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """The command line; returns the exit status."""
-    parser = argparse.ArgumentParser(
-        prog="python -m a2trio.inspect", description="Inspect an a2trio app's sessions."
-    )
+def main(argv: Sequence[str] | None = None, *, prog: str = "python -m a2trio.inspect") -> int:
+    """The command line; returns the exit status (``prog`` names it in usage
+    lines: ``a2trio inspect`` runs this too)."""
+    parser = argparse.ArgumentParser(prog=prog, description="Inspect an a2trio app's sessions.")
     parser.add_argument("--app", required=True, help="module:attribute naming the server")
     parser.add_argument("--contract", help="which server, when the attribute is a list")
     parser.add_argument("--store", help="store URL (sets A2_STORE before the import)")

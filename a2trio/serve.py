@@ -396,10 +396,11 @@ async def _serve(app: App | Any, config: hypercorn.config.Config, access_log: bo
     print("stopped", flush=True)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """The command line; returns the exit status."""
+def main(argv: Sequence[str] | None = None, *, prog: str = "python -m a2trio.serve") -> int:
+    """The command line; returns the exit status (``prog`` names it in usage
+    lines: ``a2trio serve`` runs this too)."""
     parser = argparse.ArgumentParser(
-        prog="python -m a2trio.serve", description="Serve a2trio servers over HTTP and sockets."
+        prog=prog, description="Serve a2trio servers over HTTP and sockets."
     )
     parser.add_argument("target", help="module:attribute (a Server, a list of them, or an app)")
     parser.add_argument(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import trio
@@ -33,11 +33,14 @@ async def start_serve(
     env: Mapping[str, str] | None = None,
     timeout_s: float = 60,
     python: str | None = None,
+    command: Sequence[str] | None = None,
 ) -> Started:
-    """Run ``python -m a2trio.serve TARGET ARGS`` in ``cwd`` and return once its
-    banner is out. The environment is this one without ``A2_*`` settings,
-    plus ``PYTHONPATH`` (the checkout) and ``env``. Output goes to a pipe the
-    caller may read on (the server logs little, far below a pipe's buffer).
+    """Run ``python -m a2trio.serve TARGET ARGS`` in ``cwd`` (``command`` in
+    place of ``python -m a2trio.serve``: say, the ``a2trio serve`` console
+    script) and return once its banner is out. The environment is this one
+    without ``A2_*`` settings, plus ``PYTHONPATH`` (the checkout) and ``env``.
+    Output goes to a pipe the caller may read on (the server logs little, far
+    below a pipe's buffer).
 
     With ``python`` (another environment's interpreter) that one runs the
     a2trio installed in it: no ``PYTHONPATH`` to the checkout.
@@ -49,7 +52,7 @@ async def start_serve(
         environment["PYTHONPATH"] = str(ROOT)
     environment |= env or {}
     process = await trio.lowlevel.open_process(
-        [python or sys.executable, "-m", "a2trio.serve", target, *args],
+        [*(command or [python or sys.executable, "-m", "a2trio.serve"]), target, *args],
         cwd=cwd,
         env=environment,
         stdout=subprocess.PIPE,

@@ -19,6 +19,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "a2trio"
 #: or subpackage of ``a2trio`` (all its modules, private ones included); the
 #: package itself (``a2trio/__init__.py``, the public face) may import any.
 LAYERS: list[set[str]] = [
+    {"__main__"},
     {"serve", "inspect", "testing", "otel"},
     {"transport"},
     {"server"},
