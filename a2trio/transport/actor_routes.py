@@ -26,7 +26,8 @@ what another hides.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any, Final
 
 import msgspec
@@ -57,6 +58,7 @@ from .auth import (
     check_authorized,
 )
 from .limits import Limits
+from .streams import PING, SSESource, write_sse
 from .wire import CallBody, StateFrame, decode_call_body
 
 __all__ = [
@@ -193,35 +195,41 @@ async def _stream(
     start_after = _start_after(request)
     operation = StreamOperation(server.contract.name, actor_id, start_after or 0)
     await check_authorized(authorize, request, operation)
+    await write_sse(
+        send,
+        receive,
+        _state_source(server, actor_id, start_after, view, request, limits.heartbeat_s),
+        headers=_SSE_HEADERS,
+        grants=grants,
+        authorize=authorize,
+        request=request,
+        operation=operation,
+        reauthorize_s=limits.reauthorize_s,
+    )
 
-    async def chunk(data: bytes) -> None:
-        await send({"type": "http.response.body", "body": data, "more_body": True})
 
+@asynccontextmanager
+async def _state_source(
+    server: Server,
+    actor_id: str,
+    start_after: int | None,
+    view: View | None,
+    request: Request,
+    heartbeat_s: float,
+) -> AsyncIterator[SSESource]:
+    """An actor stream's source: ``state`` frames (``id:`` the index) after ``start_after``."""
     async with server.actor(actor_id).states(start_after) as feed:
-        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-        await chunk(sse.encode_comment("ok"))
-        async with trio.open_nursery() as nursery:
-            withdrawn = Withdrawal(nursery.cancel_scope)
-            nursery.start_soon(watch_disconnect, receive, nursery.cancel_scope)
-            with under_review(
-                nursery, grants, authorize, request, operation, limits.reauthorize_s, withdrawn
-            ):
-                try:
-                    while True:
-                        with trio.move_on_after(limits.heartbeat_s) as idle:
-                            state = await feed.receive()
-                        if idle.cancelled_caught:
-                            await chunk(sse.encode_comment("ping"))
-                            continue
-                        data = await encode_state(state, view, request)
-                        await chunk(sse.encode_frame("state", data, str(state.index)))
-                except Exception as exc:
-                    report(exc)
-                    await chunk(sse.encode_error_frame(exc))
-            nursery.cancel_scope.cancel(reason="stream ended")
-    if withdrawn.error is not None:
-        await chunk(sse.encode_error_frame(withdrawn.error))
-    await send({"type": "http.response.body", "body": b""})
+
+        async def next_state() -> bytes:
+            with trio.move_on_after(heartbeat_s) as idle:
+                state = await feed.receive()
+            if idle.cancelled_caught:
+                return PING
+            # Outside the heartbeat's scope: a slow view never loses a state.
+            data = await encode_state(state, view, request)
+            return sse.encode_frame("state", data, str(state.index))
+
+        yield SSESource(next_state)
 
 
 async def serve_actor_socket(

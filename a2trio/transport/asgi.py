@@ -36,17 +36,17 @@ is logged and answers 503 too (``asA2Error``), never 500.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Final
 
 import trio
 
 from ..actor import Actor
 from ..errors import A2Error, ErrorCode
-from ..fanout import Lapped, Subscription
 from ..push import PushedEvent, PushedPresence
 from ..server import Server
+from ..session import Session
 from ..telemetry import encode_trace_context
 from . import sse, wire
 from ._http import (
@@ -60,12 +60,10 @@ from ._http import (
     logger,
     path_segments,
     refuse_handshake,
-    report,
     request_of,
     respond,
-    watch_disconnect,
 )
-from .access import Grants, RevokePredicate, Withdrawal, under_review
+from .access import Grants, RevokePredicate
 from .actor_routes import View, serve_actor_http, serve_actor_socket
 from .auth import (
     Authorize,
@@ -87,6 +85,7 @@ from .inspector import serve_inspector
 from .limits import DEFAULT_LIMITS, Limits
 from .scheduler_route import deliver_signed
 from .static import Static, serve_static, static_mounts
+from .streams import PING, Heartbeat, SSESource, write_sse
 from .ws import serve_multiplexed_socket, serve_session_socket
 
 __all__ = ["App", "asgi"]
@@ -100,7 +99,6 @@ _SSE_HEADERS: Final = [
     (b"x-accel-buffering", b"no"),
 ]
 _TRUE: Final = frozenset({"1", "true"})
-_PING: Final = sse.encode_comment("ping")
 
 
 class _Disconnected(Exception):
@@ -393,70 +391,17 @@ class App:
             )
         operation = StreamOperation(server.contract.name, session_id, start_after, presence)
         await check_authorized(self.authorize, request, operation)
-        session = server.session(session_id)
-        heartbeat = self.limits.heartbeat_s
-
-        async def body(chunk: bytes) -> None:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-
-        async with AsyncExitStack() as stack:
-            if presence:
-                feed = await stack.enter_async_context(session.stream(start_after, presence=True))
-                beat = None
-
-                async def next_chunk() -> bytes:
-                    with trio.move_on_after(heartbeat):
-                        return sse.encode_item(await feed.receive())
-                    return _PING
-            else:
-                # Every stream of the session shares each event's encoding, a
-                # run of ready events goes out in one write, and the heartbeat
-                # is a task of its own rather than a timer around every wait.
-                subscription = await stack.enter_async_context(session.subscribe(start_after))
-                beat = _Heartbeat(subscription, heartbeat)
-
-                async def next_chunk() -> bytes:
-                    run = await subscription.receive_run()
-                    if not run:
-                        return _PING
-                    return b"".join([entry.encoded(sse.encode_event) for entry in run])
-
-            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-            # An immediate comment: the client sees the stream open before any event.
-            await body(sse.encode_comment("ok"))
-            async with trio.open_nursery() as nursery:
-                withdrawn = Withdrawal(nursery.cancel_scope)
-                nursery.start_soon(watch_disconnect, receive, nursery.cancel_scope)
-                if beat is not None:
-                    nursery.start_soon(beat.run)
-                with under_review(
-                    nursery,
-                    self.grants,
-                    self.authorize,
-                    request,
-                    operation,
-                    self.limits.reauthorize_s,
-                    withdrawn,
-                ):
-                    try:
-                        while True:
-                            await body(await next_chunk())
-                            if beat is not None:
-                                beat.sent()
-                    except StopAsyncIteration:
-                        pass
-                    except Exception as exc:
-                        report(exc)
-                        if isinstance(exc, Lapped):
-                            logger.info("dropped a lagging SSE stream: %s", exc)
-                        # Lapped included: the client resumes with Last-Event-ID.
-                        await body(sse.encode_error_frame(exc))
-                nursery.cancel_scope.cancel(reason="stream ended")
-        if withdrawn.error is not None:
-            # The resumable end: the client reconnects with Last-Event-ID and
-            # is asked again.
-            await body(sse.encode_error_frame(withdrawn.error))
-        await send({"type": "http.response.body", "body": b""})
+        await write_sse(
+            send,
+            receive,
+            _session_source(server.session(session_id), start_after, presence, self.limits),
+            headers=_SSE_HEADERS,
+            grants=self.grants,
+            authorize=self.authorize,
+            request=request,
+            operation=operation,
+            reauthorize_s=self.limits.reauthorize_s,
+        )
 
     # -- sockets --------------------------------------------------------------------
 
@@ -543,24 +488,35 @@ def _check_views(servers: Mapping[str, Server], views: Mapping[str, View]) -> di
     return dict(views)
 
 
-class _Heartbeat:
-    """An SSE stream's heartbeat: after ``interval`` seconds without a write,
-    interrupt the stream's wait so that it writes a ping."""
+@asynccontextmanager
+async def _session_source(
+    session: Session, start_after: int, presence: bool, limits: Limits
+) -> AsyncIterator[SSESource]:
+    """A session stream's source: its events, and with ``presence`` its
+    presence frames, after ``start_after``."""
+    heartbeat = limits.heartbeat_s
+    if presence:
+        async with session.stream(start_after, presence=True) as feed:
 
-    def __init__(self, subscription: Subscription, interval: float) -> None:
-        self.subscription = subscription
-        self.interval = interval
-        self.last = trio.current_time()
+            async def next_item() -> bytes:
+                with trio.move_on_after(heartbeat):
+                    return sse.encode_item(await feed.receive())
+                return PING
 
-    def sent(self) -> None:
-        self.last = trio.current_time()
+            yield SSESource(next_item)
+        return
+    # Every stream of the session shares each event's encoding, a run of
+    # ready events goes out in one write, and the heartbeat is a task of its
+    # own rather than a timer around every wait.
+    async with session.subscribe(start_after) as subscription:
 
-    async def run(self) -> None:
-        while True:
-            await trio.sleep_until(self.last + self.interval)
-            if trio.current_time() >= self.last + self.interval:
-                self.subscription.interrupt()
-                self.last = trio.current_time()  # the ping is on its way
+        async def next_run() -> bytes:
+            run = await subscription.receive_run()
+            if not run:
+                return PING
+            return b"".join([entry.encoded(sse.encode_event) for entry in run])
+
+        yield SSESource(next_run, Heartbeat(subscription.interrupt, heartbeat))
 
 
 def asgi(
