@@ -81,6 +81,12 @@ class EventStatus(msgspec.Struct, frozen=True):
     for a claim), ``claimed`` (``claim_holder`` runs attempt ``attempts``
     until ``claim_expires_at``), ``failed`` (``failures`` so far, waiting for
     a retry), ``dead_lettered`` (failed for good; its lane is blocked).
+
+    The store keeps the last failure only: ``last_error`` is the error of
+    attempt ``last_failed_attempt``, at ``last_failed_at_ms``. The other
+    times (epoch milliseconds, the store's clock) are when the event was
+    first and last claimed, processed, and dead-lettered; ``lane`` is its
+    handler's lane (None outside one).
     """
 
     state: State
@@ -90,6 +96,13 @@ class EventStatus(msgspec.Struct, frozen=True):
     claim_expires_at_ms: int | None = None
     processed_by_attempt: int | None = None
     last_error: str | None = None
+    last_failed_attempt: int | None = None
+    last_failed_at_ms: int | None = None
+    first_claimed_at_ms: int | None = None
+    last_claimed_at_ms: int | None = None
+    processed_at_ms: int | None = None
+    dead_lettered_at_ms: int | None = None
+    lane: str | None = None
 
 
 class InspectedEvent(msgspec.Struct, frozen=True):
@@ -161,6 +174,13 @@ def event_status(
         row.claim_expires_at_ms if claimed else None,
         row.processed_by_attempt,
         row.last_error,
+        row.last_failed_attempt,
+        row.last_failed_at_ms,
+        row.first_claimed_at_ms,
+        row.last_claimed_at_ms,
+        row.processed_at_ms,
+        row.failed_at_ms,
+        row.lane,
     )
 
 

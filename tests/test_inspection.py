@@ -91,6 +91,30 @@ def test_the_status_follows_the_bookkeeping() -> None:
     assert event_status(cases[2][0], now).claim_holder is None
 
 
+def test_the_status_carries_the_timings_and_the_last_failure() -> None:
+    row = _row(
+        lane="payments",
+        attempt_count=2,
+        failure_count=2,
+        first_claimed_at_ms=100,
+        last_claimed_at_ms=400,
+        last_failed_attempt=2,
+        last_failed_at_ms=450,
+        last_error="ConnectionError: down",
+        failed_at_ms=450,
+    )
+    status = event_status(row, 1_000)
+    assert (status.lane, status.first_claimed_at_ms, status.last_claimed_at_ms) == (
+        "payments",
+        100,
+        400,
+    )
+    assert (status.last_failed_attempt, status.last_failed_at_ms) == (2, 450)
+    assert (status.dead_lettered_at_ms, status.processed_at_ms) == (450, None)
+    done = event_status(_row(attempt_count=1, processed_at_ms=7, processed_by_attempt=1), 1_000)
+    assert (done.processed_at_ms, done.dead_lettered_at_ms) == (7, None)
+
+
 async def test_bad_bounds_and_a_store_without_inspection_are_refused() -> None:
     async with a2trio.Server(orders, store=a2trio.stores.memory()) as server:
         cases: list[tuple[dict[str, Any], type[Exception]]] = [
