@@ -1,7 +1,8 @@
 """a2trio: durable, event-sourced sessions for Trio.
 
-An app declares a :func:`contract`; a :class:`Server` binds it to a store and
-to handlers. Appends are durable; handlers claim events under leases, run in
+An app declares a :func:`contract` (of :func:`event_type` handles, typed by
+their payloads); a :class:`Server` binds it to a store and to handlers
+(:func:`on`). Appends are durable; handlers claim events under leases, run in
 nurseries, and complete, fail and retry, or dead-letter. See ``docs/``.
 
 ``a2trio.testing`` (fixtures and helpers for your own tests) is imported
@@ -14,11 +15,11 @@ from . import schedulers, stores
 from .actor import Actor, ActorCall, Refused, actor, call
 from .actor_calls import ActorHandle, ActorState
 from .clock import SYSTEM_CLOCK, Clock, SystemClock, TrioClock
-from .contract import AppendInput, Contract, Event, Reducer, contract
+from .contract import AppendInput, Contract, Event, EventType, Reducer, contract, event_type
 from .drain import DrainResult
 from .errors import A2Error, ErrorCode
 from .fanout import FeedEntry, Lapped, Subscription
-from .handlers import HandlerContext, HandlerSpec, Returned, handler
+from .handlers import HandlerContext, HandlerSpec, Returned, handler, on
 from .inspection import InspectionUnsupportedError
 from .presence import PresenceMap, PresencePatch, PresenceSnapshot, PresenceValue
 from .push import PushedEvent, PushedPresence, PushValidation
@@ -64,6 +65,7 @@ __all__ = [
     "DurableScheduler",
     "ErrorCode",
     "Event",
+    "EventType",
     "FeedEntry",
     "HandlerContext",
     "HandlerSession",
@@ -101,7 +103,9 @@ __all__ = [
     "contract",
     "decode_trace_context",
     "encode_trace_context",
+    "event_type",
     "handler",
+    "on",
     "schedulers",
     "stores",
     "tune_gc",

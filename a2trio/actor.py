@@ -7,7 +7,9 @@ An actor is a contract with two more declarations:
 * its **calls**: each a name, an input type (msgspec) and a function
   ``fn(state, input)`` that returns the events to commit (an
   :class:`~a2trio.AppendInput`, a list of them, or ``None`` for none) or
-  raises :class:`Refused`.
+  raises :class:`Refused`. :func:`call` is typed so that a type checker
+  holds ``fn``'s input to the declared type, and construction refuses a
+  function annotated for another input (or another state) type.
 
 Its events are a contract's events: ``a2trio.Server(vault, ...)`` binds it to
 a store like any contract, and handlers, lanes, ``abort_on`` and schedules
@@ -18,17 +20,23 @@ everything and does no I/O.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 import msgspec
 
-from .contract import AppendInput, Contract, Reducer
+from .contract import AppendInput, Contract, EventType, Reducer
 from .errors import A2Error, ErrorCode
+from .signatures import accepts, parameter_annotation, type_name
+
+if TYPE_CHECKING:
+    from typing import _SpecialForm
 
 __all__ = ["MAX_CALL_EVENTS", "Actor", "ActorCall", "Refused", "actor", "call"]
 
 S = TypeVar("S")
+In = TypeVar("In")
 
 #: The most events one call commits: a retried call is found by reading at
 #: most this many rows after its first one.
@@ -37,6 +45,8 @@ MAX_CALL_EVENTS = 1_000
 #: What a call function returns: one event, several, or none.
 CallResult = AppendInput | list[AppendInput] | tuple[AppendInput, ...] | None
 CallFn = Callable[[Any, Any], "CallResult | Awaitable[CallResult]"]
+#: What ``emits=`` takes: event types, by name or handle.
+Emits = Iterable[str | EventType[Any]] | None
 
 
 class Refused(A2Error):
@@ -63,7 +73,7 @@ class ActorCall:
 
     __slots__ = ("emits", "fn", "input_type")
 
-    def __init__(self, input_type: Any, fn: CallFn, emits: Iterable[str] | None = None) -> None:
+    def __init__(self, input_type: Any, fn: CallFn, emits: Emits = None) -> None:
         try:
             msgspec.inspect.type_info(input_type)
         except (TypeError, ValueError) as exc:
@@ -76,7 +86,11 @@ class ActorCall:
             raise TypeError(f"call emits= takes a list of event types, got the string {emits!r}")
         self.input_type = input_type
         self.fn = fn
-        self.emits: frozenset[str] | None = None if emits is None else frozenset(emits)
+        self.emits: frozenset[str] | None = (
+            None
+            if emits is None
+            else frozenset(e.name if isinstance(e, EventType) else e for e in emits)
+        )
 
     def __repr__(self) -> str:
         return f"ActorCall({self.input_type!r}, {getattr(self.fn, '__name__', self.fn)!r})"
@@ -94,7 +108,7 @@ class Actor(Contract, Generic[S]):
     def __init__(
         self,
         name: str,
-        events: Mapping[str, Any],
+        events: Mapping[str, Any] | Iterable[EventType[Any]],
         state: Reducer[S],
         calls: Mapping[str, ActorCall],
         presence: Mapping[str, Any] | None = None,
@@ -120,6 +134,7 @@ class Actor(Contract, Generic[S]):
                         f"actor {name!r}: call {call_name!r} emits {type_!r}, "
                         f"which is not one of its event types {sorted(self.events)}"
                     )
+            _check_signature(name, call_name, spec, state.state_type)
         self.reducer: Reducer[S] = state
         self.calls: dict[str, ActorCall] = dict(calls)
 
@@ -182,17 +197,60 @@ class Actor(Contract, Generic[S]):
         return f"Actor({self.name!r}, calls={sorted(self.calls)})"
 
 
-def call(input_type: Any, fn: CallFn, *, emits: Iterable[str] | None = None) -> ActorCall:
+def _check_signature(actor: str, call_name: str, spec: ActorCall, state_type: Any) -> None:
+    """Refuse a call function annotated for another input (or state) type
+    than the call and the actor declare (:mod:`a2trio.signatures`)."""
+    fn_name = getattr(spec.fn, "__qualname__", None) or spec.fn
+    taken = parameter_annotation(spec.fn, 1)
+    if not accepts(taken, spec.input_type):
+        raise TypeError(
+            f"actor {actor!r}: call {call_name!r} is declared with input "
+            f"{type_name(spec.input_type)}, but its function {fn_name} takes {type_name(taken)}"
+        )
+    state = parameter_annotation(spec.fn, 0)
+    if state_type is not None and not accepts(state, state_type):
+        raise TypeError(
+            f"actor {actor!r}: its state is {type_name(state_type)}, but the function "
+            f"{fn_name} of call {call_name!r} takes a state of {type_name(state)}"
+        )
+
+
+@overload
+def call(
+    input_type: type[In],
+    fn: Callable[[Any, In], CallResult | Awaitable[CallResult]],
+    *,
+    emits: Emits = None,
+) -> ActorCall: ...
+@overload
+def call(
+    input_type: None,
+    fn: Callable[[Any, None], CallResult | Awaitable[CallResult]],
+    *,
+    emits: Emits = None,
+) -> ActorCall: ...
+@overload
+def call(
+    input_type: types.UnionType | _SpecialForm, fn: CallFn, *, emits: Emits = None
+) -> ActorCall: ...
+def call(input_type: Any, fn: CallFn, *, emits: Emits = None) -> ActorCall:
     """Declare a call.
+
+    Typed: for a class input type (a Struct, ``int``) or ``None``, a type
+    checker holds ``fn``'s input parameter to it, so ``call(Checkout,
+    add_item)`` with ``add_item(state, input: AddItem)`` is a type error. For a
+    union or an inline ``Annotated[...]`` it cannot; the actor's construction
+    still refuses a function whose annotation clearly differs.
 
     Args:
       input_type: the msgspec type of its input (a Struct, ``int``, ...).
       fn: ``fn(state, input)``, async or not: returns the events to commit
-        (``actor.event(...)``, a list of them, or ``None``) or raises
-        :class:`Refused`. It must not mutate ``state``, and it runs again on a
-        conflict (see ``docs/actors.md``), so it should not act on the world.
-      emits: the event types it may return (checked at construction against
-        the actor's events, and at run time); default any.
+        (``actor.event(...)`` or an event type's handle, a list of them, or
+        ``None``) or raises :class:`Refused`. It must not mutate ``state``, and
+        it runs again on a conflict (see ``docs/actors.md``), so it should not
+        act on the world.
+      emits: the event types (names or handles) it may return (checked at
+        construction against the actor's events, and at run time); default any.
 
     Raises:
       TypeError: a type msgspec cannot validate, a function that is not callable.
@@ -203,7 +261,7 @@ def call(input_type: Any, fn: CallFn, *, emits: Iterable[str] | None = None) -> 
 def actor(
     name: str,
     *,
-    events: Mapping[str, Any],
+    events: Mapping[str, Any] | Iterable[EventType[Any]],
     state: Reducer[S],
     calls: Mapping[str, ActorCall],
     presence: Mapping[str, Any] | None = None,
@@ -213,7 +271,8 @@ def actor(
 
     Raises:
       TypeError: a bad contract, a ``state`` that is not a Reducer, no calls, a
-        call not built with :func:`call`.
+        call not built with :func:`call`, a call function annotated for another
+        input type than its call's, or another state type than the reducer's.
       ValueError: a call that emits an undeclared event type.
     """
     return Actor(name, events, state, calls, presence)

@@ -6,20 +6,37 @@ Validation is msgspec's: a payload (a dict, or an instance of the declared
 type) is encoded to JSON builtins and converted back to the declared type, so
 both shapes pass through one path and what is stored is exactly what would be
 read back.
+
+An event type may be declared as an :class:`EventType` handle
+(:func:`event_type`), typed by its payload: ``placed(OrderPlaced(...))``
+builds an append input a type checker verifies, and ``a2trio.on(placed, fn)``
+registers a handler whose context it types. A string-keyed mapping of payload
+types cannot be typed per key, so the string forms (``orders.event("placed",
+...)``) stay unchecked by a type checker; they are checked when they run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 import msgspec
 
 from .errors import A2Error, ErrorCode
 from .identifiers import check_event_id
+from .signatures import type_name
 
-__all__ = ["MAX_DEPTH", "AppendInput", "Contract", "Event", "Reducer", "contract"]
+__all__ = [
+    "MAX_DEPTH",
+    "AppendInput",
+    "Contract",
+    "Event",
+    "EventType",
+    "Reducer",
+    "contract",
+    "event_type",
+]
 
 P = TypeVar("P")
 S = TypeVar("S")
@@ -35,7 +52,8 @@ MAX_DEPTH = 128
 class AppendInput(msgspec.Struct, frozen=True):
     """One event to append: its type, payload and optional client id.
 
-    Build it with :meth:`Contract.event`, which validates the payload at once.
+    Build it with an :class:`EventType` (``placed(OrderPlaced(...))``) or
+    :meth:`Contract.event`; either validates the payload at once.
     A client id makes the append idempotent: appending the same ids again
     returns the stored events instead of writing new ones.
     """
@@ -63,6 +81,53 @@ class Event(msgspec.Struct, Generic[P], frozen=True):
     index: int
     session_id: str
     created_at: datetime
+
+
+class EventType(Generic[P]):
+    """One event type, typed by its payload: a handle a type checker follows.
+
+    Build it with :func:`event_type` and declare a contract with it
+    (``contract("orders", events=[placed, shipped])``; a contract declared with
+    a mapping accepts it too, when it declares the same name and type).
+    Calling it builds a validated append input, ``placed(OrderPlaced(...),
+    id="c-1")``, and ``a2trio.on(placed, fn)`` registers a handler whose
+    ``HandlerContext`` carries the same payload type, so a wrong payload or a
+    handler for another event is a type error.
+
+    Attributes:
+      name: the event type's name, as stored and as on the wire.
+      payload_type: the msgspec type of its payload.
+    """
+
+    __slots__ = ("name", "payload_type")
+
+    def __init__(self, name: str, payload_type: Any) -> None:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"event type name must be a non-empty string, got {name!r}")
+        _check_schema(payload_type, f"event type {name!r}")
+        self.name = name
+        self.payload_type = payload_type
+
+    def __call__(self, payload: P, *, id: str | None = None) -> AppendInput:
+        """Build a validated append input of this type.
+
+        Args:
+          payload: an instance of the payload type (a type checker holds you
+            to it; at run time anything msgspec converts to it passes).
+          id: an optional client id; makes appending it idempotent.
+
+        Raises:
+          A2Error: ``INVALID_PAYLOAD`` (``details`` carries msgspec's message
+            and the JSON path to the bad field).
+          TypeError / ValueError: a bad ``id`` (:mod:`a2trio.identifiers`).
+        """
+        if id is not None:
+            check_event_id(id)
+        typed, _ = _convert(self.payload_type, payload, f"event '{self.name}'")
+        return AppendInput(self.name, typed, id)
+
+    def __repr__(self) -> str:
+        return f"EventType({self.name!r}, {type_name(self.payload_type)})"
 
 
 class Reducer(Generic[S]):
@@ -114,6 +179,37 @@ class Reducer(Generic[S]):
         return f"Reducer({self.name!r})"
 
 
+def _check_schema(schema: Any, what: str) -> None:
+    try:
+        msgspec.inspect.type_info(schema)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"{what} has type {schema!r}, which msgspec cannot validate: {exc}"
+        ) from None
+
+
+def _declared_events(
+    name: str, events: Mapping[str, Any] | Iterable[EventType[Any]]
+) -> dict[str, Any]:
+    """A contract's ``events=``, a mapping or a list of handles, as name -> type."""
+    if isinstance(events, Mapping):
+        declared = dict(events)
+    else:
+        declared = {}
+        for handle in events:
+            if not isinstance(handle, EventType):
+                raise TypeError(
+                    f"contract {name!r}: events= takes a mapping of event type -> payload "
+                    f"type or a list of a2trio.event_type(...) handles, got {handle!r} in a list"
+                )
+            if handle.name in declared:
+                raise ValueError(f"contract {name!r} declares event type {handle.name!r} twice")
+            declared[handle.name] = handle.payload_type
+    if not declared:
+        raise TypeError(f"contract {name!r} needs at least one event type")
+    return declared
+
+
 def _path_details(exc: msgspec.ValidationError) -> dict[str, str]:
     message = str(exc)
     path = "$"
@@ -134,30 +230,23 @@ class Contract:
     def __init__(
         self,
         name: str,
-        events: Mapping[str, Any],
+        events: Mapping[str, Any] | Iterable[EventType[Any]],
         presence: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError(f"contract name must be a non-empty string, got {name!r}")
         if _NS in name or "/" in name:
             raise ValueError(f"contract name {name!r} must not contain '/' or U+001F")
-        if not isinstance(events, Mapping) or not events:
-            raise TypeError(f"contract {name!r} needs at least one event type")
-        for kind, label in ((events, "event type"), (presence or {}, "presence field")):
+        declared = _declared_events(name, events)
+        for kind, label in ((declared, "event type"), (presence or {}, "presence field")):
             for key, schema in kind.items():
                 if not isinstance(key, str) or not key:
                     raise TypeError(
                         f"contract {name!r}: {label} {key!r} must be a non-empty string"
                     )
-                try:
-                    msgspec.inspect.type_info(schema)
-                except (TypeError, ValueError) as exc:
-                    raise TypeError(
-                        f"contract {name!r}: {label} {key!r} has type {schema!r}, "
-                        f"which msgspec cannot validate: {exc}"
-                    ) from None
+                _check_schema(schema, f"contract {name!r}: {label} {key!r}")
         self.name = name
-        self.events: dict[str, Any] = dict(events)
+        self.events: dict[str, Any] = declared
         self.presence: dict[str, Any] = dict(presence or {})
 
     @property
@@ -228,39 +317,51 @@ class Contract:
         Raises:
           A2Error: ``INVALID_PAYLOAD``, ``details`` with msgspec's message and path.
         """
-        try:
-            builtins = msgspec.to_builtins(payload)
-            _check_storable(builtins)
-            typed = msgspec.convert(builtins, schema)
-        except _Unstorable as exc:
-            raise A2Error(
-                ErrorCode.INVALID_PAYLOAD,
-                f"invalid payload for {what} on contract '{self.name}': {exc}",
-                {"message": str(exc), "path": exc.path},
-            ) from None
-        except RecursionError:
-            message = f"nested deeper than {MAX_DEPTH} levels"
-            raise A2Error(
-                ErrorCode.INVALID_PAYLOAD,
-                f"invalid payload for {what} on contract '{self.name}': {message}",
-                {"message": message, "path": "$"},
-            ) from None
-        except msgspec.ValidationError as exc:
-            raise A2Error(
-                ErrorCode.INVALID_PAYLOAD,
-                f"invalid payload for {what} on contract '{self.name}': {exc}",
-                _path_details(exc),
-            ) from None
-        except TypeError as exc:
-            raise A2Error(
-                ErrorCode.INVALID_PAYLOAD,
-                f"invalid payload for {what} on contract '{self.name}': {exc}",
-                {"message": str(exc), "path": "$"},
-            ) from None
-        return typed, builtins
+        return _convert(schema, payload, f"{what} on contract '{self.name}'")
 
     def __repr__(self) -> str:
         return f"Contract({self.name!r}, events={sorted(self.events)})"
+
+
+def _convert(schema: Any, payload: Any, what: str) -> tuple[Any, Any]:
+    """Validate ``payload`` against the msgspec type ``schema`` by the payload
+    rules (no U+0000, at most :data:`MAX_DEPTH` deep): return (typed value,
+    JSON builtins). ``what`` names it in the message ("event 'placed' on
+    contract 'orders'").
+
+    Raises:
+      A2Error: ``INVALID_PAYLOAD``, ``details`` with msgspec's message and path.
+    """
+    try:
+        builtins = msgspec.to_builtins(payload)
+        _check_storable(builtins)
+        typed = msgspec.convert(builtins, schema)
+    except _Unstorable as exc:
+        raise A2Error(
+            ErrorCode.INVALID_PAYLOAD,
+            f"invalid payload for {what}: {exc}",
+            {"message": str(exc), "path": exc.path},
+        ) from None
+    except RecursionError:
+        message = f"nested deeper than {MAX_DEPTH} levels"
+        raise A2Error(
+            ErrorCode.INVALID_PAYLOAD,
+            f"invalid payload for {what}: {message}",
+            {"message": message, "path": "$"},
+        ) from None
+    except msgspec.ValidationError as exc:
+        raise A2Error(
+            ErrorCode.INVALID_PAYLOAD,
+            f"invalid payload for {what}: {exc}",
+            _path_details(exc),
+        ) from None
+    except TypeError as exc:
+        raise A2Error(
+            ErrorCode.INVALID_PAYLOAD,
+            f"invalid payload for {what}: {exc}",
+            {"message": str(exc), "path": "$"},
+        ) from None
+    return typed, builtins
 
 
 class _Unstorable(ValueError):
@@ -305,7 +406,7 @@ def _path(parts: tuple[str | int, ...]) -> str:
 
 def contract(
     name: str,
-    events: Mapping[str, Any],
+    events: Mapping[str, Any] | Iterable[EventType[Any]],
     presence: Mapping[str, Any] | None = None,
 ) -> Contract:
     """Declare a contract.
@@ -313,14 +414,36 @@ def contract(
     Args:
       name: the contract's name; namespaces its sessions in a shared store and
         names its HTTP mount.
-      events: event type -> msgspec type of its payload.
+      events: the :func:`event_type` handles of its event types (the typed
+        form), or a mapping event type -> msgspec type of its payload.
       presence: presence field -> msgspec type of its value (optional).
 
     Raises:
       TypeError: an empty name, no events, or a type msgspec cannot validate.
+      ValueError: a list of handles that names one event type twice.
     """
     return Contract(name, events, presence)
 
 
-for _cls in (AppendInput, Contract, Event, Reducer):
+@overload
+def event_type(name: str, payload_type: type[P]) -> EventType[P]: ...
+@overload
+def event_type(name: str, payload_type: None) -> EventType[None]: ...
+@overload
+def event_type(name: str, payload_type: object) -> EventType[Any]: ...
+def event_type(name: str, payload_type: Any) -> EventType[Any]:
+    """Declare an event type: its name and the msgspec type of its payload.
+
+    ``placed = a2trio.event_type("placed", OrderPlaced)`` is an
+    ``EventType[OrderPlaced]``. A payload type that is not a class (a union,
+    an inline ``Annotated``) gives an ``EventType[Any]``; annotate the
+    variable to keep it typed: ``moved: EventType[A | B] = event_type("moved", A | B)``.
+
+    Raises:
+      TypeError: an empty name or a type msgspec cannot validate.
+    """
+    return EventType(name, payload_type)
+
+
+for _cls in (AppendInput, Contract, Event, EventType, Reducer):
     _cls.__module__ = "a2trio"

@@ -1,22 +1,44 @@
-"""Handler registration: ``handler(fn, abort_on=..., lane=...)`` and its context."""
+"""Handler registration and its context.
+
+Two forms: ``on(placed, fn, abort_on=..., lane=...)``, typed by the event
+type's handle (a type checker verifies that ``fn`` takes a
+``HandlerContext`` of the event's payload type), and ``handler(fn, ...)``,
+registered under a string key in ``Server(handlers={...})``. Either way the
+server checks at construction what it can: the event type is declared, and a
+handler annotated ``HandlerContext[X]`` is registered for an event whose
+payload is an ``X`` (:mod:`a2trio.signatures`).
+"""
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import trio
 
-from .contract import AppendInput, Contract, Event
+from .contract import AppendInput, Contract, Event, EventType
 from .core import LaneFn
+from .signatures import accepts, parameter_annotation, type_name
 
 if TYPE_CHECKING:
     from .abort import AbortMatcher
     from .session import HandlerSession
 
-__all__ = ["HandlerContext", "HandlerSpec", "Returned", "handler"]
+__all__ = [
+    "HandlerContext",
+    "HandlerSpec",
+    "Handlers",
+    "Returned",
+    "handler",
+    "on",
+    "registrations",
+]
 
 P = TypeVar("P")
+#: Covariant: a handler taking ``HandlerContext[A | B]`` may be registered
+#: for an event of ``A`` (the context is only read).
+P_co = TypeVar("P_co", covariant=True)
 
 #: What a handler may return: nothing, one append input, or a list of them.
 #: Returned events are committed atomically with the completion.
@@ -24,9 +46,14 @@ Returned = AppendInput | Sequence[AppendInput] | None
 
 HandlerFn = Callable[["HandlerContext[Any]"], Awaitable[Returned]]
 AbortPredicate = Callable[[Event[Any], Event[Any], dict[str, int]], bool]
+#: ``abort_on=``: event types (names or handles), or a mapping of them to
+#: ``True`` or a predicate.
+AbortOn = (
+    Sequence[str | EventType[Any]] | Mapping[str | EventType[Any], bool | AbortPredicate] | None
+)
 
 
-class HandlerContext(Generic[P]):
+class HandlerContext(Generic[P_co]):
     """What a handler receives.
 
     Attributes:
@@ -42,7 +69,7 @@ class HandlerContext(Generic[P]):
     __slots__ = ("_aborted", "attempt", "event", "session")
 
     def __init__(
-        self, event: Event[P], attempt: int, session: HandlerSession, aborted: trio.Event | None
+        self, event: Event[P_co], attempt: int, session: HandlerSession, aborted: trio.Event | None
     ) -> None:
         self.event = event
         self.attempt = attempt
@@ -63,27 +90,48 @@ class HandlerContext(Generic[P]):
 
 
 class HandlerSpec:
-    """A handler with its options; build it with :func:`handler`."""
+    """A handler with its options; build it with :func:`on` or :func:`handler`.
 
-    __slots__ = ("abort_on", "fn", "lane")
+    Attributes:
+      fn: the handler function.
+      abort_on: event type -> ``True`` or a predicate, or None.
+      lane: the lane, a string or a function, or None.
+      event: the event type it is registered for when built with :func:`on`;
+        None for a spec registered under a key of ``Server(handlers={...})``.
+    """
+
+    __slots__ = ("abort_on", "event", "fn", "lane")
 
     def __init__(
         self,
         fn: HandlerFn,
         abort_on: Mapping[str, bool | AbortPredicate] | None,
         lane: str | LaneFn | None,
+        event: EventType[Any] | None = None,
     ) -> None:
         self.fn = fn
         self.abort_on: AbortMatcher | None = abort_on
         self.lane = lane
+        self.event = event
 
     def check(self, contract: Contract, type: str) -> None:
-        """Raise TypeError/ValueError if this spec does not fit ``contract``."""
+        """Raise TypeError/ValueError if this spec does not fit ``contract``'s
+        event type ``type``: an undeclared type, an ``abort_on`` type the
+        contract lacks, a handle whose payload type is not the contract's, or
+        a handler annotated ``HandlerContext[X]`` for a payload that is no ``X``."""
         if type not in contract.events:
             raise TypeError(
                 f"contract '{contract.name}' has no event type {type!r}: "
                 "cannot register a handler for it"
             )
+        declared = contract.events[type]
+        if self.event is not None and self.event.payload_type != declared:
+            raise TypeError(
+                f"handler {self.name} is registered with a2trio.on for {self.event!r}, but "
+                f"contract '{contract.name}' declares {type!r} with "
+                f"{type_name(declared)}"
+            )
+        _check_payload(self.fn, type, declared, f" of contract '{contract.name}'")
         for abort_type in self.abort_on or {}:
             if abort_type not in contract.events:
                 raise TypeError(
@@ -91,23 +139,120 @@ class HandlerSpec:
                     f"the handler for {type!r} cannot abort on it"
                 )
 
+    @property
+    def name(self) -> str:
+        """The handler function's name, for messages."""
+        return str(getattr(self.fn, "__qualname__", None) or self.fn)
+
     def __repr__(self) -> str:
         return f"handler({getattr(self.fn, '__name__', self.fn)!r})"
+
+
+#: What ``Server(handlers=...)`` takes: a list of specs built with :func:`on`,
+#: or a mapping event type -> handler function or :func:`handler` spec.
+Handlers = Sequence[HandlerSpec] | Mapping[str, HandlerSpec | Callable[..., Awaitable[Any]]]
+
+
+def registrations(contract: Contract, handlers: Handlers | None) -> dict[str, HandlerSpec]:
+    """``Server(handlers=...)`` as event type -> spec, each checked against
+    ``contract`` (:meth:`HandlerSpec.check`).
+
+    Raises:
+      TypeError: a list entry not built with :func:`on`, a mapping key that
+        differs from its spec's :func:`on` event, or any check that fails.
+      ValueError: two handlers for one event type.
+    """
+    specs: dict[str, HandlerSpec] = {}
+    if handlers is None:
+        return specs
+    if isinstance(handlers, Mapping):
+        for type_, entry in handlers.items():
+            spec = entry if isinstance(entry, HandlerSpec) else handler(entry)
+            if spec.event is not None and spec.event.name != type_:
+                raise TypeError(
+                    f"handler {spec.name} is registered with a2trio.on for "
+                    f"{spec.event.name!r} but keyed {type_!r} in handlers="
+                )
+            spec.check(contract, type_)
+            specs[type_] = spec
+        return specs
+    for spec in handlers:
+        if not isinstance(spec, HandlerSpec) or spec.event is None:
+            raise TypeError(
+                "a list of handlers holds a2trio.on(event_type, fn) registrations "
+                f"(a mapping takes event type -> handler), got {spec!r}"
+            )
+        if spec.event.name in specs:
+            raise ValueError(
+                f"two handlers for event type {spec.event.name!r}: "
+                f"{specs[spec.event.name].name} and {spec.name}"
+            )
+        spec.check(contract, spec.event.name)
+        specs[spec.event.name] = spec
+    return specs
+
+
+def _check_payload(fn: HandlerFn, type: str, declared: Any, where: str) -> None:
+    """Refuse a handler annotated ``HandlerContext[X]`` for an event of
+    ``declared`` payload type when that is clearly not an ``X``."""
+    annotation = parameter_annotation(fn, 0)
+    if typing.get_origin(annotation) is not HandlerContext:
+        return
+    [payload] = typing.get_args(annotation)
+    if not accepts(payload, declared):
+        name = getattr(fn, "__qualname__", None) or fn
+        raise TypeError(
+            f"handler {name} is annotated HandlerContext[{type_name(payload)}], but event "
+            f"type {type!r}{where} carries {type_name(declared)}"
+        )
+
+
+def _abort_matcher(abort_on: AbortOn) -> dict[str, bool | AbortPredicate] | None:
+    if abort_on is None:
+        return None
+    if isinstance(abort_on, Mapping):
+        matcher: dict[str, bool | AbortPredicate] = {}
+        for key, rule in abort_on.items():
+            name = key.name if isinstance(key, EventType) else key
+            if rule is not True and rule is not False and not callable(rule):
+                raise TypeError(f"abort_on[{name!r}] must be True or a predicate, got {rule!r}")
+            if rule is not False:
+                matcher[name] = rule
+        return matcher or None
+    if isinstance(abort_on, str):
+        raise TypeError(f"abort_on must be a list of types, not the string {abort_on!r}")
+    return (
+        dict.fromkeys((key.name if isinstance(key, EventType) else key for key in abort_on), True)
+        or None
+    )
+
+
+def _spec(
+    fn: HandlerFn, abort_on: AbortOn, lane: str | LaneFn | None, event: EventType[Any] | None
+) -> HandlerSpec:
+    if not callable(fn):
+        raise TypeError(f"handler must be an async function, got {fn!r}")
+    matcher = _abort_matcher(abort_on)
+    if lane is not None and not callable(lane) and (not isinstance(lane, str) or not lane):
+        raise TypeError(f"lane must be a non-empty string or a function, got {lane!r}")
+    return HandlerSpec(fn, matcher, lane, event)
 
 
 def handler(
     fn: HandlerFn,
     *,
-    abort_on: Sequence[str] | Mapping[str, bool | AbortPredicate] | None = None,
+    abort_on: AbortOn = None,
     lane: str | LaneFn | None = None,
 ) -> HandlerSpec:
-    """Wrap a handler with options.
+    """Wrap a handler with options, for a key of ``Server(handlers={...})``
+    (:func:`on` is the typed form).
 
     Args:
       fn: ``async def fn(ctx: HandlerContext) -> Returned``.
-      abort_on: event types that abort a running attempt: a list of types, or a
-        mapping type -> ``True`` or a predicate ``(event, trigger, {"attempt": n})
-        -> bool`` for targeted cancellation.
+      abort_on: event types (names or :class:`~a2trio.EventType` handles) that
+        abort a running attempt: a list of them, or a mapping of them to
+        ``True`` or a predicate ``(event, trigger, {"attempt": n}) -> bool``
+        for targeted cancellation.
       lane: a FIFO key: events of one lane run strictly one at a time, in order.
         A string, or ``lane(session_id, event) -> str`` resolved and stored when
         the event is appended.
@@ -116,25 +261,38 @@ def handler(
       TypeError: ``fn`` is not callable, a bad ``abort_on`` shape, or a lane that
         is neither a non-empty string nor a function.
     """
-    if not callable(fn):
-        raise TypeError(f"handler must be an async function, got {fn!r}")
-    matcher: dict[str, bool | AbortPredicate] | None
-    if abort_on is None:
-        matcher = None
-    elif isinstance(abort_on, Mapping):
-        matcher = {}
-        for key, rule in abort_on.items():
-            if rule is not True and rule is not False and not callable(rule):
-                raise TypeError(f"abort_on[{key!r}] must be True or a predicate, got {rule!r}")
-            if rule is not False:
-                matcher[key] = rule
-    elif isinstance(abort_on, str):
-        raise TypeError(f"abort_on must be a list of types, not the string {abort_on!r}")
-    else:
-        matcher = dict.fromkeys(abort_on, True)
-    if lane is not None and not callable(lane) and (not isinstance(lane, str) or not lane):
-        raise TypeError(f"lane must be a non-empty string or a function, got {lane!r}")
-    return HandlerSpec(fn, matcher or None, lane)
+    return _spec(fn, abort_on, lane, None)
+
+
+def on(
+    event: EventType[P],
+    fn: Callable[[HandlerContext[P]], Awaitable[Returned]],
+    *,
+    abort_on: AbortOn = None,
+    lane: str | LaneFn | None = None,
+) -> HandlerSpec:
+    """Register ``fn`` for the event type ``event``, for ``Server(handlers=[...])``.
+
+    Typed by the handle: ``on(placed, ship)`` type-checks only if ``ship``
+    takes a ``HandlerContext`` of ``placed``'s payload type, so
+    ``ctx.event.payload`` is that type in the handler. The same mismatch is
+    refused at run time when the annotation says so.
+
+    Args:
+      event: the event type's handle (:func:`~a2trio.event_type`).
+      fn: ``async def fn(ctx: HandlerContext[P]) -> Returned``.
+      abort_on: as for :func:`handler`.
+      lane: as for :func:`handler`.
+
+    Raises:
+      TypeError: ``event`` is not a handle, ``fn`` is not callable or is
+        annotated for another payload type, a bad ``abort_on`` or lane.
+    """
+    if not isinstance(event, EventType):
+        raise TypeError(f"on() takes an a2trio.event_type(...) handle, got {event!r}")
+    spec = _spec(fn, abort_on, lane, event)
+    _check_payload(fn, event.name, event.payload_type, "")
+    return spec
 
 
 HandlerSpec.__module__ = "a2trio"

@@ -20,10 +20,8 @@ retries, exactly as after a crash.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import Any
 
 import msgspec
 import trio
@@ -36,7 +34,7 @@ from .core import Engine
 from .drain import DrainResult
 from .drains import DrainRegistry
 from .errors import A2Error, ErrorCode
-from .handlers import HandlerSpec, handler
+from .handlers import Handlers, registrations
 from .identifiers import check_session_id
 from .inspection import ServerInspection
 from .push import ValidatePush
@@ -75,7 +73,10 @@ class Server:
         ``A2_ENV``: ``production`` refuses (``STORE_NOT_CONFIGURED``), ``test``
         uses memory, anything else sqlite at ``.a2/dev.db``
         (:func:`a2trio.stores.default_store`).
-      handlers: event type -> async function or :func:`a2trio.handler` spec.
+      handlers: a list of :func:`a2trio.on` registrations (typed by their
+        event types), or a mapping event type -> async function or
+        :func:`a2trio.handler` spec. Each is checked against the contract
+        (:func:`a2trio.handlers.registrations`).
       scheduler: a :class:`~a2trio.scheduler.Scheduler` for watchdogs,
         ``dispatch`` and ``schedule``. Without one the server heals on the next
         append.
@@ -118,7 +119,7 @@ class Server:
         contract: Contract,
         *,
         store: Store | None = None,
-        handlers: Mapping[str, HandlerSpec | Callable[..., Awaitable[Any]]] | None = None,
+        handlers: Handlers | None = None,
         scheduler: Scheduler | None = None,
         telemetry: Telemetry | None = None,
         validate_push: ValidatePush | None = None,
@@ -146,11 +147,7 @@ class Server:
                 raise ValueError(
                     f"presence_ttl_ms must be a positive integer, got {presence_ttl_ms!r}"
                 )
-        specs: dict[str, HandlerSpec] = {}
-        for type_, entry in (handlers or {}).items():
-            spec = entry if isinstance(entry, HandlerSpec) else handler(entry)
-            spec.check(contract, type_)
-            specs[type_] = spec
+        specs = registrations(contract, handlers)
         store = store if store is not None else default_store(contract.name)
         if contract.declares_presence and store.presence is None:
             raise A2Error(

@@ -11,6 +11,11 @@
 The vault's state keeps an internal audit trail beside the balance; the app's
 ``view`` shows every lane (call answers, snapshots, stream frames) only the
 public part. A handler reacts to large deposits, as on any contract.
+
+Declared in the typed forms: each event type is a handle (``deposited(...)``
+takes only a ``Deposited``), each call's function is held to its input type
+by ``a2trio.call``, and ``a2trio.on(deposited, review)`` to the handler's
+payload type; mypy strict checks this file.
 """
 
 from __future__ import annotations
@@ -59,6 +64,11 @@ class PublicVault(msgspec.Struct, frozen=True):
     balance: int
 
 
+deposited = a2trio.event_type("deposited", Deposited)
+withdrawn = a2trio.event_type("withdrawn", Withdrawn)
+flagged = a2trio.event_type("flagged", Flagged)
+
+
 def fold(state: Vault, event: a2trio.Event[Deposited | Withdrawn | Flagged]) -> Vault:
     payload = event.payload
     if isinstance(payload, Deposited):
@@ -69,22 +79,22 @@ def fold(state: Vault, event: a2trio.Event[Deposited | Withdrawn | Flagged]) -> 
 
 
 async def deposit(state: Vault, input: Deposit) -> a2trio.AppendInput:
-    return vault.event("deposited", Deposited(input.amount))
+    return deposited(Deposited(input.amount))
 
 
 async def withdraw(state: Vault, input: Withdraw) -> a2trio.AppendInput:
     if input.amount > state.balance:
         raise a2trio.Refused(f"insufficient funds: the balance is {state.balance}")
-    return vault.event("withdrawn", Withdrawn(input.amount))
+    return withdrawn(Withdrawn(input.amount))
 
 
 vault = a2trio.actor(
     "vault",
-    events={"deposited": Deposited, "withdrawn": Withdrawn, "flagged": Flagged},
+    events=[deposited, withdrawn, flagged],
     state=a2trio.Reducer("vault-v1", Vault(), fold),
     calls={
-        "deposit": a2trio.call(Deposit, deposit, emits=["deposited"]),
-        "withdraw": a2trio.call(Withdraw, withdraw, emits=["withdrawn"]),
+        "deposit": a2trio.call(Deposit, deposit, emits=[deposited]),
+        "withdraw": a2trio.call(Withdraw, withdraw, emits=[withdrawn]),
     },
 )
 
@@ -95,7 +105,7 @@ LARGE_DEPOSIT = 10_000
 async def review(ctx: a2trio.HandlerContext[Deposited]) -> a2trio.Returned:
     """Handlers work on actor events as on any session's."""
     if ctx.event.payload.amount >= LARGE_DEPOSIT:
-        return vault.event("flagged", Flagged(f"large deposit at #{ctx.event.index}"))
+        return flagged(Flagged(f"large deposit at #{ctx.event.index}"))
     return None
 
 
@@ -104,5 +114,5 @@ def public_view(state: Vault, request: Request) -> PublicVault:
     return PublicVault(state.balance)
 
 
-server = a2trio.Server(vault, handlers={"deposited": review})
+server = a2trio.Server(vault, handlers=[a2trio.on(deposited, review)])
 app = asgi(server, views={"vault": public_view})

@@ -90,9 +90,9 @@ def test_construction_names_the_culprit(
 
 def test_call_declarations_are_checked() -> None:
     with pytest.raises(TypeError, match="is not one msgspec can validate"):
-        a2trio.call(object(), _noop)
+        a2trio.call(object(), _noop)  # type: ignore[call-overload]
     with pytest.raises(TypeError, match="must be callable"):
-        a2trio.call(int, "fn")  # type: ignore[arg-type]
+        a2trio.call(int, "fn")  # type: ignore[call-overload]
     with pytest.raises(TypeError, match="takes a list of event types"):
         a2trio.call(int, _noop, emits="e")
     with pytest.raises(TypeError, match="fold must be callable"):

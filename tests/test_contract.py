@@ -38,7 +38,13 @@ items = a2trio.contract("items", events={"item": Item, "note": str})
         (("a/b", {"item": Item}), ValueError, "contract name 'a/b' must not contain '/'"),
         (("a\x1fb", {"item": Item}), ValueError, "must not contain '/' or U\\+001F"),
         (("c", {}), TypeError, "contract 'c' needs at least one event type"),
-        (("c", [("item", Item)]), TypeError, "contract 'c' needs at least one event type"),
+        (("c", []), TypeError, "contract 'c' needs at least one event type"),
+        (
+            ("c", [("item", Item)]),
+            TypeError,
+            r"contract 'c': events= takes a mapping of event type -> payload type or a list "
+            r"of a2trio.event_type\(...\) handles, got \('item', .*\) in a list",
+        ),
         (("c", {"": Item}), TypeError, "contract 'c': event type '' must be a non-empty string"),
         (
             ("c", {"item": Item}, {7: int}),

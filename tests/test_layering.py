@@ -33,7 +33,7 @@ LAYERS: list[set[str]] = [
     {"fanout", "push", "scheduler"},
     {"stores"},
     {"contract", "actor"},
-    {"identifiers", "ids", "errors", "clock", "timings", "telemetry", "tuning"},
+    {"identifiers", "ids", "errors", "clock", "timings", "telemetry", "tuning", "signatures"},
 ]
 
 

@@ -36,7 +36,7 @@ due now is delivered by :meth:`Harness.settle`.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any, Literal
@@ -48,7 +48,7 @@ import trio.testing
 from ..clock import Clock, TrioClock, ms_to_datetime
 from ..contract import Contract, Event
 from ..drain import DrainResult
-from ..handlers import HandlerSpec
+from ..handlers import Handlers
 from ..push import ValidatePush
 from ..scheduler import Scheduler
 from ..schedulers import LocalScheduler
@@ -88,8 +88,6 @@ def local_scheduler(clock: Clock) -> Scheduler:
     only durable state remains."""
     return LocalScheduler(clock=clock)
 
-
-Handlers = Mapping[str, HandlerSpec | Callable[..., Awaitable[Any]]]
 
 #: The running server's host task: its cancel scope, and an event set once it
 #: has fully stopped.

@@ -13,10 +13,11 @@ import trio
 
 from ..clock import TrioClock
 from ..contract import Contract
+from ..handlers import Handlers
 from ..push import ValidatePush
 from ..stores.base import Store
 from ..timings import DEFAULT_TIMINGS, Timings
-from ._harness import Handlers, Harness, SchedulerFactory, local_scheduler, open_harness
+from ._harness import Harness, SchedulerFactory, local_scheduler, open_harness
 from ._telemetry import RecordingTelemetry
 
 __all__ = ["AppFactory", "a2_app", "a2_clock", "a2_telemetry"]
