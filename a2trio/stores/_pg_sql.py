@@ -398,7 +398,7 @@ select distinct session_id from a2_events
 CLAIM = Statement(
     f"""
 with eligible as materialized (
-  select event.ctid as tid, event.idx from a2_events event
+  select event.idx from a2_events event
    where event.session_id = $1::text
      and event.processed_at is null
      and event.failed_at is null
@@ -417,9 +417,16 @@ claimed as (
     claim_holder = $3::text,
     claim_expires_at = $4::bigint
   from eligible
-  -- The rows are locked above, so their tuple ids are current: a TID join,
-  -- whatever plan the statistics suggest.
-  where claimed.ctid = eligible.tid
+  -- By key, bounded to the locked indexes, never by `eligible`'s tuple ids: a
+  -- row that another transaction updated (a renewal, a completion's lane
+  -- hand-on) after this statement's snapshot is locked above in its latest
+  -- version, which this snapshot cannot see, so a tuple-id join silently
+  -- updates nothing (issue 29: a FINISH answered "completed" and left the
+  -- event claimed, to run again once the claim expired). A key join
+  -- re-reads the latest version, the one locked.
+  where claimed.session_id = $1::text and claimed.idx = eligible.idx
+    and claimed.idx >= (select min(idx) from eligible)
+    and claimed.idx <= (select max(idx) from eligible)
   returning claimed.*
 ),
 busy as (
@@ -573,7 +580,7 @@ with req as (
   select * from unnest($2::bigint[], $3::int[]) as r(idx, attempt)
 ),
 parent as materialized (
-  select e.ctid as tid, e.idx, e.lane, e.attempt_count, e.claim_holder, e.failed_at,
+  select e.idx, e.lane, e.attempt_count, e.claim_holder, e.failed_at,
          e.processed_at, e.processed_by_attempt, e.returned_event_ids
     from a2_events e
    where e.session_id = $1::text and {_among("e.idx", "$2::bigint[]")}
@@ -581,7 +588,7 @@ parent as materialized (
    for update
 ),
 verdict as materialized (
-  select r.idx, r.attempt, p.tid, p.lane, p.processed_by_attempt, p.returned_event_ids,
+  select r.idx, r.attempt, p.lane, p.processed_by_attempt, p.returned_event_ids,
     case
       when p.idx is null then 'missing'
       when p.processed_at is not null then 'replay'
@@ -603,8 +610,9 @@ processed as (
     claim_holder = null,
     claim_expires_at = null
   from verdict v
-  -- Locked by `parent`, so the tuple ids are current (see `CLAIM`).
-  where v.outcome = 'completed' and e.ctid = v.tid
+  -- By key, not by `parent`'s tuple id: see `CLAIM`.
+  where v.outcome = 'completed' and e.session_id = $1::text and e.idx = v.idx
+    and {_among("e.idx", "$2::bigint[]")}
 ),
 next_in_lane as materialized (
   select distinct (select min(l.idx) from a2_events l
@@ -877,7 +885,7 @@ with target as (
 SKIP = Statement(
     f"""
 with current as materialized (
-  select e.ctid as tid, e.lane, e.lane_ready from a2_events e
+  select e.lane, e.lane_ready from a2_events e
    where e.session_id = $1::text and e.idx = $2::bigint {_AS_READ}
    for update of e
 ),
@@ -886,8 +894,8 @@ target as (
     processed_at = $10::bigint, failed_at = null, lane_ready = false,
     claim_holder = null, claim_expires_at = null
     from current c
-  -- Locked by `current`, so the tuple id is current (see `CLAIM`).
-   where e.ctid = c.tid
+  -- By key, not by `current`'s tuple id (see `CLAIM`).
+   where e.session_id = $1::text and e.idx = $2::bigint
   returning e.idx
 ),
 handed_on as (
