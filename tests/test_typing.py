@@ -13,7 +13,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 import msgspec
 import pytest
@@ -22,6 +22,7 @@ import trio
 import a2trio
 from a2trio.signatures import accepts, parameter_annotation
 from a2trio.stores import memory
+from a2trio.testing import AppFactory
 from tests.typing import shop
 from tests.typing.shop import AddItem, Cart, Checkout, ItemAdded, OrderPlaced, OrderShipped
 
@@ -112,6 +113,16 @@ async def test_typed_forms_run_end_to_end(autojump_clock: trio.abc.Clock) -> Non
     async with a2trio.Server(shop.cart, store=memory(clock=a2trio.TrioClock())) as server:
         answer = await server.actor("c").call("add", {"item": "book"})
         assert answer == a2trio.ActorState(Cart(("book",)), 1)
+
+
+async def test_the_harness_takes_typed_registrations_across_restarts(
+    autojump_clock: trio.abc.Clock, a2_app: AppFactory
+) -> None:
+    app = await a2_app(shop.orders, handlers=[a2trio.on(shop.placed, shop.ship)])
+    await app.restart()
+    await app.session("o-2").append(shop.placed(OrderPlaced("o-2")))
+    await app.settle()
+    await app.assert_log("o-2", ["placed", "shipped"])
 
 
 # -- registration checked at construction ----------------------------------------
@@ -331,4 +342,27 @@ def test_parameter_annotation_counts_positional_parameters_only() -> None:
     assert parameter_annotation(keyword, 0) is Any
     assert parameter_annotation(len, 3) is Any
     assert parameter_annotation(Bound().method, 0) is int
-    assert parameter_annotation(print, 0) is Any
+    assert parameter_annotation(iter, 0) is Any  # a builtin without a signature
+
+
+def test_what_the_reading_cannot_tell_it_accepts() -> None:
+    class Callable_:
+        def __call__(self, ctx: a2trio.HandlerContext[OrderPlaced]) -> None:
+            return None
+
+    # A string annotation on an object's __call__ has no module to resolve in.
+    assert parameter_annotation(Callable_(), 0) is Any
+
+    class Strange:
+        def __eq__(self, other: object) -> bool:
+            raise RuntimeError("no comparing")
+
+        __hash__ = object.__hash__
+
+    assert accepts(Strange(), int) is True
+
+    class Shaped(Protocol):
+        def shape(self) -> str: ...
+
+    # A Protocol that is not runtime-checkable refuses issubclass.
+    assert accepts(Shaped, OrderPlaced) is True
