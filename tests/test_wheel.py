@@ -1,5 +1,7 @@
 """The wheel alone: built from the checkout and installed with nothing but its
 core dependencies in a fresh venv, it serves the example board (issue 36).
+And an editable install type-checks: mypy --strict in an app's own folder
+finds the a2trio that ``pip install -e`` installed.
 
 The checkout's ``a2trio`` is never on the server's path: the wheel is built
 from a copy of the sources, and the server runs from a folder that holds only
@@ -10,6 +12,7 @@ this test out of a local run, ``pytest -m "not wheel"``.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -40,9 +43,10 @@ async def run(*command: str | Path, cwd: Path | None = None) -> str:
     return output
 
 
-async def build_wheel(into: Path, scratch: Path) -> None:
-    # From a copy: building in the checkout would write build/ and egg-info
-    # into it, under any other run of the suite.
+def copy_project(scratch: Path) -> Path:
+    """The project's packaging files and package, copied into ``scratch``:
+    building or installing in the checkout would write build/ and egg-info
+    into it, under any other run of the suite."""
     project = scratch / "project"
     project.mkdir()
     for name in ("pyproject.toml", "README.md"):
@@ -50,6 +54,11 @@ async def build_wheel(into: Path, scratch: Path) -> None:
     shutil.copytree(
         ROOT / "a2trio", project / "a2trio", ignore=shutil.ignore_patterns("__pycache__")
     )
+    return project
+
+
+async def build_wheel(into: Path, scratch: Path) -> None:
+    project = copy_project(scratch)
     await run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", into, project)
 
 
@@ -110,3 +119,35 @@ async def test_the_wheel_alone_serves_the_example_board(tmp_path: Path) -> None:
     finally:
         started.process.kill()
         await started.process.wait()
+
+
+async def test_an_editable_install_type_checks_from_an_apps_own_folder(tmp_path: Path) -> None:
+    project, venv = copy_project(tmp_path), tmp_path / "venv"
+    await run(sys.executable, "-m", "venv", "--without-pip", venv)
+    python = venv / "bin" / "python"
+    await run(sys.executable, "-m", "pip", "-q", "--python", python, "install", "-e", project)
+    app = tmp_path / "shop"
+    app.mkdir()
+    (app / "shop.py").write_text(
+        "import msgspec\n"
+        "import a2trio\n\n\n"
+        "class Ordered(msgspec.Struct, frozen=True):\n"
+        "    item: str\n\n\n"
+        'orders = a2trio.contract("orders", events={"ordered": Ordered})\n'
+        "server = a2trio.Server(orders, store=a2trio.stores.memory())\n"
+        "count: int = server.contract\n"  # a mistake mypy must see through a2trio's types
+    )
+    # This environment's mypy, reading the fresh venv's site-packages only
+    # (no MYPYPATH, no PYTHONPATH): what `mypy --strict` in the app's folder sees.
+    mypy = [sys.executable, "-m", "mypy", "--strict", "--no-incremental"]
+    checked = await trio.run_process(
+        [*mypy, "--python-executable", str(python), "shop.py"],
+        cwd=app,
+        capture_stdout=True,
+        check=False,
+        env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MYPYPATH")},
+    )
+    report = checked.stdout.decode()
+    assert "Cannot find implementation or library stub" not in report, report
+    assert 'Incompatible types in assignment (expression has type "Contract' in report, report
+    assert report.strip().endswith("Found 1 error in 1 file (checked 1 source file)"), report
