@@ -161,6 +161,14 @@ def test_the_dashboard_shows_payloads_errors_timings_filters_and_follows_live(
         page.set_viewport_size({"width": 390, "height": 844})
         width = page.evaluate("[document.documentElement.scrollWidth, innerWidth]")
         assert width[0] <= width[1], width
+        # Each row is a card there: no table scrolls sideways either.
+        wide = page.evaluate(
+            """Array.from(document.querySelectorAll('.scroll'))
+                 .filter((box) => box.scrollWidth > box.clientWidth + 1)
+                 .map((box) => box.firstElementChild.id)"""
+        )
+        assert wide == [], wide
+        expect(dead.locator("td.error")).to_have_attribute("data-label", "last error")
         page.screenshot(path=str(tmp_path / "inspector-phone.png"))
         if shots:
             page.set_viewport_size({"width": 1280, "height": 800})
