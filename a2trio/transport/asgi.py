@@ -22,7 +22,10 @@ A server of an :func:`a2trio.actor` is mounted with the actor lanes instead
 For browsers: ``cors=`` answers preflights and adds CORS headers, and every
 socket handshake passes the ``Origin`` check first (:mod:`.cors`).
 
-The app is a thin shell over :mod:`.wire` and :mod:`.sse` (sans-I/O). Its
+HTTP requests are routed by a table (:mod:`.routing`, built in
+``App._route_table``): adding a route is one handler and one row. The app is a
+thin shell over :mod:`.wire` and :mod:`.sse` (sans-I/O), and every SSE stream
+is written by :func:`.streams.write_sse`. Its
 lifespan opens the servers (``async with server``) and closes them on shutdown,
 which cancels their drains (claims lapse, as after a crash). Every stream is
 tied to its request: a client that disconnects cancels its feed task at once,
@@ -35,6 +38,7 @@ is logged and answers 503 too (``asA2Error``), never 500.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -83,6 +87,7 @@ from .cors import (
 )
 from .inspector import serve_inspector
 from .limits import DEFAULT_LIMITS, Limits
+from .routing import Route, match
 from .scheduler_route import deliver_signed
 from .static import Static, serve_static, static_mounts
 from .streams import PING, Heartbeat, SSESource, write_sse
@@ -99,6 +104,10 @@ _SSE_HEADERS: Final = [
     (b"x-accel-buffering", b"no"),
 ]
 _TRUE: Final = frozenset({"1", "true"})
+_POST: Final = frozenset({"POST"})
+_GET: Final = frozenset({"GET", "HEAD"})
+_SCHEDULER_METHODS: Final = "the scheduler route takes POST"
+_HEALTH_METHODS: Final = "the health route takes GET"
 
 
 class _Disconnected(Exception):
@@ -145,6 +154,7 @@ class App:
         self.cors = cors
         self.socket_origins = SocketOriginCheck(cors, socket_origins)
         self.grants = Grants()
+        self._routes = self._route_table()
 
     def __repr__(self) -> str:
         return f"App({', '.join(self.servers)})"
@@ -230,39 +240,79 @@ class App:
             headers = [(b"allow", b"GET, POST")] if status == 405 else None
             await respond(send, status, body, headers)
 
+    def _route_table(self) -> list[Route]:
+        """The HTTP routes, in the order they are tried: the app's own under
+        ``/_a2`` (those enabled), static files (with ``static=``) for paths
+        outside the mounts, then each mount's lanes."""
+        routes: list[Route] = []
+        if self.scheduler_secret is not None:
+            scheduler = functools.partial(self._scheduler, self.scheduler_secret)
+            routes.append(
+                Route(("_a2", "scheduler"), scheduler, methods=_POST, refusal=_SCHEDULER_METHODS)
+            )
+        if self.inspect:
+            routes.append(Route(("_a2", "inspect", "**"), self._inspector))
+        routes.append(
+            Route(("_a2", "health"), self._health_route, methods=_GET, refusal=_HEALTH_METHODS)
+        )
+        if self.static:
+            routes.append(Route(("**",), self._static, when=self._outside_mounts))
+        routes.append(Route(("*", "*"), self._lanes))
+        return routes
+
     async def _route_http(
         self, scope: Scope, request: Request, receive: Receive, send: Send
     ) -> None:
         segments = path_segments(scope)
-        method = request.method
-        if segments == ["_a2", "scheduler"] and self.scheduler_secret is not None:
-            if method != "POST":
-                raise Refusal(405, "the scheduler route takes POST")
-            body = await self._body(request, receive)
-            await deliver_signed(self.servers, self.scheduler_secret, body, request.headers)
-            await send({"type": "http.response.start", "status": 204, "headers": []})
-            await send({"type": "http.response.body", "body": b""})
-            return
-        if segments[:2] == ["_a2", "inspect"] and self.inspect:
-            await serve_inspector(
-                self.servers,
-                self.authorize,
-                segments[2:],
-                request,
-                lambda: self._body(request, receive),
-                send,
-            )
-            return
-        if segments == ["_a2", "health"]:
-            if method not in ("GET", "HEAD"):
-                raise Refusal(405, "the health route takes GET")
-            await respond(send, 200, await self._health())
-            return
-        if self.static and segments[0] not in self.servers and segments[0] != "_a2":
-            await serve_static(self.static, segments, request, send)
-            return
-        if len(segments) != 2:
+        route = match(self._routes, segments, request.method)
+        if route is None:
             raise Refusal(404, "routes are /{contract}/{session} and /{contract}[/{session}]/ws")
+        await route.handler(request, receive, send, segments)
+
+    async def _scheduler(
+        self,
+        secret: str | bytes,
+        request: Request,
+        receive: Receive,
+        send: Send,
+        segments: list[str],
+    ) -> None:
+        body = await self._body(request, receive)
+        await deliver_signed(self.servers, secret, body, request.headers)
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _inspector(
+        self, request: Request, receive: Receive, send: Send, segments: list[str]
+    ) -> None:
+        await serve_inspector(
+            self.servers,
+            self.authorize,
+            segments[2:],
+            request,
+            lambda: self._body(request, receive),
+            send,
+        )
+
+    async def _health_route(
+        self, request: Request, receive: Receive, send: Send, segments: list[str]
+    ) -> None:
+        await respond(send, 200, await self._health())
+
+    def _outside_mounts(self, segments: list[str]) -> bool:
+        return segments[0] not in self.servers and segments[0] != "_a2"
+
+    async def _static(
+        self, request: Request, receive: Receive, send: Send, segments: list[str]
+    ) -> None:
+        await serve_static(self.static, segments, request, send)
+
+    async def _lanes(
+        self, request: Request, receive: Receive, send: Send, segments: list[str]
+    ) -> None:
+        """A mount's lanes, ``/{contract}/{session}``: an actor's (:mod:`.actor_routes`),
+        or a session's push (``POST``), stream (``Accept: text/event-stream``)
+        and history (``GET``)."""
         server = self._server(segments[0])
         with bad_input():
             session_id = server.session(segments[1]).id
@@ -280,6 +330,7 @@ class App:
                 grants=self.grants,
             )
             return
+        method = request.method
         if method == "POST":
             await self._push(server, session_id, request, receive, send)
         elif method not in ("GET", "HEAD"):
