@@ -30,12 +30,18 @@ class RecordingStore(FaultyStore):
         *,
         holder: str,
         ttl_ms: int,
+        expires_at_ms: int | None = None,
         exclude: Sequence[int] = (),
         limit: int | None = None,
     ) -> ClaimResult:
         self.limits.append(limit)
         return await super().claim_available(
-            session_id, holder=holder, ttl_ms=ttl_ms, exclude=exclude, limit=limit
+            session_id,
+            holder=holder,
+            ttl_ms=ttl_ms,
+            expires_at_ms=expires_at_ms,
+            exclude=exclude,
+            limit=limit,
         )
 
 
