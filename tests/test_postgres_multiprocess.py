@@ -45,6 +45,7 @@ if str(ROOT) not in sys.path:
 from tests.backends.pgbouncer import admin_rows, pgbouncer  # noqa: E402
 from tests.backends.postgres import run_sql  # noqa: E402
 from tests.backends.throwaway_pg import throwaway_postgres  # noqa: E402
+from tests.progress import while_progressing  # noqa: E402
 
 WORKERS = 2 + 1
 WRITERS = 2
@@ -171,10 +172,19 @@ async def _run(
         if len(reports) == WRITERS:
             writers_done.set()
 
+    async def progress() -> tuple[object, ...] | None:
+        [(created,)] = await _retrying(dsn, f"select to_regclass('{table}') is not null")
+        if not created:
+            return None
+        [counts] = await _retrying(dsn, f"select count(*), count(processed_at) from {table}")
+        return counts
+
     try:
-        # Generous: on two cores shared with other test runs, under coverage,
-        # a run has taken over 100 s.
-        with trio.fail_after(240):
+        # No bound on the whole run: on two cores shared with other test
+        # runs, under coverage, a run has taken over 100 s, and a fixed bound
+        # only bets on the load. It fails when nothing is appended or
+        # processed for STALL_S.
+        async with while_progressing(progress, what="the jobs' processing"):
             async with trio.open_nursery() as nursery:
                 workers: list[trio.Process] = []
                 for _ in range(WORKERS):
