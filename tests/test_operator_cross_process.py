@@ -66,7 +66,8 @@ async def test_an_operator_process_wakes_the_worker(backend: str) -> None:
             raise RuntimeError("the gateway timed out")
 
     async def ran_for(session_id: str, attempt: int) -> None:
-        with trio.fail_after(10):
+        # A hang guard (the sweep is off: only the wake-up can start it).
+        with trio.fail_after(60):
             while (session_id, attempt) not in ran:
                 await changed.wait()
 
