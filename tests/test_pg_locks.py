@@ -38,6 +38,10 @@ ADVISORY_WAITERS = Statement(
     "select count(*) from pg_locks where locktype = 'advisory' and not granted"
     " and database = (select oid from pg_database where datname = current_database())"
 )
+#: A hang guard: what is under test either happens or waits on a lock held
+#: until after the check, so a long bound still fails a wrong wait, and a
+#: loaded machine does not fail a right one.
+GUARD_S = 60
 
 
 @asynccontextmanager
@@ -69,13 +73,14 @@ async def _append_lock_held(dsn: str, session_id: str) -> AsyncIterator[PgConnec
 
 
 async def _until_someone_waits(conn: PgConnection) -> None:
-    """Poll until a transaction in this database waits on an advisory lock."""
-    for _ in range(200):
-        [[(count,)]] = await conn.run([(ADVISORY_WAITERS, ())])
-        if count:
-            return
-        await trio.sleep(0.01)
-    raise AssertionError("nothing waited on the append lock")
+    """Poll until a transaction in this database waits on an advisory lock
+    (the server's view: no trio.Event crosses connections)."""
+    with trio.fail_after(GUARD_S):
+        while True:
+            [[(count,)]] = await conn.run([(ADVISORY_WAITERS, ())])
+            if count:
+                return
+            await trio.sleep(0.01)
 
 
 @pytest.mark.parametrize("grouped", [True, False], ids=["group-commit", "alone"])
@@ -99,7 +104,7 @@ async def test_only_completing_a_lane_event_waits_for_the_append_lock(grouped: b
         lane_done: list[CompleteResult] = []
         lane_returned = trio.Event()
         async with _append_lock_held(store.dsn, session_id) as holder:
-            with trio.fail_after(2):
+            with trio.fail_after(GUARD_S):
                 plain = await store.complete_attempt(session_id, index=1, attempt=1, events=[])
             assert plain.outcome == "completed"
 
@@ -116,7 +121,7 @@ async def test_only_completing_a_lane_event_waits_for_the_append_lock(grouped: b
                 await trio.sleep(0.2)
                 assert not lane_returned.is_set()
                 # A lane-less completion does not queue behind the blocked one.
-                with trio.fail_after(2):
+                with trio.fail_after(GUARD_S):
                     other = await store.complete_attempt(session_id, index=2, attempt=1, events=[])
                 assert other.outcome == "completed"
                 assert not lane_returned.is_set()
@@ -124,7 +129,7 @@ async def test_only_completing_a_lane_event_waits_for_the_append_lock(grouped: b
                 assert row.processed_at_ms is None
                 # Releasing the lock lets it through.
                 await holder.run([(ROLLBACK, ())])
-                with trio.fail_after(2):
+                with trio.fail_after(GUARD_S):
                     await lane_returned.wait()
         [lane] = lane_done
         assert lane.outcome == "completed"
