@@ -41,6 +41,11 @@ from tests.test_transport import (  # the autouse collector keeps client garbage
 EVENTS = 40
 #: Quick retries: the server is back within a second or two.
 QUICK = Backoff(base_s=0.05, cap_s=0.5)
+#: How long a socket's handshake may take. A dead server costs nothing here
+#: (the proxy closes at once), so this only has to outlast a loaded machine:
+#: a handshake with a just-started server, beside other test suites, can take
+#: over a second, and a reconnect the test counts on would become a spent try.
+CONNECT_S = 30.0
 
 pytestmark = [
     pytest.mark.filterwarnings(r"ignore:Async generator 'http(x|core)\..*:ResourceWarning"),
@@ -169,7 +174,9 @@ async def test_a_server_killed_mid_stream_loses_and_duplicates_nothing(
     async with serving(db) as running, proxied(running[0]) as proxy:
         base = f"127.0.0.1:{proxy.port}"
         async with (
-            open_client(f"ws://{base}/notes/ws", reconnect=QUICK, connect_timeout_s=1) as ws_client,
+            open_client(
+                f"ws://{base}/notes/ws", reconnect=QUICK, connect_timeout_s=CONNECT_S
+            ) as ws_client,
             open_http_client(f"http://{base}/notes", reconnect=QUICK) as http_client,
         ):
             subscribe = ws_client.subscribe if lane_kind == "socket" else http_client.subscribe
@@ -232,7 +239,7 @@ async def test_the_policy_paces_retries_pauses_and_reconnect_resumes(tmp_path: P
     async with serving(db) as running, proxied(running[0]) as proxy:
         url = f"ws://127.0.0.1:{proxy.port}/notes/ws"
         async with (
-            open_client(url, reconnect=policy, connect_timeout_s=1) as client,
+            open_client(url, reconnect=policy, connect_timeout_s=CONNECT_S) as client,
             client.subscribe("s1") as lane,
         ):
             await client.push("s1", note(1))
@@ -268,7 +275,7 @@ async def test_a_push_whose_ack_was_lost_is_retried_once_and_stored_once(
     async with serving(tmp_path / "notes.db") as running, proxied(running[0]) as proxy:
         base = f"127.0.0.1:{proxy.port}"
         opened = (
-            open_client(f"ws://{base}/notes/ws", connect_timeout_s=1)
+            open_client(f"ws://{base}/notes/ws", connect_timeout_s=CONNECT_S)
             if client_kind == "socket"
             else open_http_client(f"http://{base}/notes")
         )

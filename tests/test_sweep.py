@@ -126,8 +126,10 @@ def _attempts(folder: Path, name: str) -> list[tuple[str, int]]:
     return [(line.split()[0], int(line.split()[1])) for line in lines if line]
 
 
-def _wait(what: str, ready: Callable[[], bool], deadline_s: float = 30.0) -> None:
-    """Wait for another process (real time: no trio.Event crosses processes)."""
+def _wait(what: str, ready: Callable[[], bool], deadline_s: float = 120.0) -> None:
+    """Wait for another process (real time: no trio.Event crosses processes).
+    The deadline is a hang guard: a worker starting under coverage on a
+    loaded machine can take tens of seconds."""
     deadline = time.monotonic() + deadline_s
     while not ready():
         if time.monotonic() > deadline:
