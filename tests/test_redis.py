@@ -33,6 +33,10 @@ from tests.backends.redis import (
 
 #: Feeds never re-read on their own during a test: deliveries are wake-ups.
 QUIET = Timings(notify_safety_s=600.0)
+#: The bound on waits for a delivery: a hang guard. What arrives late on a
+#: loaded machine still arrives, and with QUIET timings no re-read hides a
+#: lost wake-up inside it.
+GUARD_S = 30
 
 
 def _ev(type: str = "note", payload: Any = None, **kw: Any) -> AppendEvent:
@@ -66,7 +70,7 @@ async def _two_stores(**options: Any) -> AsyncIterator[tuple[RedisStore, RedisSt
 async def _until(check: Callable[[], bool]) -> None:
     """Wait (checkpointing) until ``check()``: for deliveries that another
     task makes, under a deadline so a lost one fails instead of hanging."""
-    with trio.fail_after(5):
+    with trio.fail_after(GUARD_S):
         while not check():  # noqa: ASYNC110 - set by another task's callback
             await trio.sleep(0.001)
 
@@ -98,7 +102,7 @@ async def test_operations_outside_async_with_open_their_own_client() -> None:
             assert [(await feed.receive()).index for _ in range(2)] == [1, 2]
             writer = redis(REDIS_URL, key_prefix=prefix)
             await writer.append("s", [_ev("later")])
-            with trio.fail_after(5):
+            with trio.fail_after(GUARD_S):
                 assert (await feed.receive()).type == "later"
         assert not store.listening
         await store.aclose()
@@ -137,14 +141,14 @@ async def test_feeds_follow_another_store_and_skip_their_own_echoes() -> None:
             first = await a.append("s", [_ev("own")])
             assert await feed.receive() == first.events[0]
             await b.append("s", [_ev("theirs")])
-            with trio.fail_after(5):
+            with trio.fail_after(GUARD_S):
                 row = await feed.receive()
             assert (row.index, row.type) == (3, "theirs")
             # Completion's returned events wake the other store's feed too.
             claimed = await b.claim_available("s", holder="h", ttl_ms=60_000)
             assert isinstance(claimed, Claimed)
             await b.complete_attempt("s", index=1, attempt=1, events=[_ev("out", id="r1")])
-            with trio.fail_after(5):
+            with trio.fail_after(GUARD_S):
                 assert (await feed.receive()).id == "r1"
             # A wake-up may come after the read it caused: wait for all three.
             await _until(lambda: a.subscriber_statistics().notifications == 3)
@@ -165,7 +169,7 @@ async def test_unwatched_sessions_publish_nothing() -> None:
         async with a.stream("loud") as feed:
             await feed.receive()
             await b.append("loud", [_ev()])
-            with trio.fail_after(5):
+            with trio.fail_after(GUARD_S):
                 await feed.receive()
         assert a.subscriber_statistics().notifications == 1
 
@@ -219,7 +223,7 @@ async def test_watch_pending_hears_other_stores_unsettled_appends() -> None:
 
 
 async def _until_async(check: Callable[[], Any]) -> None:
-    with trio.fail_after(5):
+    with trio.fail_after(GUARD_S):
         while not await check():  # noqa: ASYNC110 - state held by Redis
             await trio.sleep(0.005)
 
@@ -232,7 +236,7 @@ async def test_aclose_severs_feeds_with_store_unavailable() -> None:
             async with store.stream("s") as feed:
                 assert (await feed.receive()).index == 1
                 await store.aclose()
-                with trio.fail_after(5), raises(ErrorCode.STORE_UNAVAILABLE):
+                with trio.fail_after(GUARD_S), raises(ErrorCode.STORE_UNAVAILABLE):
                     await feed.receive()
             with raises(ErrorCode.STORE_UNAVAILABLE):
                 await store.append("s", [_ev()])
@@ -347,7 +351,7 @@ async def test_a_redis_restart_is_store_unavailable_then_feeds_catch_up() -> Non
             await b.presence.set("room", "bob", {"f": 1}, seen=1, at_ms=1, ttl_ms=600_000)
             await _until(lambda: len(painted) == 1)
             await b.append("s", [_ev(id="before")])
-            with trio.fail_after(5):
+            with trio.fail_after(GUARD_S):
                 assert (await feed.receive()).id == "before"
 
             await server.kill()
@@ -364,7 +368,7 @@ async def test_a_redis_restart_is_store_unavailable_then_feeds_catch_up() -> Non
             await _retrying(lambda: b.append("s", [_ev(id="during")]))
             await b.append("s", [_ev(id="after")])
             got: list[StoredEvent] = []
-            with trio.fail_after(5):
+            with trio.fail_after(GUARD_S):
                 while len(got) < 2:
                     got.append(await feed.receive())
             assert [(e.index, e.id) for e in got] == [(2, "during"), (3, "after")]
@@ -376,7 +380,7 @@ async def test_a_redis_restart_is_store_unavailable_then_feeds_catch_up() -> Non
 
 
 async def _retrying(call: Callable[[], Any]) -> Any:
-    with trio.fail_after(10):
+    with trio.fail_after(GUARD_S):
         while True:
             try:
                 return await call()
@@ -434,12 +438,12 @@ async def test_aclose_closes_both_connections() -> None:
             async with store.stream("a") as first, store.stream("b") as second:
                 await store.append("a", [_ev()])
                 await store.append("b", [_ev()])
-                with trio.fail_after(5):
+                with trio.fail_after(GUARD_S):
                     await first.receive()
                     await second.receive()
                 assert 2 <= await _clients(server.url) <= 4
                 await store.aclose()
-                with trio.fail_after(5):
+                with trio.fail_after(GUARD_S):
                     while await _clients(server.url) != 0:  # noqa: ASYNC110 - Redis' view
                         await trio.sleep(0.01)
     gc.collect()  # unstarted connections, while their warnings are ignored

@@ -45,6 +45,9 @@ rooms = a2trio.contract("rooms", events={"shipped": Shipped}, presence={"cursor"
 NO_POLLING = Timings(poll_active_s=600.0, poll_idle_s=600.0)
 #: Polling fast enough for cross-store deliveries to land quickly.
 FAST_POLLING = Timings(poll_active_s=0.01, poll_idle_s=0.05)
+#: The bound on waits for a delivery: a hang guard, long enough for a loaded
+#: machine (NO_POLLING, where it matters, leaves only the wake-up to come).
+GUARD_S = 30
 
 
 def _event(n: int, event_id: str | None = None) -> AppendEvent:
@@ -240,7 +243,7 @@ async def test_own_append_wakes_a_feed_without_polling(tmp_path: Path) -> None:
             # The pump's first read finds nothing; then only a wake-up can help.
             await trio.testing.wait_all_tasks_blocked()
             await store.append("s", [_event(1, "e1")])
-            with trio.fail_after(5):
+            with trio.fail_after(GUARD_S):
                 row = await feed.receive()
             assert row.id == "e1"
             assert store.feed_statistics().listeners == 1
@@ -252,7 +255,7 @@ async def test_another_stores_append_reaches_a_feed_by_polling(tmp_path: Path) -
     async with sqlite(path, timings=FAST_POLLING) as follower, sqlite(path) as writer:
         async with follower.stream("s") as feed:
             await writer.append("s", [_event(1, "e1"), _event(2, "e2")])
-            with trio.fail_after(5):
+            with trio.fail_after(GUARD_S):
                 ids = [(await feed.receive()).id, (await feed.receive()).id]
             assert ids == ["e1", "e2"]
 
@@ -304,7 +307,7 @@ async def test_server_runs_handlers_and_streams_on_sqlite(tmp_path: Path) -> Non
         session = server.session("order-1")
         async with session.stream() as feed:
             await session.append(orders.event("ordered", Ordered("book")))
-            with trio.fail_after(5):
+            with trio.fail_after(GUARD_S):
                 first, second = await feed.receive(), await feed.receive()
         await server.settle()
         assert (first.type, first.index, second.type, second.index) == (
@@ -328,7 +331,7 @@ async def test_presence_is_the_degraded_tier_on_sqlite(tmp_path: Path) -> None:
         session = server.session("room-1")
         await session.set_presence("alice", {"cursor": Cursor(1, 2)}, at=10)
         async with session.stream(presence=True) as feed:
-            with trio.fail_after(5):
+            with trio.fail_after(GUARD_S):
                 snapshot = await feed.receive()
                 assert isinstance(snapshot, a2trio.PresenceSnapshot)
                 assert snapshot.snapshot["alice"]["cursor"].value == Cursor(1, 2)
