@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import IO
 
 import pytest
-from playwright.sync_api import Browser, sync_playwright
+from playwright.sync_api import Browser, expect, sync_playwright
 
 __all__ = ["CHROMIUM", "ROOT", "chromium", "serve"]
 
@@ -42,6 +42,11 @@ ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("A2_TEST_CHROMIUM", "/usr/bin/chromium")
 #: How long a served app may take to print its banner.
 START_TIMEOUT_S = 30.0
+#: How long ``expect(...)`` waits for a page to show what it asserts
+#: (Playwright's default is 5 s): a hang guard, since the assertion retries
+#: until it holds, and a headless Chromium beside other test suites on two
+#: cores can take seconds to render.
+EXPECT_TIMEOUT_MS = 30_000
 
 
 @contextmanager
@@ -64,6 +69,7 @@ def chromium(*, hosts: Sequence[str] = ()) -> Iterator[Browser]:
         )
     # Playwright's own browser downloads are never used.
     os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
     with _plain_asyncio(), sync_playwright() as playwright:
         rules = ", ".join(f"MAP {host} 127.0.0.1" for host in hosts)
         browser = playwright.chromium.launch(
