@@ -31,7 +31,8 @@ from tests.backends.postgres import REQUIRED
 
 __all__ = ["admin_rows", "pgbouncer"]
 
-_STARTUP_S = 10.0
+#: A hang guard on pgbouncer's start: it answers once it has started.
+_STARTUP_S = 120.0
 
 
 def _free_port() -> int:

@@ -145,7 +145,8 @@ class Throwaway:
             "redis.log",
         ]
         self.process = await trio.lowlevel.open_process(command)
-        with trio.fail_after(10):
+        # A hang guard: the server answers once it has started, however slowly.
+        with trio.fail_after(120):
             while not await self._answers():  # noqa: ASYNC110 - another process
                 await trio.sleep(0.02)
 

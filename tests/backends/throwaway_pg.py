@@ -59,7 +59,10 @@ class Throwaway:
 
     async def _ctl(self, *args: str) -> None:
         options = f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1"
-        command = [str(self.bindir / "pg_ctl"), "-D", str(self.data), "-w", "-o", options]
+        # -w waits for the server itself (start, stop); -t lifts pg_ctl's
+        # 60 s bound on that wait, which a loaded machine can exceed.
+        command = [str(self.bindir / "pg_ctl"), "-D", str(self.data), "-w", "-t", "600"]
+        command += ["-o", options]
         await trio.run_process(self._as_owner(*command, *args), capture_stdout=True)
 
     async def start(self) -> None:
