@@ -177,3 +177,29 @@ def test_the_dashboard_shows_payloads_errors_timings_filters_and_follows_live(
             page.screenshot(path=str(Path(shots) / "inspector-phone.png"))
         assert not [seen for seen in requests if seen.endswith("/favicon.ico")], requests
         assert errors == []
+
+
+def test_a_quiet_repaint_keeps_the_rows_and_retry_now_answers() -> None:
+    """A re-read that finds nothing new leaves the rows in place (an open
+    traceback, a selection and the button under the pointer survive it);
+    Retry now on a session with nothing to retry says why."""
+    with serve("examples.payments:app") as url, chromium() as browser:
+        pushed = httpx.post(f"{url}/payments/acct-3", json={"events": [CHARGE]})
+        assert pushed.status_code == 200, pushed.text
+        page = browser.new_page()
+        page.goto(f"{url}/_a2/inspect")
+        dead = page.locator("#dead-letters tbody tr", has_text="acct-3")
+        expect(dead.locator("td.error summary")).to_contain_text("ConnectionError")
+        dead.evaluate("(row) => { row.dataset.marked = 'yes'; }")
+        # Two more re-reads of the dead letters, with nothing new in them.
+        reads = """() => performance.getEntriesByType('resource')
+                     .filter((r) => r.name.includes('view=dead-letters')).length"""
+        seen = int(page.evaluate(reads))
+        page.wait_for_function(f"() => ({reads})() >= {seen + 2}", timeout=15_000)
+        expect(page.locator("#dead-letters tbody tr[data-marked=yes]")).to_have_count(1)
+
+        page.locator("#sessions a", has_text="acct-3").click()
+        page.click("#retry-now")
+        expect(page.locator("#status")).to_contain_text(
+            "409: session 'acct-3' has no event to retry"
+        )
