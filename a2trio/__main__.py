@@ -4,6 +4,7 @@
 
     a2trio serve module:server [...]        python -m a2trio.serve
     a2trio inspect --app module:server ...  python -m a2trio.inspect
+    a2trio new NAME                         python -m a2trio.new
 
 Each subcommand hands the rest of the command line to that tool's ``main``,
 so it behaves as the ``python -m`` form does, exit status included
@@ -24,6 +25,7 @@ __all__ = ["COMMANDS", "main"]
 COMMANDS: Final = {
     "serve": "serve a module's servers over HTTP and sockets (python -m a2trio.serve)",
     "inspect": "an operator's view of an app's sessions, and repairs (python -m a2trio.inspect)",
+    "new": "start a project: write a small app into ./NAME (python -m a2trio.new)",
 }
 
 
@@ -32,9 +34,13 @@ def _tool(name: str) -> Callable[..., int]:
         from . import serve
 
         return serve.main
-    from . import inspect
+    if name == "inspect":
+        from . import inspect
 
-    return inspect.main
+        return inspect.main
+    from . import new
+
+    return new.main
 
 
 def main(argv: Sequence[str] | None = None) -> int:

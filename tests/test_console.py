@@ -50,11 +50,12 @@ def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.startswith("usage: a2trio")
     assert "\n  serve " in out
     assert "\n  inspect " in out
+    assert "\n  new " in out
 
 
 @pytest.mark.parametrize(
     ("argv", "said"),
-    [([], "name a command: serve, inspect"), (["bogus"], "invalid choice: 'bogus'")],
+    [([], "name a command: serve, inspect, new"), (["bogus"], "invalid choice: 'bogus'")],
 )
 def test_no_command_or_an_unknown_one_is_a_usage_error(
     argv: list[str], said: str, capsys: pytest.CaptureFixture[str]

@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "a2trio"
 #: package itself (``a2trio/__init__.py``, the public face) may import any.
 LAYERS: list[set[str]] = [
     {"__main__"},
-    {"serve", "inspect", "testing", "otel"},
+    {"serve", "inspect", "new", "testing", "otel"},
     {"transport"},
     {"server"},
     {"inspection", "actor_calls", "drains"},

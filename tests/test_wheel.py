@@ -96,6 +96,9 @@ async def test_the_wheel_alone_serves_the_example_board(tmp_path: Path) -> None:
     )
     assert refused.returncode != 0
     assert "pip install 'a2trio[client]'" in refused.stderr.decode()
+    # What `a2trio new` writes is package data the wheel holds.
+    await run(python, "-m", "a2trio.new", "starter", cwd=site)
+    assert (site / "starter" / "web" / "app.js").is_file()
     started = await start_serve(
         "examples.board:server",
         "--port",
