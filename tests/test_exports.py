@@ -49,3 +49,11 @@ def test_serving_does_not_import_httpx() -> None:
     assert out.stdout.split() == ["False", "True"]
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         getattr(a2trio.transport, "nope")  # noqa: B009
+
+
+def test_the_frames_a_lane_yields_import_from_the_transport() -> None:
+    # docs/client.md and docs/transport.md name them as a2trio.transport's.
+    from a2trio.transport import EventFrame, LaneFrame, PresenceFrame, PresenceSnapshotFrame
+
+    assert LaneFrame == EventFrame | PresenceFrame | PresenceSnapshotFrame
+    assert set(a2trio.transport.__all__) >= {"EventFrame", "PresenceFrame", "PresenceSnapshotFrame"}

@@ -58,6 +58,7 @@ from .limits import DEFAULT_LIMITS, Limits
 from .scheduler_route import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign_task
 from .static import Static
 from .tokens import TokenClaims, issue_token, token_authorize, verify_token
+from .wire import EventFrame, PresenceFrame, PresenceSnapshotFrame
 
 if TYPE_CHECKING:
     from .actor_client import ActorClient, ActorRequestError, ActorStates, open_actor_client
@@ -107,6 +108,7 @@ __all__ = [
     "ConnectionState",
     "ConnectionWatch",
     "Cors",
+    "EventFrame",
     "Fold",
     "Folded",
     "History",
@@ -120,6 +122,8 @@ __all__ = [
     "Live",
     "Operation",
     "Paused",
+    "PresenceFrame",
+    "PresenceSnapshotFrame",
     "PushOperation",
     "ReconnectPolicy",
     "RedriveOperation",
