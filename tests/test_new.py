@@ -91,6 +91,17 @@ def test_a_name_that_is_no_free_identifier_is_a_usage_error(
     assert list(tmp_path.iterdir()) == []
 
 
+async def test_the_python_m_forms_write_it_too(tmp_path: Path) -> None:
+    for name, command in (("one", ["a2trio", "new"]), ("two", ["a2trio.new"])):
+        await trio.run_process(
+            [sys.executable, "-m", *command, name],
+            cwd=tmp_path,
+            env=environment(),
+            capture_stdout=True,
+        )
+        assert (tmp_path / name / "app.py").is_file()
+
+
 async def test_the_app_passes_its_own_test_and_type_checks(generated: Path) -> None:
     async with trio.open_nursery() as nursery:
 
