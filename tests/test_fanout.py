@@ -63,18 +63,22 @@ async def test_readers_end_cleanly_when_the_server_closes(
 ) -> None:
     store = memory()
     ended: list[str] = []
-    async with a2trio.Server(orders, store=store) as server:
-        feed_cm = server.session("s1").stream(0)
-        feed = await feed_cm.__aenter__()
-
-        async def read() -> None:
-            async for _ in feed:
-                pass
-            ended.append("clean")
-
+    # The reader runs in a task outside the server's block, as a transport's
+    # stream does; the server closes under it by leaving its block. (It used
+    # to cancel the server's nursery from inside the block, which cancelled
+    # the test's body too: the assertion below never ran.)
+    with trio.fail_after(5):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(read)
-            await trio.testing.wait_all_tasks_blocked()
-            server._nursery.cancel_scope.cancel()  # type: ignore[union-attr]
-    await feed_cm.__aexit__(None, None, None)
+            async with a2trio.Server(orders, store=store) as server:
+                feed_cm = server.session("s1").stream(0)
+                feed = await feed_cm.__aenter__()
+
+                async def read() -> None:
+                    async for _ in feed:
+                        pass
+                    ended.append("clean")
+
+                nursery.start_soon(read)
+                await trio.testing.wait_all_tasks_blocked()
+        await feed_cm.__aexit__(None, None, None)
     assert ended == ["clean"]

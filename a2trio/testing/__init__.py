@@ -3,7 +3,9 @@
 Imported explicitly (``import a2trio.testing``), never by ``import a2trio``,
 because it imports pytest: this module is also the pytest plugin registered
 through the ``pytest11`` entry point, which provides the fixtures
-``a2_app``, ``a2_telemetry`` and ``a2_clock``. See ``docs/testing.md``.
+``a2_app``, ``a2_telemetry`` and ``a2_clock``, and fails a trio test whose
+body was cancelled from outside (:class:`CancelledFromOutside`; pytest-trio
+would report it passed). See ``docs/testing.md``.
 
 * :func:`open_harness` / the ``a2_app`` fixture: your contract and handlers on
   a memory store, a local scheduler and a :class:`TrioClock`, with
@@ -26,11 +28,14 @@ from ._harness import (
     local_scheduler,
     open_harness,
 )
-from ._plugin import AppFactory, a2_app, a2_clock, a2_telemetry
+from ._plugin import AppFactory, CancelledFromOutside, a2_app, a2_clock, a2_telemetry
+from ._plugin import pytest_addoption as pytest_addoption
+from ._plugin import pytest_runtest_call as pytest_runtest_call
 from ._telemetry import RecordedSpan, RecordingTelemetry
 
 __all__ = [
     "AppFactory",
+    "CancelledFromOutside",
     "Fault",
     "FaultyStore",
     "FaultyStoreStatistics",
