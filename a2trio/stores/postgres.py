@@ -549,7 +549,6 @@ class PostgresStore:
         self._wakeups = Wakeups()
         self._pending_watchers: set[Callable[[str], None]] = set()
         self._tasks = StoreTasks("Postgres store")
-        self._nursery: trio.Nursery | None = None
         self._entered = 0
         self._subscribers = 0
         self._join: trio.CancelScope | None = None
@@ -565,6 +564,12 @@ class PostgresStore:
     def __repr__(self) -> str:
         return f"PostgresStore(schema={self._schema!r}, listen={self.listen})"
 
+    @property
+    def _nursery(self) -> trio.Nursery | None:
+        """Where the store's tasks start: inside ``async with store``, until
+        ``aclose()`` (or a task's failure) ends them."""
+        return self._tasks.nursery
+
     # -- lifecycle ---------------------------------------------------------
 
     async def __aenter__(self) -> PostgresStore:
@@ -579,7 +584,7 @@ class PostgresStore:
         if self._closed:
             raise trio.ClosedResourceError("this Postgres store was closed: create a new one")
         if self._entered == 0:
-            self._nursery = await self._tasks.enter()
+            await self._tasks.enter()
         self._entered += 1
         self._join_listener()
         return self
@@ -594,7 +599,6 @@ class PostgresStore:
         if self._entered > 0:
             return
         try:
-            self._nursery = None
             self._join = None
             await self._tasks.exit()
             await self._listener_closed()
@@ -629,7 +633,6 @@ class PostgresStore:
         Cancellation: a checkpoint; the connections are closed either way.
         """
         self._closed = True
-        self._nursery = None
         self._join = None
         try:
             if self._tasks.entered:

@@ -608,7 +608,6 @@ class RedisStore:
         self._shas: dict[str, str] = {}
         self._wakeups = Wakeups()
         self._tasks = StoreTasks("Redis store")
-        self._nursery: trio.Nursery | None = None
         self._client: coredis.Redis[bytes] | None = None
         self._entered = 0
         self._closed = False
@@ -632,6 +631,12 @@ class RedisStore:
 
     def __repr__(self) -> str:
         return f"RedisStore(key_prefix={self.key_prefix!r})"
+
+    @property
+    def _nursery(self) -> trio.Nursery | None:
+        """Where the store's tasks start: inside ``async with store``, until
+        ``aclose()`` (or a task's failure) ends them."""
+        return self._tasks.nursery
 
     # -- keys ------------------------------------------------------------------
 
@@ -689,7 +694,6 @@ class RedisStore:
             except BaseException:
                 await self._stop_tasks()
                 raise
-            self._nursery = nursery
         self._entered += 1
         return self
 
@@ -727,7 +731,6 @@ class RedisStore:
             backoff = min(backoff * 2, _SUBSCRIBER_BACKOFF_S[1])
 
     def _forget_tasks(self) -> None:
-        self._nursery = None
         self._client = None
         self._subscriber_started = False
         self._ready.clear()
