@@ -72,9 +72,7 @@ logger = logging.getLogger("a2trio.drain")
 runs_logger = logging.getLogger("a2trio.runs")
 
 __all__ = [
-    "FINISHING_PER_SLOT",
     "MAX_ERROR_CHARS",
-    "REFILL_WAIT_S",
     "DrainOutcome",
     "DrainResult",
     "DrainSignal",
@@ -82,15 +80,6 @@ __all__ = [
     "drain_session",
     "stored_error",
 ]
-
-#: How long a drain waits for a refill's worth of free handler slots before it
-#: claims with fewer (see :class:`HandlerSlots`); the durable scheduler's worker
-#: waits as long (``schedulers/_engine.py``).
-REFILL_WAIT_S = 0.05
-#: Attempts that may be storing their outcome at once, per handler slot (see
-#: :class:`HandlerSlots`): enough for the store's group commits to stay full
-#: (the Postgres store runs 3 groups of up to 256 statements at once).
-FINISHING_PER_SLOT = 4
 
 DrainOutcome = Literal["settled", "busy", "stalled"]
 EventStatus = Literal["processed", "failed", "dead_lettered", "superseded", "surrendered"]
@@ -193,82 +182,38 @@ class HandlerSlots:
     """The handlers one server may run at once, shared by its drains.
 
     A slot is taken for every event claimed (by a drain, or by an append for
-    its drain) and kept while its handler runs, so a server never claims more
-    events than it can run: the rest stay claimable by other processes
-    (backpressure on claims, not a queue of tasks). Once the handler has
-    returned (or raised), its attempt trades the slot for a *finishing* place
-    while its completion (or failure) commits. Holding the slot through that
-    round trip made the store's answer time, not the handlers, the bound once
-    the cap was reached: with 256 slots over 100 busy sessions, 20,000 no-op
-    events took 483 group commits of ~42 statements and 362 claims where the
-    uncapped server took 97 and 29 (issue 30). Finishing places are bounded
-    too (:data:`FINISHING_PER_SLOT` per slot), so memory stays bounded: an
-    attempt that finds none waits for one, still holding its slot.
-
-    Once the cap is reached, slots are handed out by the *refill*: a drain
-    that asks waits (first come, first served) until a refill's worth is free,
-    half the total, and takes every free slot, so that its claim, and
-    later its completions, are many events long rather than one. The wait is
-    bounded: once a slot is free, a drain waits at most :data:`REFILL_WAIT_S`
-    for the rest, so handlers that hold most slots for long delay other
-    sessions' claims by at most that. While a drain waits, an append claims nothing at insert (it
-    does not jump the queue); its drain claims its events.
+    its drain) and given back when that event's attempt ends, so a server never
+    holds more claims than it can run: the rest stay claimable by other
+    processes (backpressure on claims, not a queue of tasks).
     """
 
     def __init__(self, total: int) -> None:
         self.total = total
-        #: Free slots a drain waits for, once the cap is reached, before claiming.
-        self.refill = max(1, total // 2)
         self._free = total
         self._freed = trio.Event()
-        # Held by the drain that waits for the refill: the others queue behind it.
-        self._turn = trio.Lock()
-        self._finishing = trio.Semaphore(total * FINISHING_PER_SLOT)
 
     @property
     def free(self) -> int:
         """Slots free now."""
         return self._free
 
-    @property
-    def finishing(self) -> int:
-        """Attempts whose handler has ended and whose outcome is being stored."""
-        return self.total * FINISHING_PER_SLOT - self._finishing.value
-
     def take(self, count: int) -> bool:
-        """Take ``count`` slots if that many are free and no drain waits for
-        slots; False (none taken) if not."""
-        if count > self._free or self._turn.locked():
+        """Take ``count`` slots if that many are free; False (none taken) if not."""
+        if count > self._free:
             return False
         self._free -= count
         return True
 
     async def take_free(self) -> int:
-        """Take every free slot once a refill's worth is free (or once some
-        have been free for :data:`REFILL_WAIT_S`); how many.
-
-        Cancellation: a checkpoint; if cancelled, no slot was taken.
-        """
+        """Take every free slot, waiting for one if none is; how many."""
         await trio.lowlevel.checkpoint()
-        if self._free >= self.refill and not self._turn.locked():
-            # The common case: room, and no drain waiting before this one.
-            taken, self._free = self._free, 0
-            return taken
-        async with self._turn:
-            # From the first free slot seen: how long to wait for the rest.
-            deadline = math.inf
-            while self._free < self.refill:
-                if self._free and deadline == math.inf:
-                    deadline = trio.current_time() + REFILL_WAIT_S
-                elif self._free and trio.current_time() >= deadline:
-                    break
-                if self._freed.is_set():
-                    self._freed = trio.Event()
-                with trio.move_on_at(deadline):
-                    await self._freed.wait()
-            # No checkpoint between the check and the take: another drain would
-            # take the slots in between.
-            taken, self._free = self._free, 0
+        while self._free == 0:
+            if self._freed.is_set():
+                self._freed = trio.Event()
+            await self._freed.wait()
+        # No checkpoint between the check and the take: another drain would
+        # take the slots in between.
+        taken, self._free = self._free, 0
         return taken
 
     def give_back(self, count: int) -> None:
@@ -276,24 +221,6 @@ class HandlerSlots:
         self._free += count
         if count:
             self._freed.set()
-
-    async def start_finishing(self) -> None:
-        """Trade one slot for a finishing place (waiting for a place).
-
-        Cancellation: a checkpoint only when it waits; if cancelled, the slot
-        is still held.
-        """
-        try:
-            # Not a checkpoint while places are free: the common case, once
-            # per event.
-            self._finishing.acquire_nowait()
-        except trio.WouldBlock:
-            await self._finishing.acquire()
-        self.give_back(1)
-
-    def finished(self) -> None:
-        """Give a finishing place back."""
-        self._finishing.release()
 
 
 class _Adopted(msgspec.Struct, frozen=True):
@@ -304,7 +231,7 @@ class _Adopted(msgspec.Struct, frozen=True):
 
 
 class _Entry:
-    __slots__ = ("attempt", "ended_at", "expires_at", "fenced", "holder", "index", "lease", "slot")
+    __slots__ = ("attempt", "ended_at", "expires_at", "fenced", "holder", "index", "lease")
 
     def __init__(self, index: int, attempt: int, holder: str, expires_at: float) -> None:
         self.index = index
@@ -313,8 +240,6 @@ class _Entry:
         self.expires_at = expires_at
         self.lease = trio.CancelScope(deadline=expires_at)
         self.fenced = False
-        # What the attempt holds of the server's HandlerSlots.
-        self.slot: Literal["running", "finishing", None] = "running"
         # When the handler ended (Trio time), for the run's log line.
         self.ended_at: float | None = None
 
@@ -541,7 +466,8 @@ class _Drain:
         try:
             attempt = await self._attempt(event, entry)
         finally:
-            self._release(entry)
+            self.slots.give_back(1)
+            self.finishing.discard(entry.index)
         if runs_logger.isEnabledFor(logging.INFO):
             ended = entry.ended_at if entry.ended_at is not None else trio.current_time()
             outcome = "aborted" if attempt.aborted else attempt.status
@@ -571,26 +497,13 @@ class _Drain:
             )
         self.poke()
 
-    async def _finishing(self, entry: _Entry) -> None:
-        """The handler has ended: give its slot to the next claim while the
-        outcome is stored (see :class:`HandlerSlots`)."""
+    def _ended(self, entry: _Entry) -> None:
+        """The handler has ended and its outcome is about to be stored: this
+        drain's claims leave the event alone meanwhile (once a failure is
+        stored the event is claimable again, and a drain's claim ignores the
+        retry backoff: woken then, it ran the failed event again at once)."""
         entry.ended_at = trio.current_time()
-        await self.slots.start_finishing()
-        entry.slot = "finishing"
         self.finishing.add(entry.index)
-        if self.limited:
-            # The last claim was cut short by the cap: claim again with the
-            # slot, not once the outcome is stored.
-            self.claim_again = True
-            self.poke()
-
-    def _release(self, entry: _Entry) -> None:
-        if entry.slot == "running":
-            self.slots.give_back(1)
-        elif entry.slot == "finishing":
-            self.slots.finished()
-            self.finishing.discard(entry.index)
-        entry.slot = None
 
     async def _attempt(self, event: StoredEvent, entry: _Entry) -> _Attempt:
         engine = self.engine
@@ -655,12 +568,12 @@ class _Drain:
                 returned = [] if aborted_caught else engine.returned(event, result)
             except Exception as exc:
                 span.record_error(exc)
-                await self._finishing(entry)
+                self._ended(entry)
                 return _Attempt(await self._fail(event, entry, exc, span))
             finally:
                 if subscription is not None:
                     subscription.close()
-            await self._finishing(entry)
+            self._ended(entry)
             try:
                 completion = await self.store.complete_attempt(
                     self.key, index=event.index, attempt=event.attempt_count, events=returned

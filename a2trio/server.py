@@ -55,13 +55,11 @@ DEFAULT_MAX_HANDLERS = 256
 
 class ServerStatistics(msgspec.Struct, frozen=True):
     """A debugging snapshot: running background drains and background tasks;
-    free handler slots (of ``max_handlers``) and attempts storing their outcome
-    (see :class:`~a2trio.drain.HandlerSlots`)."""
+    free handler slots (of ``max_handlers``)."""
 
     drains: int
     background_tasks: int
     free_slots: int = 0
-    finishing: int = 0
 
 
 class Server:
@@ -100,9 +98,7 @@ class Server:
       max_handlers: the most handlers running at once in this server, across
         its sessions (:data:`DEFAULT_MAX_HANDLERS`). Drains claim no more than
         the free slots, so work past it stays claimable by other processes;
-        an append claims its events at insert only while there is room. A
-        handler's slot is free again once it returns, while its completion
-        commits (:class:`~a2trio.drain.HandlerSlots`).
+        an append claims its events at insert only while there is room.
       asyncio_loop: open a trio-asyncio loop for the server's lifetime, so
         handlers can call asyncio-only libraries through
         ``trio_asyncio.aio_as_trio`` (needs the ``asyncio`` extra).
@@ -311,12 +307,10 @@ class Server:
 
     def statistics(self) -> ServerStatistics:
         """Running background drains and background tasks (for tests and debugging)."""
-        slots = self._drains.slots
         return ServerStatistics(
             drains=self._drains.running,
             background_tasks=self._engine.background_tasks,
-            free_slots=slots.free,
-            finishing=slots.finishing,
+            free_slots=self._drains.slots.free,
         )
 
     # -- sessions ----------------------------------------------------------

@@ -4,11 +4,12 @@ still written (real server).
 Under READ COMMITTED, ``select ... for update`` in a CTE locks the *latest*
 version of a row that a concurrent transaction updated and committed after the
 statement's snapshot; that version is invisible to the statement's own
-``update``. The completion (``FINISH``) and the claim joined their update to
-the locked rows by tuple id, so such a row was silently not written: a
-completion answered "completed" and left its event claimed and unprocessed,
-to run again once the claim expired (found by issue 30's cap work, where a
-heartbeat's renewal commits while completions wait; issue 29).
+``update``. The completion (``FINISH``) and the claim join their update to the
+locked rows by tuple id (for their plans' sake), so such a row is not written
+by that statement: a completion answered "completed" and left its event
+claimed and unprocessed, to run again once the claim expired (found while
+measuring issue 30, where a heartbeat's renewal commits while completions
+wait; issue 29). They now report the row ``stale`` and the store runs them again.
 """
 
 from __future__ import annotations

@@ -398,7 +398,7 @@ select distinct session_id from a2_events
 CLAIM = Statement(
     f"""
 with eligible as materialized (
-  select event.idx from a2_events event
+  select event.ctid as tid, event.idx from a2_events event
    where event.session_id = $1::text
      and event.processed_at is null
      and event.failed_at is null
@@ -417,16 +417,9 @@ claimed as (
     claim_holder = $3::text,
     claim_expires_at = $4::bigint
   from eligible
-  -- By key, bounded to the locked indexes, never by `eligible`'s tuple ids: a
-  -- row that another transaction updated (a renewal, a completion's lane
-  -- hand-on) after this statement's snapshot is locked above in its latest
-  -- version, which this snapshot cannot see, so a tuple-id join silently
-  -- updates nothing (issue 29: a FINISH answered "completed" and left the
-  -- event claimed, to run again once the claim expired). A key join
-  -- re-reads the latest version, the one locked.
-  where claimed.session_id = $1::text and claimed.idx = eligible.idx
-    and claimed.idx >= (select min(idx) from eligible)
-    and claimed.idx <= (select max(idx) from eligible)
+  -- A TID join, whatever plan the statistics suggest; a row updated after
+  -- this statement's snapshot is missed and counted as `stale` below.
+  where claimed.ctid = eligible.tid
   returning claimed.*
 ),
 busy as (
@@ -437,7 +430,11 @@ busy as (
      and lane_ready
      and claim_expires_at > $2::bigint
 )
-select busy.retry_at, {_cols("claimed")}
+select busy.retry_at, {_cols("claimed")},
+       -- Locked but not claimed: updated by another transaction after this
+       -- statement's snapshot (the TID join missed the latest version, see
+       -- `FINISH`); the store claims again.
+       (select count(*) from eligible) - (select count(*) from claimed) as stale
   from busy left join claimed on true
  order by claimed.idx
 """
@@ -580,7 +577,7 @@ with req as (
   select * from unnest($2::bigint[], $3::int[]) as r(idx, attempt)
 ),
 parent as materialized (
-  select e.idx, e.lane, e.attempt_count, e.claim_holder, e.failed_at,
+  select e.ctid as tid, e.idx, e.lane, e.attempt_count, e.claim_holder, e.failed_at,
          e.processed_at, e.processed_by_attempt, e.returned_event_ids
     from a2_events e
    where e.session_id = $1::text and {_among("e.idx", "$2::bigint[]")}
@@ -588,7 +585,7 @@ parent as materialized (
    for update
 ),
 verdict as materialized (
-  select r.idx, r.attempt, p.lane, p.processed_by_attempt, p.returned_event_ids,
+  select r.idx, r.attempt, p.tid, p.lane, p.processed_by_attempt, p.returned_event_ids,
     case
       when p.idx is null then 'missing'
       when p.processed_at is not null then 'replay'
@@ -597,9 +594,6 @@ verdict as materialized (
       else 'completed'
     end as outcome
     from req r left join parent p on p.idx = r.idx
-),
-done as (
-  select idx from verdict where outcome = 'completed'
 ),
 processed as (
   update a2_events e set
@@ -610,9 +604,18 @@ processed as (
     claim_holder = null,
     claim_expires_at = null
   from verdict v
-  -- By key, not by `parent`'s tuple id: see `CLAIM`.
-  where v.outcome = 'completed' and e.session_id = $1::text and e.idx = v.idx
-    and {_among("e.idx", "$2::bigint[]")}
+  -- A TID join (see `CLAIM`), whatever plan the statistics suggest. A row
+  -- another transaction updated after this statement's snapshot (a renewal)
+  -- is locked by `parent` in its latest version, which this snapshot cannot
+  -- see: the join then updates nothing, and the row answers `stale` for the
+  -- store to run the completion again (issue 29: it answered "completed" and
+  -- left the event claimed, to run again once the claim expired).
+  where v.outcome = 'completed' and e.ctid = v.tid
+  returning e.idx
+),
+-- What this statement completed: the lane hand-on and `drained` go by it.
+done as (
+  select idx from processed
 ),
 next_in_lane as materialized (
   select distinct (select min(l.idx) from a2_events l
@@ -620,14 +623,17 @@ next_in_lane as materialized (
                       and l.processed_at is null
                       and l.idx not in (select idx from done)) as idx
     from verdict v
-   where v.outcome = 'completed' and v.lane is not null
+   where v.idx in (select idx from done) and v.lane is not null
 ),
 handed_on as (
   update a2_events e set lane_ready = true
    where e.session_id = $1::text
      and {_among("e.idx", "array(select idx from next_in_lane)")}
 )
-select v.idx, v.outcome, v.processed_by_attempt, v.returned_event_ids,
+select v.idx,
+       case when v.outcome = 'completed' and v.idx not in (select idx from done)
+            then 'stale' else v.outcome end,
+       v.processed_by_attempt, v.returned_event_ids,
        not exists (select 1 from a2_events o
                     where o.session_id = $1::text and o.processed_at is null
                       and o.failed_at is null and o.idx not in (select idx from done))
@@ -885,7 +891,7 @@ with target as (
 SKIP = Statement(
     f"""
 with current as materialized (
-  select e.lane, e.lane_ready from a2_events e
+  select e.ctid as tid, e.lane, e.lane_ready from a2_events e
    where e.session_id = $1::text and e.idx = $2::bigint {_AS_READ}
    for update of e
 ),
@@ -894,8 +900,8 @@ target as (
     processed_at = $10::bigint, failed_at = null, lane_ready = false,
     claim_holder = null, claim_expires_at = null
     from current c
-  -- By key, not by `current`'s tuple id (see `CLAIM`).
-   where e.session_id = $1::text and e.idx = $2::bigint
+  -- Locked by `current`, so the tuple id is current (see `CLAIM`).
+   where e.ctid = c.tid
   returning e.idx
 ),
 handed_on as (

@@ -146,6 +146,9 @@ _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 # unique_violation (a concurrent append of the same id in another session) and
 # deadlock_detected: the transaction rolled back, so running it again is safe.
 _RETRYABLE = frozenset({"23505", "40P01"})
+#: How often a completion runs again while its row was updated under it (each
+#: time by a transaction that committed between its snapshot and its lock).
+_STALE_TRIES = 5
 _ATTEMPTS = 3
 #: Compare-and-set rounds of an operator action before giving up (each loses
 #: only to a concurrent write of the target's row).
@@ -1078,17 +1081,21 @@ class PostgresStore:
         Cancellation: the claim committed or not; an orphaned claim expires and
         a later drain takes the next attempt.
         """
-        with _errors("claim"):
-            now = self.clock.now_ms()
-            expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
-            params = (session_id, now, holder, expires_at, list(exclude), limit)
-            if self._nursery is None:
-                rows = await self._query(sql.CLAIM, params)
-            else:
-                rows = await self._groups.submit(self._nursery, "claim", session_id, params)
-        claimed = [_stored(row, 1) for row in rows if row[1] is not None]
-        if claimed:
-            return Claimed(claimed)
+        for _ in range(_STALE_TRIES):
+            with _errors("claim"):
+                now = self.clock.now_ms()
+                expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
+                params = (session_id, now, holder, expires_at, list(exclude), limit)
+                if self._nursery is None:
+                    rows = await self._query(sql.CLAIM, params)
+                else:
+                    rows = await self._groups.submit(self._nursery, "claim", session_id, params)
+            claimed = [_stored(row, 1) for row in rows if row[1] is not None]
+            if claimed:
+                # Rows missed as stale stay claimable for the drain's next claim.
+                return Claimed(claimed)
+            if not rows[0][-1]:
+                break
         retry_at = rows[0][0]
         return Settled() if retry_at is None else Busy(retry_at)
 
@@ -1193,21 +1200,29 @@ class PostgresStore:
         return CompleteResult("completed", stored, drained)
 
     async def _finish(self, session_id: str, index: int, attempt: int) -> CompleteResult:
-        """``complete_attempt`` without returned events, through ``FINISH``."""
-        now = self.clock.now_ms()
-        with _errors("complete"):
-            if self._nursery is None:
-                [_, rows] = await self._transaction(
-                    [
-                        (sql.LOCK_IF_LANED, (session_id, [index])),
-                        (sql.FINISH, (session_id, [index], [attempt], now)),
-                    ],
-                    lock=None,
-                )
-            else:
-                params = (session_id, index, attempt, now)
-                rows = await self._groups.submit(self._nursery, "finish", session_id, params)
-        [(_, outcome, processed_by_attempt, returned_event_ids, drained)] = rows
+        """``complete_attempt`` without returned events, through ``FINISH``,
+        again while its row answers ``stale`` (updated by another transaction
+        after the statement's snapshot: see ``FINISH``)."""
+        for _ in range(_STALE_TRIES):
+            now = self.clock.now_ms()
+            with _errors("complete"):
+                if self._nursery is None:
+                    [_, rows] = await self._transaction(
+                        [
+                            (sql.LOCK_IF_LANED, (session_id, [index])),
+                            (sql.FINISH, (session_id, [index], [attempt], now)),
+                        ],
+                        lock=None,
+                    )
+                else:
+                    params = (session_id, index, attempt, now)
+                    rows = await self._groups.submit(self._nursery, "finish", session_id, params)
+            [(_, outcome, processed_by_attempt, returned_event_ids, drained)] = rows
+            if outcome != "stale":
+                break
+        else:
+            with _errors("complete"):
+                raise RuntimeError(f"event {index} was updated under {_STALE_TRIES} completions")
         if outcome == "missing":
             raise verdicts.no_event(session_id, index)
         if outcome == "superseded":
