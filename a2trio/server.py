@@ -48,9 +48,13 @@ from .timings import DEFAULT_TIMINGS, Timings
 __all__ = ["DEFAULT_MAX_HANDLERS", "Server", "ServerStatistics"]
 
 #: Handlers running at once per server by default: enough to keep a store's
-#: group commit full (hundreds of completions per round trip), few enough that
-#: a burst of 20,000 events is 256 tasks and the rest rows in the store.
-DEFAULT_MAX_HANDLERS = 256
+#: group commits full once the bound is reached, few enough that a burst of
+#: 20,000 events is 1,024 tasks and the rest rows in the store. At 256, 100
+#: busy sessions got ~2.5 slots each: every claim and completion was a few
+#: events long, and batched throughput (appended to completed, Postgres) was
+#: 0.75x of the cap lifted; at 1,024 it is 0.93-0.96x, at 74 MiB peak RSS
+#: against 167 MiB lifted (issue 30, docs/performance.md).
+DEFAULT_MAX_HANDLERS = 1024
 
 
 class ServerStatistics(msgspec.Struct, frozen=True):
