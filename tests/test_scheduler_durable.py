@@ -560,6 +560,27 @@ async def kill(process: trio.Process) -> bytes:
     return rest
 
 
+def _other_backends(target: str) -> int:
+    with psycopg.connect(target) as conn:
+        row = conn.execute(
+            "select count(*) from pg_stat_activity"
+            " where datname = current_database() and pid <> pg_backend_pid()"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def until_its_backends_are_gone(target: str) -> None:
+    """On Postgres, until the killed process's sessions have ended: a group's
+    COMMIT the client sent just before it died still commits on the server,
+    after the kill (the test's own database: every other backend is its)."""
+    if not target.startswith("postgresql://"):
+        return
+    with trio.fail_after(60):
+        while await trio.to_thread.run_sync(_other_backends, target):  # noqa: ASYNC110 - polls the server
+            await trio.sleep(0.05)
+
+
 async def test_a_process_killed_mid_group_loses_no_acknowledged_schedule(
     shared_target: str,
 ) -> None:
@@ -573,6 +594,7 @@ async def test_a_process_killed_mid_group_loses_no_acknowledged_schedule(
         rest = await kill(process)
     # Printed before the kill: every one of them returned from schedule().
     acknowledged += [line for line in rest.decode().splitlines() if line.startswith("task-")]
+    await until_its_backends_are_gone(shared_target)
     stored = stored_ids(shared_target)
     assert set(acknowledged) <= stored
     async with open_shared(shared_target) as scheduler:
@@ -599,6 +621,7 @@ async def test_a_process_killed_mid_delivery_leaves_each_event_appended_once(
             await read_lines(process, 50, "delivered ")
     finally:
         await kill(process)
+    await until_its_backends_are_gone(shared_target)
     left = stored_ids(shared_target)
     assert 0 < len(left) < total
     # The killed process's leases look lapsed to this clock: its claimed
