@@ -78,14 +78,7 @@ class History:
         for event in events:
             if event.index not in self._by_index:
                 if isinstance(event, wire.EventFrame):
-                    event = wire.WireEvent(
-                        id=event.id,
-                        type=event.type,
-                        payload=event.payload,
-                        index=event.index,
-                        session_id=event.session_id,
-                        created_at=event.created_at,
-                    )
+                    event = wire.wire_event(event)
                 self._by_index[event.index] = event
         if 1 in self._by_index:
             self.complete = True

@@ -95,6 +95,7 @@ __all__ = [
     "iso_ms",
     "presence_patch_to_wire",
     "presence_snapshot_to_wire",
+    "wire_event",
 ]
 
 #: ``errorStatus`` in wire.ts: the HTTP status of each error code. A code this
@@ -419,6 +420,18 @@ def event_frame(event: WireEvent) -> EventFrame:
         index=event.index,
         session_id=event.session_id,
         created_at=event.created_at,
+    )
+
+
+def wire_event(frame: EventFrame) -> WireEvent:
+    """The wire event a socket frame carries (:func:`event_frame` undone)."""
+    return WireEvent(
+        id=frame.id,
+        type=frame.type,
+        payload=frame.payload,
+        index=frame.index,
+        session_id=frame.session_id,
+        created_at=frame.created_at,
     )
 
 
