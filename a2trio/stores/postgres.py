@@ -146,8 +146,9 @@ _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 # unique_violation (a concurrent append of the same id in another session) and
 # deadlock_detected: the transaction rolled back, so running it again is safe.
 _RETRYABLE = frozenset({"23505", "40P01"})
-#: How often a completion runs again while its row was updated under it (each
-#: time by a transaction that committed between its snapshot and its lock).
+#: How often a completion or a claim runs again while a row it locked was
+#: updated under it (each time by a transaction that committed between its
+#: snapshot and its lock: see ``FINISH`` and ``CLAIM``).
 _STALE_TRIES = 5
 _ATTEMPTS = 3
 #: Compare-and-set rounds of an operator action before giving up (each loses

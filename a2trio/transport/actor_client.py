@@ -40,14 +40,6 @@ from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanage
 from typing import Any, Final, Generic, TypeVar, cast, overload
 from urllib.parse import quote
 
-try:
-    import httpx
-except ModuleNotFoundError as _missing:  # pragma: no cover - the dev extra installs httpx
-    if _missing.name != "httpx":
-        raise
-    raise ModuleNotFoundError(
-        "the HTTP clients need httpx: pip install 'a2trio[client]'", name="httpx"
-    ) from _missing
 import msgspec
 import trio
 from msgspec import UNSET
@@ -56,6 +48,7 @@ from ..actor_calls import ActorState
 from ..errors import A2Error, ErrorCode
 from ..stores._feed import own_tasks
 from . import wire
+from ._httpx import httpx
 from .connection import DEFAULT_RECONNECT, ReconnectPolicy
 from .lane import Resuming
 from .sse import SSEDecoder

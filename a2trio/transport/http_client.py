@@ -26,19 +26,12 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 from urllib.parse import quote
 
-try:
-    import httpx
-except ModuleNotFoundError as _missing:  # pragma: no cover - the dev extra installs httpx
-    if _missing.name != "httpx":
-        raise
-    raise ModuleNotFoundError(
-        "the HTTP clients need httpx: pip install 'a2trio[client]'", name="httpx"
-    ) from _missing
 import msgspec
 import trio
 
 from ..errors import A2Error, ErrorCode
 from . import wire
+from ._httpx import httpx
 from .client import with_ids
 from .connection import (
     DEFAULT_RECONNECT,
