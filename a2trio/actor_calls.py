@@ -47,8 +47,8 @@ from .errors import A2Error, ErrorCode, store_unavailable
 from .identifiers import check_message_id
 from .ids import call_event_count, call_event_id
 from .session import SessionView
-from .stores._feed import Feed
 from .stores.base import StoredEvent
+from .stores.feed import Feed
 
 __all__ = ["MAX_CALL_ATTEMPTS", "ActorCalls", "ActorHandle", "ActorState"]
 

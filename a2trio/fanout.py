@@ -46,8 +46,8 @@ import trio
 
 from .contract import Event
 from .errors import A2Error, ErrorCode, store_unavailable
-from .stores._feed import Feed
 from .stores.base import Store, StoredEvent
+from .stores.feed import Feed
 
 __all__ = [
     "RING",

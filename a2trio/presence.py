@@ -36,8 +36,8 @@ from .core import Engine
 from .errors import store_unavailable
 from .identifiers import MAX_SAFE_INTEGER, check_participant
 from .push import MAX_DATE_MS, RESERVED_PARTICIPANTS, PushedPresence, PushValidation
-from .stores._feed import Feed, own_tasks
 from .stores.base import PresenceRow, PresenceStore, StoredPresencePatch
+from .stores.feed import Feed, own_tasks
 
 __all__ = [
     "PresenceMap",

@@ -31,8 +31,8 @@ from .presence import (
     store_patch,
 )
 from .push import PushedEvent, PushedPresence, PushValidation
-from .stores._feed import Feed
 from .stores.base import EventCause, StateRead, StoredEvent
+from .stores.feed import Feed
 
 __all__ = ["MAX_HISTORY_EVENTS", "HandlerSession", "Session", "SessionView"]
 

@@ -6,7 +6,7 @@ Usage::
 
 Prints one table. Rows:
 
-* ``native pipeline``: a2trio's driver (``a2trio/stores/_pg_conn.py``), libpq
+* ``native pipeline``: a2trio's driver (``a2trio/stores/postgres/conn.py``), libpq
   through psycopg's public ``pq`` module with Trio socket waits; a small
   transaction is one pipelined round trip (``begin; insert; commit``).
 * ``native 3 round trips``: the same driver, one round trip per statement
@@ -46,9 +46,9 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from a2trio.stores._pg_conn import PgPool, Statement
 from a2trio.stores.base import AppendEvent
 from a2trio.stores.postgres import postgres
+from a2trio.stores.postgres.conn import PgPool, Statement
 
 POOL = 4
 Op = Callable[[], Awaitable[None]]

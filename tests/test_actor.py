@@ -531,7 +531,7 @@ async def test_a_cancelled_receive_loses_no_folded_event(autojump_clock: trio.ab
     """An SSE heartbeat cancels ``receive`` on every idle interval, also while
     it waits for the rest of a burst: what it folded is framed next time."""
     from a2trio.actor_calls import _StateFeed
-    from a2trio.stores._feed import Feed
+    from a2trio.stores.feed import Feed
 
     scope = trio.CancelScope()
 

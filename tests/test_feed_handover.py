@@ -11,10 +11,10 @@ import trio
 import trio.testing
 
 import a2trio
-from a2trio.stores._pg_conn import PgConnectionError
 from a2trio.stores.base import AppendEvent, StoredEvent
 from a2trio.stores.memory import MemoryStore
 from a2trio.stores.postgres import ListenerStatistics
+from a2trio.stores.postgres.conn import PgConnectionError
 
 from .backends.postgres import database_dsn
 

@@ -17,9 +17,9 @@ import trio
 import trio.testing
 
 from a2trio.errors import A2Error, ErrorCode
-from a2trio.stores._pg_conn import PgPool, Statement
 from a2trio.stores.base import AppendEvent, Claimed, CompleteResult, EventCause
 from a2trio.stores.postgres import PostgresStore, postgres
+from a2trio.stores.postgres.conn import PgPool, Statement
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 

@@ -1,4 +1,4 @@
-"""The group committer (``a2trio/stores/_pg_group.py``) on a scripted pipeline.
+"""The group committer (``a2trio/stores/postgres/group.py``) on a scripted pipeline.
 
 ``GroupCommitter`` takes its transaction runner as an argument, so its
 queueing, grouping, replay and cancellation rules are checked here without
@@ -15,8 +15,8 @@ import pytest
 import trio
 import trio.testing
 
-from a2trio.stores._pg_conn import PgConnectionError, PgError, Row
-from a2trio.stores._pg_group import GroupCommitter, GroupStatistics, Kind, Request
+from a2trio.stores.postgres.conn import PgConnectionError, PgError, Row
+from a2trio.stores.postgres.group import GroupCommitter, GroupStatistics, Kind, Request
 
 Member = tuple[Kind, str, str]
 

@@ -148,7 +148,7 @@ def test_every_import_goes_down_the_drawn_layers() -> None:
 
 
 def test_the_layer_check_sees_an_upward_import() -> None:
-    assert _layer("a2trio.stores._pg_conn") > _layer("a2trio.core") > _layer("a2trio.server")
+    assert _layer("a2trio.stores.postgres.conn") > _layer("a2trio.core") > _layer("a2trio.server")
     assert _layer("a2trio.transport.asgi") == _layer("a2trio.transport")
 
 

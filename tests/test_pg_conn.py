@@ -1,4 +1,4 @@
-"""The Trio-native Postgres connection and pool (``a2trio/stores/_pg_conn.py``)
+"""The Trio-native Postgres connection and pool (``a2trio/stores/postgres/conn.py``)
 against the real server: parameters, pipelines that fail midway, scripts,
 notifications, timeouts, and connections the server kills.
 
@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 
-from a2trio.stores._pg_conn import PgConnection, PgConnectionError, PgError, PgPool, Statement
+from a2trio.stores.postgres.conn import PgConnection, PgConnectionError, PgError, PgPool, Statement
 from tests.backends.postgres import database_dsn, run_sql
 
 P = ParamSpec("P")

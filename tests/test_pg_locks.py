@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from a2trio.stores._pg_conn import PgConnection, PgPool, Statement
 from a2trio.stores.base import AppendEvent, Claimed, CompleteResult
 from a2trio.stores.postgres import PostgresStore, postgres
+from a2trio.stores.postgres.conn import PgConnection, PgPool, Statement
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 

@@ -25,10 +25,9 @@ import pytest
 import trio
 from psycopg import sql as pgsql
 
-from a2trio.stores import _pg_sql as sql
-from a2trio.stores._pg_conn import Param, Statement, _encode_param
 from a2trio.stores.base import AppendEvent, Claimed
-from a2trio.stores.postgres import PostgresStore, postgres
+from a2trio.stores.postgres import PostgresStore, postgres, sql
+from a2trio.stores.postgres.conn import Param, Statement, _encode_param
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 

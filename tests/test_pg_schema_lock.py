@@ -25,9 +25,9 @@ from pathlib import Path
 import trio
 from psycopg.conninfo import make_conninfo
 
-from a2trio.stores._pg_conn import PgConnection
 from a2trio.stores.base import AppendEvent
 from a2trio.stores.postgres import postgres
+from a2trio.stores.postgres.conn import PgConnection
 
 from .backends.postgres import admin_dsn, database_dsn, run_sql
 

@@ -16,9 +16,9 @@ import pytest
 import trio
 from psycopg.conninfo import make_conninfo
 
-from a2trio.stores._pg_conn import PgConnection, PgPool
 from a2trio.stores.base import AppendEvent
 from a2trio.stores.postgres import postgres
+from a2trio.stores.postgres.conn import PgConnection, PgPool
 from a2trio.timings import Timings
 
 from .backends.postgres import database_dsn, run_sql

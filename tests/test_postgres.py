@@ -22,9 +22,9 @@ import trio
 import a2trio
 from a2trio.clock import SYSTEM_CLOCK
 from a2trio.errors import A2Error, ErrorCode
-from a2trio.stores._pg_conn import PgConnectionError, PgError, PgPool, Statement
 from a2trio.stores.base import AppendEvent, StoredPresencePatch
 from a2trio.stores.postgres import PostgresStore, postgres
+from a2trio.stores.postgres.conn import PgConnectionError, PgError, PgPool, Statement
 from a2trio.timings import Timings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

@@ -23,9 +23,9 @@ import trio
 from psycopg.conninfo import make_conninfo
 
 import a2trio
-from a2trio.stores._pg_conn import PgConnection, PgError, PgPool, Statement
 from a2trio.stores.base import AppendEvent, StoredPresencePatch
 from a2trio.stores.postgres import PostgresStore, postgres
+from a2trio.stores.postgres.conn import PgConnection, PgError, PgPool, Statement
 from a2trio.timings import Timings
 
 from .apps import Ordered, Shipped, orders

@@ -19,9 +19,9 @@ import trio
 
 from a2trio.errors import A2Error, ErrorCode
 from a2trio.stores import RedisStore, from_url, redis
-from a2trio.stores._redis_scripts import FAIL_WRITE
 from a2trio.stores.base import AppendEvent, Claimed, Settled, StoredEvent, StoredPresencePatch
 from a2trio.stores.conformance import ManualClock, raises
+from a2trio.stores.redis.scripts import FAIL_WRITE
 from a2trio.timings import Timings
 from tests.backends.redis import (
     REDIS_URL,

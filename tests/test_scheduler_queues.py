@@ -25,7 +25,7 @@ from a2trio.schedulers import DurableScheduler
 from a2trio.schedulers._pg_queue import PostgresQueue
 from a2trio.schedulers._queue import MemoryQueue, TaskQueue, TaskRow
 from a2trio.schedulers._sqlite_queue import SqliteQueue
-from a2trio.stores._feed import Wakeups
+from a2trio.stores.feed import Wakeups
 from tests.test_scheduler_durable import (  # pg_dsn: a fixture, used by name
     pg_dsn,  # noqa: F401
     real_time_limit,

@@ -17,11 +17,11 @@ import trio
 
 import a2trio
 from a2trio.errors import A2Error, ErrorCode
-from a2trio.stores._feed import adaptive_poll
-from a2trio.stores._sqlite_conn import BUSY_TIMEOUT_S, ConnectionPool
-from a2trio.stores._sqlite_schema import MIGRATIONS, SCHEMA_VERSION
 from a2trio.stores.base import AppendEvent
+from a2trio.stores.feed import adaptive_poll
 from a2trio.stores.sqlite import SqliteStore, sqlite
+from a2trio.stores.sqlite.conn import BUSY_TIMEOUT_S, ConnectionPool
+from a2trio.stores.sqlite.schema import MIGRATIONS, SCHEMA_VERSION
 from a2trio.timings import Timings
 
 

@@ -1,6 +1,6 @@
 """The SQLite store's write path costs the same at any session length (issue 17).
 
-Without timing anything: each transaction body of ``a2trio/stores/sqlite.py``
+Without timing anything: each transaction body of ``a2trio/stores/sqlite/store.py``
 (append, claim, completion) runs on a raw connection to one file holding two
 sessions of the same shape, one with a short history and one with a long one,
 and SQLite's progress handler counts the virtual-machine instructions it
@@ -24,7 +24,6 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from a2trio.stores._sqlite_schema import migrate
 from a2trio.stores.base import AppendEvent, ClaimRequest, EventCause
 from a2trio.stores.sqlite import (
     _CLAIM,
@@ -42,6 +41,7 @@ from a2trio.stores.sqlite import (
     _has_pending,
     _next_index,
 )
+from a2trio.stores.sqlite.schema import migrate
 
 SHORT = "short"
 LONG = "long"

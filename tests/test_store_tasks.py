@@ -1,4 +1,4 @@
-"""``stores._tasks.StoreTasks``: a store's tasks end, never the block that entered it."""
+"""``stores.tasks.StoreTasks``: a store's tasks end, never the block that entered it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import trio
 import trio.testing
 
 from a2trio.errors import A2Error, ErrorCode
-from a2trio.stores._tasks import StoreTasks
+from a2trio.stores.tasks import StoreTasks
 
 
 async def test_close_in_the_block_ends_the_tasks_under_the_blocks_own_scope() -> None:

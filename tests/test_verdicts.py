@@ -1,4 +1,4 @@
-"""The verdict rules of ``a2trio.stores._verdicts``: each rule alone, then the
+"""The verdict rules of ``a2trio.stores.rules``: each rule alone, then the
 same refusals, word for word, from every backend that applies them."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from a2trio.errors import A2Error, ErrorCode
-from a2trio.stores import _verdicts as verdicts
+from a2trio.stores import rules as verdicts
 from a2trio.stores.base import AppendEvent, EventCause, FailResult, StoredEvent
 from a2trio.stores.conformance import ManualClock, StoreFactory
 

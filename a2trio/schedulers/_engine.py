@@ -53,7 +53,7 @@ import trio
 
 from ..errors import store_unavailable
 from ..scheduler import SchedulerTarget, SchedulerTask, task_decoder, task_id
-from ..stores._feed import Wakeups
+from ..stores.feed import Wakeups
 from ._queue import NotifyingQueue
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ every drain, handlers schedule, and up to ``max_in_flight`` deliveries finish
 together. :class:`GroupCommit` queues the writes that arrive while others are
 in flight and commits everything queued as one transaction (one round trip,
 one flush), as the Postgres store's ``GroupCommitter`` does for its appends
-and completions (``stores/_pg_group.py``).
+and completions (``stores/postgres/group.py``).
 
 Where the work runs differs. The store's committers are tasks in the store's
 nursery; a scheduler has no nursery that outlives its callers: its lifetime

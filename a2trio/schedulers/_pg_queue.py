@@ -6,7 +6,7 @@ other's rows instead of waiting or double-claiming, so every task goes to one
 worker. An insert that adds a row sends ``NOTIFY a2_scheduler, '<contract>'``
 in the same statement, so other processes' workers wake when it commits.
 
-Driver: the store's :class:`~a2trio.stores._pg_conn.PgPool` (libpq through
+Driver: the store's :class:`~a2trio.stores.postgres.conn.PgPool` (libpq through
 psycopg's public ``pq`` layer, Trio socket waits, each call one pipelined
 round trip; see ``docs/stores-postgres.md``), on connections of the
 scheduler's own. Writes (inserts, deletes, renewals, reschedules) go through
@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING, Literal
 
 import trio
 
-from ..stores._pg_conn import Param, PgConnection, PgError, PgPool, Row, Statement
+from ..stores.postgres.conn import Param, PgConnection, PgError, PgPool, Row, Statement
 from ._group import GroupCommit, GroupCommitStatistics
 from ._queue import TaskRow
 
 if TYPE_CHECKING:
-    from ..stores._feed import Wakeups
+    from ..stores.feed import Wakeups
 
 __all__ = ["PostgresQueue"]
 

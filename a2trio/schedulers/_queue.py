@@ -20,7 +20,7 @@ import trio
 from ._group import GroupCommitStatistics
 
 if TYPE_CHECKING:
-    from ..stores._feed import Wakeups
+    from ..stores.feed import Wakeups
 
 __all__ = ["MemoryQueue", "NotifyingQueue", "TaskQueue", "TaskRow"]
 

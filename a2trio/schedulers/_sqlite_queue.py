@@ -1,6 +1,6 @@
 """Scheduler tasks in a sqlite table, on the sqlite store's connection pool.
 
-The scheduler keeps its own :class:`~a2trio.stores._sqlite_conn.ConnectionPool`
+The scheduler keeps its own :class:`~a2trio.stores.sqlite.conn.ConnectionPool`
 on its file (which may be the store's): one writer connection behind a Trio
 lock and a few WAL readers, each call a whole transaction in a worker thread
 (``BEGIN IMMEDIATE`` for writes). A cancelled call is interrupted or runs to
@@ -28,7 +28,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from ..stores._sqlite_conn import ConnectionPool
+from ..stores.sqlite.conn import ConnectionPool
 from ._group import GroupCommit, GroupCommitStatistics
 from ._queue import TaskRow
 

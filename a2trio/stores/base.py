@@ -50,7 +50,7 @@ import msgspec
 
 from ..clock import Clock
 from ..errors import A2Error, ErrorCode
-from ._feed import Feed
+from .feed import Feed
 
 __all__ = [
     "ActionKind",
@@ -588,7 +588,7 @@ class SweepsClaimable(Protocol):
         """Up to ``limit`` session keys starting with ``prefix``, in key order,
         holding an event that is unprocessed, not dead-lettered, lane-ready,
         with no live claim, and, after a failure, past its retry backoff
-        (:func:`a2trio.stores._verdicts.retry_backoff_ms`).
+        (:func:`a2trio.stores.rules.retry_backoff_ms`).
 
         Obligation: bounded by the work pending, not by the history (an index
         over pending events). A key returned may hold nothing to claim by the
@@ -604,7 +604,7 @@ class OperatorActions(Protocol):
     each recorded with who and why.
 
     Every action is durable and fenced: it reads the target's row and writes
-    its verdict (``_verdicts.check_action``) atomically, so a live claim
+    its verdict (``rules.check_action``) atomically, so a live claim
     (unexpired on the store's clock) always refuses it and a handler's later
     completion or failure of a skipped event is ``superseded``. A refused
     action raises :class:`OperatorActionError` and writes nothing. A written

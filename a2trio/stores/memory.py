@@ -22,8 +22,7 @@ import trio
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..ids import IdSource, random_id
-from . import _verdicts as verdicts
-from ._feed import Feed, FeedStatistics, Wakeups, open_pump_feed
+from . import rules as verdicts
 from .base import (
     ActionKind,
     AppendEvent,
@@ -49,6 +48,7 @@ from .base import (
     StoredEvent,
     StoredPresencePatch,
 )
+from .feed import Feed, FeedStatistics, Wakeups, open_pump_feed
 
 __all__ = ["MemoryStore", "memory"]
 

@@ -46,7 +46,7 @@ from msgspec import UNSET
 
 from ..actor_calls import ActorState
 from ..errors import A2Error, ErrorCode
-from ..stores._feed import own_tasks
+from ..stores.feed import own_tasks
 from . import wire
 from ._httpx import httpx
 from .connection import DEFAULT_RECONNECT, ReconnectPolicy

@@ -6,7 +6,7 @@ discipline): a request body is read into memory only up to
 buffers a message before the app sees it, so ``python -m a2trio.serve`` sets
 its ``websocket_max_message_size`` to the same value); a multiplexed socket
 holds at most ``max_socket_sessions`` lanes, each a store feed buffering at
-most ``a2trio.stores._feed.FEED_BUFFER`` rows, and one subscribe frame names at
+most ``a2trio.stores.feed.FEED_BUFFER`` rows, and one subscribe frame names at
 most ``max_frame_sessions`` distinct sessions.
 """
 

@@ -33,7 +33,7 @@ from ..fanout import Lapped
 from ..identifiers import MAX_SAFE_INTEGER
 from ..push import PushedEvent, PushedPresence
 from ..server import Server
-from ..stores._feed import own_tasks
+from ..stores.feed import own_tasks
 from ..telemetry import encode_trace_context
 from . import wire
 from ._http import (

@@ -16,15 +16,15 @@ same instant), not with viewers. Outside ``async with store:`` each operation op
 client of its own: correct, slower, and without push delivery.
 
 **One script per step.** Each store operation that reads and writes is one
-Lua script (``_redis_scripts``; the key layout is documented there): Redis
+Lua script (``scripts``; the key layout is documented there): Redis
 runs it to completion before any other command, so a script is a
 transaction and nothing can interleave between its checks and its writes.
 That gives contiguous indexes, store-wide unique ids (the ``P:ids`` hash),
 idempotent replay, partial-batch refusal, the attempt-currency fence, claims
 that never share an attempt, and completion with its returned events and
 the lane hand-off, each atomically. The rules are the seed's, through
-``_verdicts`` (the scripts return what the rules read; the failure verdict is
-``_verdicts.fail_verdict`` itself, written back by a compare-and-set script).
+``rules`` (the scripts return what the rules read; the failure verdict is
+``rules.fail_verdict`` itself, written back by a compare-and-set script).
 
 **Cancellation.** A call's round trip is shielded (coredis loses a pool slot
 to a connection cancelled mid-connect, and outside ``async with store`` its
@@ -81,15 +81,12 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from coredis.exceptions import NoScriptError
 from coredis.retry import NoRetryPolicy
 
-from ..clock import SYSTEM_CLOCK, Clock
-from ..errors import A2Error, ErrorCode, store_unavailable
-from ..ids import IdSource, random_id
-from ..timings import DEFAULT_TIMINGS, Timings
-from . import _redis_scripts as lua
-from . import _verdicts as verdicts
-from ._feed import Feed, FeedStatistics, Wakeups, adaptive_poll, open_pump_feed
-from ._tasks import StoreTasks
-from .base import (
+from ...clock import SYSTEM_CLOCK, Clock
+from ...errors import A2Error, ErrorCode, store_unavailable
+from ...ids import IdSource, random_id
+from ...timings import DEFAULT_TIMINGS, Timings
+from .. import rules as verdicts
+from ..base import (
     ActionKind,
     AppendEvent,
     AppendResult,
@@ -114,6 +111,9 @@ from .base import (
     StoredEvent,
     StoredPresencePatch,
 )
+from ..feed import Feed, FeedStatistics, Wakeups, adaptive_poll, open_pump_feed
+from ..tasks import StoreTasks
+from . import scripts as lua
 
 __all__ = ["RedisStore", "SubscriberStatistics", "redis"]
 
@@ -166,7 +166,7 @@ class _Entry(msgspec.Struct, frozen=True, array_like=True):
 
 class _Meta(msgspec.Struct, omit_defaults=True):
     """An unsettled event's bookkeeping, as the scripts store it (see
-    ``_redis_scripts``). Its attributes satisfy ``_verdicts.Bookkeeping``
+    ``scripts``). Its attributes satisfy ``rules.Bookkeeping``
     through the properties below."""
 
     a: int = 0
@@ -677,7 +677,7 @@ class RedisStore:
         return client
 
     async def __aenter__(self) -> RedisStore:
-        """Open the store's task nursery (``_tasks``) and its client on the
+        """Open the store's task nursery (``tasks``) and its client on the
         first entry.
 
         Nested entries share them; they close with the outermost exit, which
@@ -1356,7 +1356,7 @@ class RedisStore:
         error: str,
         max_failures: int,
     ) -> FailResult:
-        """Record a failure: ``_verdicts.fail_verdict`` over the row as read,
+        """Record a failure: ``rules.fail_verdict`` over the row as read,
         written back by a compare-and-set script (retried if the row moved).
 
         Cancellation: recorded or not; a repeat by the same attempt is idempotent.

@@ -3,20 +3,20 @@
 Theory of operation
 -------------------
 
-**Driver.** ``_pg_conn`` drives libpq through psycopg's public ``pq`` module
+**Driver.** ``conn`` drives libpq through psycopg's public ``pq`` module
 with Trio-native socket waits, and sends each transaction as one pipeline:
 ``begin; select pg_advisory_xact_lock(hashtext(session)); <work>; commit`` is
 a single round trip. Statements are prepared once per connection. Connections
 come from a small Trio pool; one is held only while its pipeline is in flight.
 
 **Group commit.** Inside ``async with store:`` appends, claims and
-completions go through ``_pg_group``: the ones that arrive while a
+completions go through ``group``: the ones that arrive while a
 transaction is in flight share the next one (one round trip, one WAL flush),
 each statement still fenced on its own attempt and holder. Outside it (no
 nursery for the committers) each runs in its own transaction as before.
 
 **Exactly once across processes.** The semantics are the seed's
-``store-postgres.ts`` (``_pg_sql`` ports each statement and says where it
+``store-postgres.ts`` (``sql`` ports each statement and says where it
 folded several into one):
 
 * appends serialize per session on ``pg_advisory_xact_lock(hashtext(id))``,
@@ -32,7 +32,7 @@ folded several into one):
   a repeat by the same attempt, and hands the lane on in the same transaction.
   A completion that returns no events on an event without a lane skips the
   session lock: it writes only its own row, so it never queues behind the
-  session's appends (``_pg_sql.LOCK_IF_LANED``).
+  session's appends (``sql.LOCK_IF_LANED``).
 
 **Cancellation.** A task cancelled while a pipeline is in flight never returns
 its connection to the pool: the pool closes it and the server rolls back what
@@ -41,7 +41,7 @@ before its connection is reused. So every operation committed entirely or not
 at all, and retrying it with the same ids is safe (replay).
 
 **Sharing.** Stores with matching settings in one Trio run share one pool
-and one LISTEN connection (``_pg_shared``, the seed's sharing model): a pool
+and one LISTEN connection (``shared``, the seed's sharing model): a pool
 by its effective settings (or, passed in, by identity), the listener by its
 conninfo, whatever the stores' schemas. Each store takes its share of the
 pool at its first operation and gives it back at its last ``async with``
@@ -57,7 +57,7 @@ the store's channels to the shared listener, **one** connection serving every
 store and viewer of the process (connections scale with processes, not
 viewers). The listener's own task is a Trio system task: it must outlive
 whichever store opened it, so no store's nursery can own it (see
-``_pg_shared``); it closes when its last subscriber leaves and reopens on
+``shared``); it closes when its last subscriber leaves and reopens on
 demand. A notification only says *when* to read: the feed pump reads from
 its cursor, and re-reads every ``notify_safety_s`` anyway. A lost listener
 wakes every feed (catch-up from each cursor), and reconnects with backoff;
@@ -94,18 +94,12 @@ import msgspec
 import trio
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from ..clock import SYSTEM_CLOCK, Clock
-from ..errors import A2Error, ErrorCode, store_unavailable
-from ..ids import IdSource, random_id
-from ..timings import DEFAULT_TIMINGS, Timings
-from . import _pg_sql as sql
-from . import _verdicts as verdicts
-from ._feed import Feed, FeedStatistics, Wakeups, adaptive_poll, open_pump_feed
-from ._pg_conn import Param, PgError, PgPool, Preamble, Row, Statement
-from ._pg_group import LOCKING, GroupCommitter, GroupStatistics, Kind, Request
-from ._pg_shared import PoolLease, SharedListener, acquire_pool, listener
-from ._tasks import StoreTasks
-from .base import (
+from ...clock import SYSTEM_CLOCK, Clock
+from ...errors import A2Error, ErrorCode, store_unavailable
+from ...ids import IdSource, random_id
+from ...timings import DEFAULT_TIMINGS, Timings
+from .. import rules as verdicts
+from ..base import (
     AppendEvent,
     AppendResult,
     Busy,
@@ -129,6 +123,12 @@ from .base import (
     StoredEvent,
     StoredPresencePatch,
 )
+from ..feed import Feed, FeedStatistics, Wakeups, adaptive_poll, open_pump_feed
+from ..tasks import StoreTasks
+from . import sql as sql
+from .conn import Param, PgError, PgPool, Preamble, Row, Statement
+from .group import LOCKING, GroupCommitter, GroupStatistics, Kind, Request
+from .shared import PoolLease, SharedListener, acquire_pool, listener
 
 __all__ = ["ListenerStatistics", "PostgresStore", "postgres"]
 
@@ -322,7 +322,7 @@ def _index_of(event: StoredEvent) -> int:
 
 
 class _Target(NamedTuple):
-    """What an operator action's fence reads (``_verdicts.ActionTarget``),
+    """What an operator action's fence reads (``rules.ActionTarget``),
     in ``ACTION_TARGET``'s order."""
 
     processed_at_ms: int | None
@@ -525,7 +525,7 @@ class PostgresStore:
                     options = f"{options} -cplan_cache_mode=force_generic_plan".strip()
                 conninfo = make_conninfo(dsn, options=options)
                 preamble = None
-            # Matching settings share one pool (``_pg_shared``).
+            # Matching settings share one pool (``shared``).
             self._pool_key = (conninfo, max_connections, connect_timeout_s, prepare, preamble)
             self._make_pool = partial(
                 PgPool,
@@ -577,7 +577,7 @@ class PostgresStore:
     # -- lifecycle ---------------------------------------------------------
 
     async def __aenter__(self) -> PostgresStore:
-        """Open the store's task nursery (``_tasks``: the listener, the
+        """Open the store's task nursery (``tasks``: the listener, the
         committers) on the first entry.
 
         Nested entries share it; the nursery closes with the outermost exit,
@@ -722,7 +722,7 @@ class PostgresStore:
 
     async def _run_group(self, group: Sequence[Request]) -> list[list[Row]]:
         """One transaction for a group in lock order: each session's lock before
-        its first writer, then its statements (see ``_pg_group``). A session's
+        its first writer, then its statements (see ``group``). A session's
         consecutive ``finish`` members on distinct events share one ``FINISH``
         statement, after the session's lock only if one of them has a lane
         (``LOCK_IF_LANED``); each member gets its own row back."""
@@ -806,7 +806,7 @@ class PostgresStore:
             self._nursery.start_soon(self._hear, self._join)
 
     async def _hear(self, scope: trio.CancelScope) -> None:
-        """This store's subscription to the shared listener (``_pg_shared``),
+        """This store's subscription to the shared listener (``shared``),
         in the store's nursery: create the schema (its channel names), then
         subscribe until ``scope`` is cancelled (no local subscriber left, or
         the store's last exit)."""
@@ -929,7 +929,7 @@ class PostgresStore:
         expected_index: int | None = None,
     ) -> AppendResult:
         """Append atomically, in one round trip (see the module docstring); with
-        ``claim``, the claimable events are inserted claimed (``_pg_sql.APPEND``);
+        ``claim``, the claimable events are inserted claimed (``sql.APPEND``);
         with ``expected_index``, only if the session is still at it.
 
         Cancellation: committed entirely or not at all; retry with the same ids

@@ -4,8 +4,8 @@ Redis runs a script to completion before any other command, so each script is
 a transaction: it reads, decides and writes with nothing in between, and a
 client that is cancelled or loses its connection either ran it whole or not at
 all. The scripts follow the seed's ``store-postgres.ts`` statements (as
-``_pg_sql`` does); ``redis.py`` turns what they return into records and
-applies ``_verdicts`` to it.
+``sql`` does); ``store`` turns what they return into records and
+applies ``rules`` to it.
 
 Key layout (``P`` is the store's key prefix; ``S`` a session key; a
 per-session key ends in a suffix without a colon, so ``P:S:suffix`` never
@@ -436,7 +436,7 @@ if m.p then
   local out = {'replay', m.pb or false, m.r or false}
   return stored_rows(KEYS[5], sid, ids, out)
 end
--- _verdicts.holds_claim
+-- rules.holds_claim
 if m.a ~= attempt or m.d or not m.h then return {'superseded'} end
 for _, id in ipairs(ids) do
   if redis.call('HEXISTS', KEYS[5], id) == 1 then return {'duplicate'} end
@@ -569,7 +569,7 @@ return out
 
 #: ``claimable_sessions``: for each session, whether a claim would take an
 #: event now (unprocessed, alive, lane-ready, claim free or expired, past its
-#: failure backoff, ``_verdicts.retry_backoff_ms``). KEYS: (open, meta) per
+#: failure backoff, ``rules.retry_backoff_ms``). KEYS: (open, meta) per
 #: session. ARGV: now. Returns 0/1 per session.
 SWEEP = r"""
 local now = tonumber(ARGV[1])
@@ -605,7 +605,7 @@ return out
 
 
 # Operator actions (an a2trio addition; issue 18). The verdict is
-# `_verdicts.check_action` over the row `FAIL_READ` returns; these scripts
+# `rules.check_action` over the row `FAIL_READ` returns; these scripts
 # write it back (compare-and-set), record it and wake other processes.
 
 #: Dead letters of a page of sessions. KEYS: (log, meta, open, head) per

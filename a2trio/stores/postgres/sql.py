@@ -19,7 +19,7 @@ clock, never ``now()``.
 
 from __future__ import annotations
 
-from ._pg_conn import Statement
+from .conn import Statement
 
 __all__ = ["EVENT_COLUMNS", "SCHEMA_LOCK_KEY", "schema_sql"]
 
@@ -377,7 +377,7 @@ FIND_EVENT = Statement(
 # the cost is the pending work, never the history. `starts_with` rather than a
 # key range: under a linguistic collation a range of keys holding U+001F is not
 # the set of keys with the prefix. A failed row waits out
-# `_verdicts.retry_backoff_ms`, spelled here in SQL.
+# `rules.retry_backoff_ms`, spelled here in SQL.
 #   $1 key prefix, $2 now, $3 limit
 CLAIMABLE_SESSIONS = Statement(
     """
@@ -846,7 +846,7 @@ LIST_SNAPSHOTS = Statement(
 
 
 # Operator actions (an a2trio addition; issue 18). The verdict is
-# `_verdicts.check_action` over the row `ACTION_TARGET` read; the write is a
+# `rules.check_action` over the row `ACTION_TARGET` read; the write is a
 # compare-and-set on those columns (the caller reads again if the row moved),
 # recorded and announced to other processes' drains in the same statement.
 #   $1 session, $2 idx

@@ -42,7 +42,7 @@ from typing import Final, Literal, TypeVar
 
 import trio
 
-from ._sqlite_schema import migrate
+from .schema import migrate
 
 __all__ = ["BEGIN_READ", "BEGIN_WRITE", "ConnectionPool", "use_wal"]
 

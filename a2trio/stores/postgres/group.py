@@ -55,7 +55,7 @@ from typing import Literal
 import msgspec
 import trio
 
-from ._pg_conn import Param, PgConnectionError, PgError, Row
+from .conn import Param, PgConnectionError, PgError, Row
 
 __all__ = ["LOCKING", "GroupCommitter", "GroupStatistics", "Kind", "Request"]
 

@@ -3,7 +3,7 @@
 Each backend fetches the rows a rule reads and persists what the rule decides;
 the rules themselves are pure functions over those rows, so the memory, SQLite
 and Postgres stores refuse, replay and fence alike, with the same codes and
-messages. Postgres computes most verdicts inside its statements (``_pg_sql``)
+messages. Postgres computes most verdicts inside its statements (``sql``)
 and applies these rules to what comes back.
 
 Lane readiness is not here: only the memory store decides it in Python (the

@@ -49,7 +49,7 @@ from typing import Protocol
 
 import trio
 
-from ._pg_conn import PgConnection, PgPool, Statement
+from .conn import PgConnection, PgPool, Statement
 
 __all__ = ["ListenSubscriber", "PoolLease", "SharedListener", "acquire_pool", "listener"]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from ..errors import A2Error, ErrorCode
+from ...errors import A2Error, ErrorCode
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate"]
 

@@ -48,14 +48,12 @@ from typing import Any, Final, Literal, NamedTuple, TypeVar
 import msgspec
 import trio
 
-from ..clock import SYSTEM_CLOCK, Clock
-from ..errors import store_unavailable
-from ..ids import IdSource, random_id
-from ..timings import DEFAULT_TIMINGS, Timings
-from . import _verdicts as verdicts
-from ._feed import Feed, FeedStatistics, Wakeups, adaptive_poll, open_pump_feed
-from ._sqlite_conn import ConnectionPool
-from .base import (
+from ...clock import SYSTEM_CLOCK, Clock
+from ...errors import store_unavailable
+from ...ids import IdSource, random_id
+from ...timings import DEFAULT_TIMINGS, Timings
+from .. import rules as verdicts
+from ..base import (
     AppendEvent,
     AppendResult,
     Busy,
@@ -79,6 +77,8 @@ from .base import (
     StoredEvent,
     StoredPresencePatch,
 )
+from ..feed import Feed, FeedStatistics, Wakeups, adaptive_poll, open_pump_feed
+from .conn import ConnectionPool
 
 __all__ = ["DEFAULT_PATH", "SqliteStore", "sqlite"]
 
@@ -196,7 +196,7 @@ where session_id = ?1 and idx = (
 
 # Sessions with work a claim would take now (`claimable_sessions`). The index
 # holds only dispatch-ready rows, so the cost is the pending work; a failed
-# row waits out `_verdicts.retry_backoff_ms`, spelled here in SQL.
+# row waits out `rules.retry_backoff_ms`, spelled here in SQL.
 _CLAIMABLE_SESSIONS = """
     select distinct session_id from a2_events indexed by a2_events_dispatch_ready
     where lane_ready and processed_at is null and failed_at is null
@@ -226,7 +226,7 @@ def _prefix_end(prefix: str) -> str:
     return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
-# What the attempt fences read (`_verdicts.Bookkeeping`), in `_Bookkeeping` order.
+# What the attempt fences read (`rules.Bookkeeping`), in `_Bookkeeping` order.
 _BOOKKEEPING: Final = (
     "processed_at, failed_at, attempt_count, claim_holder, failure_count, last_failed_attempt"
 )
@@ -242,7 +242,7 @@ class _Bookkeeping(NamedTuple):
 
 
 class _Target(NamedTuple):
-    """What an operator action's fence reads (``_verdicts.ActionTarget``)."""
+    """What an operator action's fence reads (``rules.ActionTarget``)."""
 
     processed_at_ms: int | None
     failed_at_ms: int | None
