@@ -256,3 +256,38 @@ async def test_a_superseded_attempt_replays_its_appends(open_store: StoreFactory
         ):
             await store.append("s", [AppendEvent("c", None, id="late", cause=EventCause(1, 1))])
         assert len(await store.read("s")) == 2
+
+
+# -- the table of cases -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "case",
+    verdicts.CASES,
+    ids=[f"{c.rule}-{c.before}-{c.attempt}-{c.holder}" for c in verdicts.CASES],
+)
+def test_the_rules_give_every_case_of_the_table_its_verdict(case: verdicts.Case) -> None:
+    assert verdicts.decide(case) == case.verdict
+
+
+def test_the_table_covers_every_rule_and_state() -> None:
+    rules = {c.rule for c in verdicts.CASES}
+    assert rules == {"claim", "sweep", "renew", "complete", "fail", "redrive", "skip", "retry_now"}
+    assert {c.before for c in verdicts.CASES} == set(verdicts.STATES)
+    # Unique requests: a case written twice with two verdicts would pass one.
+    requests = [(c.rule, c.before, c.attempt, c.holder, c.max_failures) for c in verdicts.CASES]
+    assert len(requests) == len(set(requests))
+
+
+def test_the_backoff_doubles_to_its_cap() -> None:
+    assert [verdicts.retry_backoff_ms(n) for n in range(9)] == [
+        0,
+        1_000,
+        2_000,
+        4_000,
+        8_000,
+        16_000,
+        32_000,
+        60_000,
+        60_000,
+    ]

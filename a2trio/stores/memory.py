@@ -1,7 +1,9 @@
 """The in-memory store: a verified fake of the Postgres backend.
 
 It passes the same conformance suite as the durable stores and follows the
-seed's SQL statement by statement, so tests on it mean something. Payloads are
+seed's SQL statement by statement, so tests on it mean something. Every
+verdict it reaches is a call into :mod:`a2trio.stores.rules`: it is the
+rules' reference backend. Payloads are
 kept as JSON bytes, so what a test reads back went through the same
 serialization as on a real backend. Every operation runs without an await
 between its reads and writes, which makes each one atomic under Trio.
@@ -22,7 +24,7 @@ import trio
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..ids import IdSource, random_id
-from . import rules as verdicts
+from . import rules
 from .base import (
     ActionKind,
     AppendEvent,
@@ -54,18 +56,6 @@ __all__ = ["MemoryStore", "memory"]
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
-
-
-def _sweepable(row: _Row, now: int) -> bool:
-    return (
-        row.failed_at_ms is None
-        and row.lane_ready
-        and (row.claim_expires_at_ms is None or row.claim_expires_at_ms <= now)
-        and (
-            row.failure_count == 0
-            or (row.last_failed_at_ms or 0) + verdicts.retry_backoff_ms(row.failure_count) <= now
-        )
-    )
 
 
 @dataclasses.dataclass(slots=True)
@@ -322,7 +312,7 @@ class MemoryStore:
     ) -> _Row:
         lane = event.lane
         open_rows = self._open.setdefault(session_id, {})
-        lane_ready = lane is None or not any(r.lane == lane for r in open_rows.values())
+        lane_ready = rules.ready_at_insert(lane, (r.lane for r in open_rows.values()))
         row = _Row(
             id=event_id,
             type=event.type,
@@ -353,10 +343,10 @@ class MemoryStore:
         await trio.lowlevel.checkpoint()
         if not events:
             return AppendResult([], self._pending(session_id))
-        existing = [self._ids[i].stored() for i in verdicts.supplied_ids(events) if i in self._ids]
+        existing = [self._ids[i].stored() for i in rules.supplied_ids(events) if i in self._ids]
         if existing:
             return AppendResult(
-                verdicts.replayed_batch(session_id, events, existing),
+                rules.replayed_batch(session_id, events, existing),
                 self._pending(session_id),
                 [],
                 claim is not None and self._claimable(session_id),
@@ -366,9 +356,9 @@ class MemoryStore:
             if event.cause is not None:
                 index = event.cause.index
                 parent = rows[index - 1] if 1 <= index <= len(rows) else None
-                verdicts.check_cause(session_id, event.cause, parent)
+                rules.check_cause(session_id, event.cause, parent)
         if expected_index is not None and len(rows) != expected_index:
-            raise verdicts.stale_index(session_id, expected_index, len(rows))
+            raise rules.stale_index(session_id, expected_index, len(rows))
         had_pending = self._pending(session_id)
         others_claimable = claim is not None and self._claimable(session_id)
         now = self.clock.now_ms()
@@ -378,7 +368,7 @@ class MemoryStore:
         ]
         claimed = []
         for row in written:
-            if claim is not None and row.lane_ready and row.processed_at_ms is None:
+            if claim is not None and rules.claimable(row, now):
                 # Claimed as it is written: a claim in the same transaction.
                 row.attempt_count = 1
                 row.first_claimed_at_ms = row.last_claimed_at_ms = now
@@ -389,7 +379,7 @@ class MemoryStore:
         self._wakeups.notify(session_id, inserted)
         return AppendResult(
             inserted,
-            verdicts.has_pending(had_pending, events),
+            rules.has_pending(had_pending, events),
             [row for row in inserted if row.index in claimed],
             others_claimable,
         )
@@ -402,12 +392,7 @@ class MemoryStore:
     def _claimable(self, session_id: str) -> bool:
         """Whether a claim would take any of the session's events now."""
         now = self.clock.now_ms()
-        return any(
-            r.failed_at_ms is None
-            and r.lane_ready
-            and (r.claim_expires_at_ms is None or r.claim_expires_at_ms <= now)
-            for r in self._open.get(session_id, {}).values()
-        )
+        return any(rules.claimable(r, now) for r in self._open.get(session_id, {}).values())
 
     async def read(
         self,
@@ -436,18 +421,12 @@ class MemoryStore:
         now = self.clock.now_ms()
         expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
         excluded = set(exclude)
-        live = [
-            r
-            for r in self._open.get(session_id, {}).values()
-            if r.failed_at_ms is None and r.lane_ready
-        ]
+        open_rows = self._open.get(session_id, {}).values()
         claimed: list[StoredEvent] = []
-        for row in live:
+        for row in open_rows:
             if limit is not None and len(claimed) >= limit:
                 break
-            if row.index in excluded:
-                continue
-            if row.claim_expires_at_ms is not None and row.claim_expires_at_ms > now:
+            if row.index in excluded or not rules.claimable(row, now):
                 continue
             row.attempt_count += 1
             if row.first_claimed_at_ms is None:
@@ -458,12 +437,8 @@ class MemoryStore:
             claimed.append(row.stored())
         if claimed:
             return Claimed(claimed)
-        held = [
-            r.claim_expires_at_ms
-            for r in live
-            if r.claim_expires_at_ms is not None and r.claim_expires_at_ms > now
-        ]
-        return Busy(min(held)) if held else Settled()
+        retry_at = rules.busy_until(open_rows, now)
+        return Settled() if retry_at is None else Busy(retry_at)
 
     def __repr__(self) -> str:
         return "MemoryStore()"
@@ -476,7 +451,7 @@ class MemoryStore:
         found = [
             key
             for key, rows in self._open.items()
-            if key.startswith(prefix) and any(_sweepable(row, now) for row in rows.values())
+            if key.startswith(prefix) and any(rules.sweepable(row, now) for row in rows.values())
         ]
         return sorted(found)[:limit]
 
@@ -498,20 +473,13 @@ class MemoryStore:
         renewed: list[int] = []
         superseded: list[int] = []
         for claim in claims:
-            if not 1 <= claim.index <= len(rows):
-                continue
-            row = rows[claim.index - 1]
-            if (
-                row.attempt_count == claim.attempt
-                and row.processed_at_ms is None
-                and row.failed_at_ms is None
-                and row.claim_holder == holder
-                and row.claim_expires_at_ms is not None
-                and row.claim_expires_at_ms > now
-            ):
+            row = rows[claim.index - 1] if 1 <= claim.index <= len(rows) else None
+            verdict = rules.renew_verdict(row, claim.attempt, holder, now)
+            if verdict == "renewed":
+                assert row is not None
                 row.claim_expires_at_ms = expires_at
                 renewed.append(claim.index)
-            elif row.attempt_count > claim.attempt:
+            elif verdict == "superseded":
                 superseded.append(claim.index)
         return RenewResult(sorted(renewed), sorted(superseded))
 
@@ -524,47 +492,49 @@ class MemoryStore:
         events: Sequence[AppendEvent],
     ) -> CompleteResult:
         await trio.lowlevel.checkpoint()
-        ids = verdicts.returned_ids(events)
+        ids = rules.returned_ids(events)
         rows = self._sessions.get(session_id, [])
         if not 1 <= index <= len(rows):
-            raise verdicts.no_event(session_id, index)
+            raise rules.no_event(session_id, index)
         parent = rows[index - 1]
-        if parent.processed_at_ms is not None:
-            if not verdicts.replays_completion(
-                attempt, ids, parent.processed_by_attempt, parent.returned_event_ids
-            ):
-                return CompleteResult("superseded")
+        verdict = rules.complete_verdict(parent, attempt, ids)
+        if verdict == "superseded":
+            return CompleteResult("superseded")
+        if verdict == "replay":
             stored = [self._ids[i].stored() for i in ids if i in self._ids]
             return CompleteResult(
                 "completed",
-                verdicts.replayed_completion(session_id, index, attempt, events, stored),
+                rules.replayed_completion(session_id, index, attempt, events, stored),
             )
-        if not verdicts.holds_claim(parent, attempt):
-            return CompleteResult("superseded")
         if any(i in self._ids for i in ids):
-            raise verdicts.returned_id_taken()
+            raise rules.returned_id_taken()
         now = self.clock.now_ms()
         cause = EventCause(index, attempt)
         inserted = [
             self._insert(session_id, rows, e, event_id, cause, now).stored()
             for e, event_id in zip(events, ids, strict=True)
         ]
-        parent.processed_at_ms = now
         open_rows = self._open[session_id]
-        del open_rows[parent.index]
+        self._settle(open_rows, parent, now)
         parent.processed_by_attempt = attempt
         parent.returned_event_ids = ids
-        parent.lane_ready = False
-        parent.claim_holder = None
-        parent.claim_expires_at_ms = None
-        if parent.lane is not None:
-            successor = next((r for r in open_rows.values() if r.lane == parent.lane), None)
-            if successor is not None:
-                successor.lane_ready = True
         if inserted:
             self._wakeups.notify(session_id, inserted)
-        drained = all(row.failed_at_ms is not None for row in open_rows.values())
-        return CompleteResult("completed", inserted, drained)
+        return CompleteResult("completed", inserted, rules.drained(open_rows.values()))
+
+    def _settle(self, open_rows: dict[int, _Row], row: _Row, now: int) -> None:
+        """Process ``row`` (a completion, a skip): release it and hand its lane on."""
+        del open_rows[row.index]
+        hands_on = rules.hands_on(row)
+        row.processed_at_ms = now
+        row.failed_at_ms = None
+        row.lane_ready = False
+        row.claim_holder = None
+        row.claim_expires_at_ms = None
+        if hands_on and row.lane is not None:
+            successor = rules.next_in_lane(row.lane, open_rows.values())
+            if successor is not None:
+                successor.lane_ready = True
 
     async def fail_attempt(
         self,
@@ -578,9 +548,9 @@ class MemoryStore:
         await trio.lowlevel.checkpoint()
         rows = self._sessions.get(session_id, [])
         if not 1 <= index <= len(rows):
-            raise verdicts.no_event(session_id, index)
+            raise rules.no_event(session_id, index)
         row = rows[index - 1]
-        verdict = verdicts.fail_verdict(row, attempt, max_failures)
+        verdict = rules.fail_verdict(row, attempt, max_failures)
         if verdict.record:
             now = self.clock.now_ms()
             row.failure_count = verdict.result.failure_count
@@ -626,7 +596,7 @@ class MemoryStore:
         await trio.lowlevel.checkpoint()
         now = self.clock.now_ms()
         row = self._target(session_id, index)
-        verdicts.check_action("redrive", session_id, index, row, now)
+        rules.check_action("redrive", session_id, index, row, now)
         assert row is not None
         row.failure_count = 0
         row.failed_at_ms = None
@@ -637,20 +607,9 @@ class MemoryStore:
         await trio.lowlevel.checkpoint()
         now = self.clock.now_ms()
         row = self._target(session_id, index)
-        verdicts.check_action("skip", session_id, index, row, now)
+        rules.check_action("skip", session_id, index, row, now)
         assert row is not None
-        open_rows = self._open[session_id]
-        del open_rows[index]
-        was_ready = row.lane_ready
-        row.processed_at_ms = now
-        row.failed_at_ms = None
-        row.lane_ready = False
-        row.claim_holder = None
-        row.claim_expires_at_ms = None
-        if row.lane is not None and was_ready:
-            successor = next((r for r in open_rows.values() if r.lane == row.lane), None)
-            if successor is not None:
-                successor.lane_ready = True
+        self._settle(self._open[session_id], row, now)
         return self._record(session_id, index, "skip", by, reason, now)
 
     async def retry_now(self, session_id: str, *, by: str, reason: str) -> list[OperatorAction]:
@@ -660,9 +619,9 @@ class MemoryStore:
         candidates = [
             (row.index, row.claim_expires_at_ms)
             for row in self._open.get(session_id, {}).values()
-            if row.failed_at_ms is None and row.lane_ready
+            if rules.alive(row) and row.lane_ready
         ]
-        targets = verdicts.retry_targets(session_id, candidates, now)
+        targets = rules.retry_targets(session_id, candidates, now)
         return [self._record(session_id, i, "retry_now", by, reason, now) for i in targets]
 
     async def read_actions(

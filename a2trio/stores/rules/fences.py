@@ -1,38 +1,25 @@
-"""The seed's verdict rules for appends, completions and failures, written once.
-
-Each backend fetches the rows a rule reads and persists what the rule decides;
-the rules themselves are pure functions over those rows, so the memory, SQLite
-and Postgres stores refuse, replay and fence alike, with the same codes and
-messages. Postgres computes most verdicts inside its statements (``sql``)
-and applies these rules to what comes back.
-
-Lane readiness is not here: only the memory store decides it in Python (the
-SQL backends decide it in their insert and completion statements).
+"""The verdicts of appends, completions and failures: replays, partial
+duplicates, returned ids, the attempt and completion fences, the failure and
+dead-letter verdict (store-postgres.ts ``append``, ``completeAttempt``,
+``failAttempt``), with the seed's codes and messages.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, Protocol
+from typing import Literal
 
 import msgspec
 
-from ..errors import A2Error, ErrorCode
-from .base import (
-    AppendEvent,
-    EventCause,
-    FailResult,
-    OperatorActionError,
-    StoredEvent,
-    replay,
-)
+from ...errors import A2Error, ErrorCode
+from ..base import AppendEvent, EventCause, FailResult, StoredEvent, replay
+from .rows import Bookkeeping, Completion
 
 __all__ = [
-    "ActionTarget",
-    "Bookkeeping",
+    "CompleteVerdict",
     "FailVerdict",
-    "check_action",
     "check_cause",
+    "complete_verdict",
     "fail_verdict",
     "has_pending",
     "holds_claim",
@@ -40,31 +27,12 @@ __all__ = [
     "replayed_batch",
     "replayed_completion",
     "replays_completion",
-    "retry_backoff_ms",
-    "retry_targets",
     "returned_id_taken",
     "returned_ids",
     "stale_index",
     "superseded_attempt",
     "supplied_ids",
 ]
-
-
-class Bookkeeping(Protocol):
-    """The dispatch columns of one event row that the attempt fences read."""
-
-    @property
-    def processed_at_ms(self) -> int | None: ...
-    @property
-    def failed_at_ms(self) -> int | None: ...
-    @property
-    def attempt_count(self) -> int: ...
-    @property
-    def claim_holder(self) -> str | None: ...
-    @property
-    def failure_count(self) -> int: ...
-    @property
-    def last_failed_attempt(self) -> int | None: ...
 
 
 class FailVerdict(msgspec.Struct, frozen=True):
@@ -78,16 +46,6 @@ class FailVerdict(msgspec.Struct, frozen=True):
 
     result: FailResult
     record: bool
-
-
-def retry_backoff_ms(failure_count: int) -> int:
-    """How long after its last failure an event waits for a sweep's retry:
-    1 s after the first, doubling, at most a minute (``1000 << min(n - 1, 6)``
-    capped at 60,000, the same expression in every store's SQL). A drain
-    running anyway (an append, a watchdog) retries it sooner."""
-    if failure_count <= 0:
-        return 0
-    return min(1000 << min(failure_count - 1, 6), 60_000)
 
 
 def no_event(session_id: str, index: int) -> ValueError:
@@ -301,81 +259,20 @@ def fail_verdict(row: Bookkeeping, attempt: int, max_failures: int) -> FailVerdi
     return FailVerdict(result, record=False)
 
 
-class ActionTarget(Bookkeeping, Protocol):
-    """The columns an operator action's fence reads."""
-
-    @property
-    def claim_expires_at_ms(self) -> int | None: ...
+CompleteVerdict = Literal["completed", "replay", "superseded"]
 
 
-def _live_claim(expires_at_ms: int | None, now_ms: int) -> bool:
-    return expires_at_ms is not None and expires_at_ms > now_ms
-
-
-def check_action(
-    action: Literal["redrive", "skip"],
-    session_id: str,
-    index: int,
-    row: ActionTarget | None,
-    now_ms: int,
-) -> None:
-    """The fence of an operator's redrive or skip (an a2trio addition; issue
-    18), over the target's row as read in the action's transaction.
-
-    A live claim refuses both: the attempt running now decides, and an
-    expired claim is fair game (its zombie's completion is then fenced by
-    the processed row or the reset). A redrive needs a dead letter; a skip
-    needs an unprocessed event (dead or alive).
+def complete_verdict(row: Completion, attempt: int, ids: list[str]) -> CompleteVerdict:
+    """The completion verdict (store-postgres.ts ``completeAttempt``):
+    ``completed`` writes (the attempt holds the claim: see
+    :func:`holds_claim`, a lapsed but untaken claim still completes),
+    ``replay`` answers the batch this attempt committed before
+    (:func:`replayed_completion`), ``superseded`` writes nothing.
 
     Raises:
-      OperatorActionError: ``no_event``, ``claimed``, ``not_dead_lettered``,
-        ``settled``.
+      A2Error: ``PARTIAL_DUPLICATE_BATCH``, a replay with other ids.
     """
-    if row is None:
-        raise OperatorActionError("no_event", session_id, index, "does not exist")
-    if _live_claim(row.claim_expires_at_ms, now_ms) and row.claim_holder is not None:
-        raise OperatorActionError(
-            "claimed",
-            session_id,
-            index,
-            f"is claimed by {row.claim_holder!r} (attempt {row.attempt_count}) "
-            f"until {row.claim_expires_at_ms}: wait for the attempt to end or its lease to lapse",
-        )
-    if action == "redrive" and row.failed_at_ms is None:
-        raise OperatorActionError(
-            "not_dead_lettered",
-            session_id,
-            index,
-            "is not dead-lettered: only a dead letter can be redriven",
-        )
-    if action == "skip" and row.processed_at_ms is not None:
-        raise OperatorActionError(
-            "settled", session_id, index, "is already processed: nothing to skip"
-        )
-
-
-def retry_targets(
-    session_id: str, candidates: Sequence[tuple[int, int | None]], now_ms: int
-) -> list[int]:
-    """The events a retry-now records (an a2trio addition; issue 18).
-
-    Args:
-      candidates: ``(index, claim_expires_at_ms)`` of the session's
-        unprocessed, not dead-lettered, lane-ready events, by index.
-
-    Returns the indexes without a live claim (failure backoff ignored).
-
-    Raises:
-      OperatorActionError: ``claimed`` when every candidate is under a live
-        claim, ``nothing_to_retry`` when there is none.
-    """
-    targets = [index for index, expires in candidates if not _live_claim(expires, now_ms)]
-    if targets:
-        return targets
-    if candidates:
-        raise OperatorActionError(
-            "claimed", session_id, None, "has its work under live claims: its drain is running"
-        )
-    raise OperatorActionError(
-        "nothing_to_retry", session_id, None, "has no event to retry (dead letters need a redrive)"
-    )
+    if row.processed_at_ms is not None:
+        replays = replays_completion(attempt, ids, row.processed_by_attempt, row.returned_event_ids)
+        return "replay" if replays else "superseded"
+    return "completed" if holds_claim(row, attempt) else "superseded"

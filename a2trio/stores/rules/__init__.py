@@ -1,0 +1,138 @@
+"""Every seed rule of the event lifecycle, written once (h11's ``_state.py``
+is the model: everything that decides an event's fate lives here).
+
+An event row is *alive* (unprocessed, not dead-lettered), *claimable* (alive,
+first in its lane, no live claim), *due* (no failure backoff to wait out),
+*fenced* (its attempt lost the row), *failed* (waiting out a backoff) or
+*dead* (a dead letter, which still blocks its lane). The rules are pure
+functions over the bookkeeping columns of one row (:class:`Bookkeeping`,
+:class:`Dispatch`), and :data:`CASES` is their table: a named row before, a
+request, the verdict. ``tests/test_verdicts.py`` plays the table through the
+functions; ``a2trio.stores.conformance.verdicts`` plays it through each
+backend's public API, so a backend whose spelling of a rule drifts fails by
+the rule's name.
+
+Who decides where: the memory store makes every decision by calling these
+functions. The SQL and Lua backends decide inside one statement or script
+(a round trip saved per operation), each rule spelled once per language as
+a named fragment whose numbers come from the constants here
+(:data:`RETRY_FIRST_MS`, :data:`RETRY_MAX_DOUBLINGS`, :data:`RETRY_CAP_MS`),
+and apply the message-building rules (replays, fences, refusals) to what
+their statement returns.
+"""
+
+from __future__ import annotations
+
+from .actions import (
+    check_action,
+    retry_targets,
+)
+from .dispatch import (
+    RETRY_CAP_MS,
+    RETRY_FIRST_MS,
+    RETRY_MAX_DOUBLINGS,
+    RenewVerdict,
+    alive,
+    busy_until,
+    claim_free,
+    claimable,
+    drained,
+    due,
+    hands_on,
+    held,
+    next_in_lane,
+    ready_at_insert,
+    renew_verdict,
+    retry_backoff_ms,
+    sweepable,
+)
+from .fences import (
+    CompleteVerdict,
+    FailVerdict,
+    check_cause,
+    complete_verdict,
+    fail_verdict,
+    has_pending,
+    holds_claim,
+    no_event,
+    replayed_batch,
+    replayed_completion,
+    replays_completion,
+    returned_id_taken,
+    returned_ids,
+    stale_index,
+    superseded_attempt,
+    supplied_ids,
+)
+from .rows import (
+    ActionTarget,
+    Bookkeeping,
+    Claim,
+    Completion,
+    Dispatch,
+    Laned,
+    Retrying,
+)
+from .table import (
+    CASES,
+    LEASE_MS,
+    NOW,
+    STATES,
+    Case,
+    Facts,
+    Rule,
+    decide,
+)
+
+__all__ = [
+    "CASES",
+    "LEASE_MS",
+    "NOW",
+    "RETRY_CAP_MS",
+    "RETRY_FIRST_MS",
+    "RETRY_MAX_DOUBLINGS",
+    "STATES",
+    "ActionTarget",
+    "Bookkeeping",
+    "Case",
+    "Claim",
+    "CompleteVerdict",
+    "Completion",
+    "Dispatch",
+    "Facts",
+    "FailVerdict",
+    "Laned",
+    "RenewVerdict",
+    "Retrying",
+    "Rule",
+    "alive",
+    "busy_until",
+    "check_action",
+    "check_cause",
+    "claim_free",
+    "claimable",
+    "complete_verdict",
+    "decide",
+    "drained",
+    "due",
+    "fail_verdict",
+    "hands_on",
+    "has_pending",
+    "held",
+    "holds_claim",
+    "next_in_lane",
+    "no_event",
+    "ready_at_insert",
+    "renew_verdict",
+    "replayed_batch",
+    "replayed_completion",
+    "replays_completion",
+    "retry_backoff_ms",
+    "retry_targets",
+    "returned_id_taken",
+    "returned_ids",
+    "stale_index",
+    "superseded_attempt",
+    "supplied_ids",
+    "sweepable",
+]
