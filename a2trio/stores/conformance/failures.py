@@ -1,0 +1,161 @@
+""":data:`~a2trio.stores.conformance.UNREACHABLE_CHECKS`: a backend that cannot
+be reached fails every call with ``A2Error(STORE_UNAVAILABLE)``, its cause
+attached."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+
+import trio
+import trio.testing
+
+from ...errors import A2Error, ErrorCode
+from ..base import ClaimRef, ClaimRequest, OperatorActions, Store, SweepsClaimable
+from .kit import CANCEL_DELAYS_S, FEED_DEADLINE_S, ManualClock, StoreFactory, ev, new_sid, new_uid
+
+__all__ = [
+    "UNREACHABLE_DEADLINE_S",
+    "check_every_call_fails_unavailable_when_unreachable",
+]
+
+
+#: How long one call to an unreachable backend may take to fail (a refused
+#: connection fails at once; this covers a loaded machine).
+UNREACHABLE_DEADLINE_S = 20.0
+
+
+@contextmanager
+def _unavailable(what: str) -> Iterator[None]:
+    """Assert that the block raises ``A2Error(STORE_UNAVAILABLE)`` with the
+    driver's failure as ``__cause__``: never the bare driver error, nor an
+    exception group holding it."""
+    try:
+        with trio.fail_after(UNREACHABLE_DEADLINE_S):
+            yield
+    except A2Error as exc:
+        if exc.code is not ErrorCode.STORE_UNAVAILABLE:
+            raise AssertionError(f"{what}: expected STORE_UNAVAILABLE, got {exc!r}") from exc
+        if exc.__cause__ is None:
+            raise AssertionError(f"{what}: STORE_UNAVAILABLE without its cause") from exc
+    except trio.TooSlowError:
+        raise AssertionError(f"{what}: still waiting after {UNREACHABLE_DEADLINE_S} s") from None
+    except Exception as exc:
+        raise AssertionError(f"{what}: raised {exc!r}, not A2Error(STORE_UNAVAILABLE)") from exc
+    else:
+        raise AssertionError(f"{what}: worked against an unreachable backend")
+
+
+async def check_every_call_fails_unavailable_when_unreachable(
+    open_unreachable_store: StoreFactory,
+) -> None:
+    """Every public call on a store whose backend cannot be reached (the
+    factory's stores point where nothing answers) raises
+    ``A2Error(STORE_UNAVAILABLE)`` with the cause, cancelled or not: outside
+    ``async with store`` (each call on a connection of its own), then inside,
+    where the store's own tasks fail too and none of their failures escapes,
+    the block's exit and ``aclose`` included.
+
+    The factory is not the one of :data:`CHECKS`: it yields a store it has
+    not entered (see :data:`UNREACHABLE_CHECKS`).
+    """
+    async with open_unreachable_store(ManualClock()) as store:
+        await _every_call_unavailable(store)
+        async with store:
+            await _every_call_unavailable(store)
+            # Let the store's own tasks (listeners, subscribers) meet the outage.
+            await trio.testing.wait_all_tasks_blocked()
+        await store.aclose()
+
+
+async def _every_call_unavailable(store: Store) -> None:
+    """Each public call: plainly (``STORE_UNAVAILABLE``), then cancelled at
+    a few points (cancelled, or ``STORE_UNAVAILABLE``)."""
+    for what, call in _every_call(store):
+        with _unavailable(what):
+            await call()
+        for delay in CANCEL_DELAYS_S[:6]:
+            with _unavailable_or_waiting(f"{what}, cancelled after {delay} s"):
+                with trio.move_on_after(delay):
+                    await call()
+    # A feed may ride out an outage (it retries its reads), but whatever it
+    # raises, at its first read or when left, is STORE_UNAVAILABLE.
+    with _unavailable_or_waiting("stream"):
+        async with store.stream(new_sid("unreachable")) as feed:
+            with trio.move_on_after(FEED_DEADLINE_S / 5):
+                await feed.receive()
+
+
+def _every_call(store: Store) -> list[tuple[str, Callable[[], Awaitable[object]]]]:
+    """The store's public calls (its optional capabilities' included), each
+    on a new session."""
+    sid = new_sid("unreachable")
+    calls: list[tuple[str, Callable[[], Awaitable[object]]]] = [
+        ("append", lambda: store.append(sid, [ev()])),
+        ("append with a claim", lambda: store.append(sid, [ev()], claim=ClaimRequest("h", 1))),
+        ("find_event", lambda: store.find_event(sid, "e")),
+        ("read", lambda: store.read(sid)),
+        ("claim_available", lambda: store.claim_available(sid, holder="h", ttl_ms=1_000)),
+        (
+            "renew_claims",
+            lambda: store.renew_claims(sid, holder="h", claims=[ClaimRef(1, 1)], ttl_ms=1_000),
+        ),
+        (
+            "complete_attempt",
+            lambda: store.complete_attempt(sid, index=1, attempt=1, events=[ev(id=new_uid("r"))]),
+        ),
+        (
+            "fail_attempt",
+            lambda: store.fail_attempt(sid, index=1, attempt=1, error="e", max_failures=3),
+        ),
+        ("read_state", lambda: store.read_state(sid, "r")),
+        ("read_states", lambda: store.read_states([sid, new_sid("unreachable")], "r")),
+        ("put_snapshot", lambda: store.put_snapshot(sid, "r", 1, {"n": 1})),
+    ]
+    if isinstance(store, SweepsClaimable):
+        sweeps = store
+        calls.append(("claimable_sessions", lambda: sweeps.claimable_sessions("c", limit=10)))
+    if isinstance(store, OperatorActions):
+        ops = store
+        calls += [
+            ("dead_letters", lambda: ops.dead_letters("c", limit=10)),
+            ("redrive", lambda: ops.redrive(sid, 1, by="op", reason="r")),
+            ("skip", lambda: ops.skip(sid, 1, by="op", reason="r")),
+            ("retry_now", lambda: ops.retry_now(sid, by="op", reason="r")),
+            ("read_actions", lambda: ops.read_actions(sid, after_index=0, through_index=9)),
+        ]
+    presence = store.presence
+    if presence is not None:
+        calls += [
+            (
+                "presence.set",
+                lambda: presence.set(sid, "p", {"f": 1}, seen=1, at_ms=1, ttl_ms=1_000),
+            ),
+            ("presence.read", lambda: presence.read(sid)),
+        ]
+    inspection = store.inspect
+    if inspection is not None:
+        calls += [
+            ("inspect.list_sessions", lambda: inspection.list_sessions(prefix="c", limit=10)),
+            (
+                "inspect.read_events",
+                lambda: inspection.read_events(sid, after_index=0, limit=10),
+            ),
+            ("inspect.list_snapshots", lambda: inspection.list_snapshots(sid)),
+        ]
+    return calls
+
+
+@contextmanager
+def _unavailable_or_waiting(what: str) -> Iterator[None]:
+    """Like :func:`_unavailable`, but a block that ends without raising passes."""
+    try:
+        with trio.fail_after(UNREACHABLE_DEADLINE_S):
+            yield
+    except A2Error as exc:
+        if exc.code is not ErrorCode.STORE_UNAVAILABLE or exc.__cause__ is None:
+            raise AssertionError(f"{what}: expected STORE_UNAVAILABLE with a cause") from exc
+    except trio.TooSlowError:
+        raise AssertionError(f"{what}: still waiting after {UNREACHABLE_DEADLINE_S} s") from None
+    except Exception as exc:
+        raise AssertionError(f"{what}: raised {exc!r}, not A2Error(STORE_UNAVAILABLE)") from exc
