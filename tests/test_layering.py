@@ -33,7 +33,17 @@ LAYERS: list[set[str]] = [
     {"fanout", "push", "scheduler"},
     {"stores"},
     {"contract", "actor"},
-    {"identifiers", "ids", "errors", "clock", "timings", "telemetry", "tuning", "signatures"},
+    {
+        "identifiers",
+        "ids",
+        "errors",
+        "clock",
+        "timings",
+        "backoff",
+        "telemetry",
+        "tuning",
+        "signatures",
+    },
 ]
 
 

@@ -291,3 +291,16 @@ def test_the_backoff_doubles_to_its_cap() -> None:
         60_000,
         60_000,
     ]
+
+
+def test_the_sql_and_lua_shift_agrees_with_the_backoff() -> None:
+    # SQL and Lua spell the backoff as `first << min(n - 1, doublings)`, capped:
+    # the shift must reach the cap, or they would stop short of it.
+    first, doublings, cap = rules_numbers = (
+        verdicts.RETRY_FIRST_MS,
+        verdicts.RETRY_MAX_DOUBLINGS,
+        verdicts.RETRY_CAP_MS,
+    )
+    assert first << (doublings - 1) < cap <= first << doublings, rules_numbers
+    for n in range(1, 12):
+        assert verdicts.retry_backoff_ms(n) == min(first << min(n - 1, doublings), cap)

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import trio
 
+from ..backoff import Backoff
 from ..errors import store_unavailable
 from ..scheduler import SchedulerTarget, SchedulerTask, task_decoder, task_id
 from ..stores.feed import Wakeups
@@ -68,10 +69,9 @@ __all__ = ["QueueScheduler", "SchedulerStatistics", "retry_delay_s"]
 
 _encoder = msgspec.json.Encoder()
 
-#: First retry delay after a failed delivery; doubles per attempt.
-RETRY_BASE_S = 1.0
-#: Retry delays stop growing here: a poison task costs one delivery a minute.
-RETRY_CEILING_S = 60.0
+#: The waits before re-delivering a failed task: 1 s doubling to a minute, so
+#: a poison task costs one delivery a minute; no jitter (the delay is stored).
+REDELIVERY = Backoff(base_s=1.0, cap_s=60.0, jitter=0.0)
 #: How long a claimed task stays leased without renewal, like a claim ttl.
 DEFAULT_LEASE_S = 30.0
 #: Deliveries running at once per bound server; past it the worker waits.
@@ -86,7 +86,7 @@ CLEANUP_TIMEOUT_S = 10.0
 
 def retry_delay_s(attempts: int) -> float:
     """The backoff before re-delivering a task that failed ``attempts`` times."""
-    return float(min(RETRY_CEILING_S, RETRY_BASE_S * 2 ** max(0, attempts - 1)))
+    return REDELIVERY.delay(attempts)
 
 
 class SchedulerStatistics(msgspec.Struct, frozen=True):

@@ -27,13 +27,13 @@ the default: exponential, jittered, capped.
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Awaitable, Callable
 from typing import ClassVar, Final, Literal, TypeVar
 
 import msgspec
 import trio
 
+from ..backoff import Backoff
 from ..errors import A2Error, ErrorCode
 from ..telemetry import Telemetry, decode_trace_context
 
@@ -99,62 +99,6 @@ ConnectionState = Idle | Connecting | Paused | Live | Closed
 #: ``policy(session_id, error, attempt)``: seconds to wait before the next try,
 #: or ``False`` to pause.
 ReconnectPolicy = Callable[[str, A2Error | None, int], float | Literal[False]]
-
-
-class Backoff:
-    """Exponential backoff with jitter and a cap: the default reconnect policy.
-
-    The delay of ``attempt`` n is ``min(cap_s, base_s * factor ** (n - 1))``,
-    scaled by a random factor in ``[1 - jitter, 1]`` so that clients which lost
-    one server together do not come back together ("full jitter" when
-    ``jitter=1``). It never pauses; wrap it to pause on some errors::
-
-        def policy(session_id, error, attempt):
-            if error is not None and error.code is ErrorCode.FORBIDDEN:
-                return False
-            return DEFAULT_RECONNECT(session_id, error, attempt)
-
-    Args:
-      base_s: the first delay.
-      factor: the growth per attempt.
-      cap_s: the longest delay.
-      jitter: the fraction of each delay that is random, in ``[0, 1]``.
-      rng: the random source (seed one in tests).
-    """
-
-    def __init__(
-        self,
-        base_s: float = 0.5,
-        factor: float = 2.0,
-        cap_s: float = 30.0,
-        jitter: float = 0.5,
-        rng: random.Random | None = None,
-    ) -> None:
-        if base_s < 0 or cap_s < 0:
-            raise ValueError(f"`base_s` and `cap_s` must be non-negative, got {base_s}, {cap_s}")
-        if factor < 1:
-            raise ValueError(f"`factor` must be at least 1, got {factor}")
-        if not 0 <= jitter <= 1:
-            raise ValueError(f"`jitter` must be within [0, 1], got {jitter}")
-        self.base_s = base_s
-        self.factor = factor
-        self.cap_s = cap_s
-        self.jitter = jitter
-        self._rng = rng or random.Random()
-
-    def delay(self, attempt: int) -> float:
-        """The jittered delay before try ``attempt`` (1-based)."""
-        ceiling = min(self.cap_s, self.base_s * self.factor ** min(attempt - 1, 64))
-        return ceiling * (1 - self.jitter * self._rng.random())
-
-    def __call__(self, session_id: str, error: A2Error | None, attempt: int) -> float:
-        return self.delay(attempt)
-
-    def __repr__(self) -> str:
-        return (
-            f"Backoff(base_s={self.base_s}, factor={self.factor}, "
-            f"cap_s={self.cap_s}, jitter={self.jitter})"
-        )
 
 
 #: The reconnect policy of every client unless given one: 0.5 s doubling to 30 s.

@@ -28,6 +28,7 @@ from .actions import (
     retry_targets,
 )
 from .dispatch import (
+    EVENT_RETRY,
     RETRY_CAP_MS,
     RETRY_FIRST_MS,
     RETRY_MAX_DOUBLINGS,
@@ -86,6 +87,7 @@ from .table import (
 
 __all__ = [
     "CASES",
+    "EVENT_RETRY",
     "LEASE_MS",
     "NOW",
     "RETRY_CAP_MS",

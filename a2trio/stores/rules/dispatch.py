@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal, TypeVar
 
+from ...backoff import Backoff
 from .rows import Claim, Dispatch, Laned, Retrying
 
 __all__ = [
+    "EVENT_RETRY",
     "RETRY_CAP_MS",
     "RETRY_FIRST_MS",
     "RETRY_MAX_DOUBLINGS",
@@ -42,6 +44,9 @@ _R = TypeVar("_R", bound=Laned)
 RETRY_FIRST_MS = 1_000
 RETRY_MAX_DOUBLINGS = 6
 RETRY_CAP_MS = 60_000
+#: The same schedule as a :class:`~a2trio.backoff.Backoff` (no jitter: every
+#: backend computes the same instant).
+EVENT_RETRY = Backoff(base_s=RETRY_FIRST_MS / 1000, cap_s=RETRY_CAP_MS / 1000, jitter=0.0)
 
 
 def retry_backoff_ms(failure_count: int) -> int:
@@ -50,7 +55,7 @@ def retry_backoff_ms(failure_count: int) -> int:
     a watchdog) retries it sooner: claims do not wait out the backoff."""
     if failure_count <= 0:
         return 0
-    return min(RETRY_FIRST_MS << min(failure_count - 1, RETRY_MAX_DOUBLINGS), RETRY_CAP_MS)
+    return round(EVENT_RETRY.delay(failure_count) * 1000)
 
 
 def alive(row: Dispatch) -> bool:
