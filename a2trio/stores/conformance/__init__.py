@@ -59,6 +59,9 @@ and build rows):
 * ``states``: snapshots, ``read_state`` and ``read_states``;
 * ``feeds``: ``stream``;
 * ``presence``, ``inspection``, ``operator``: the optional capabilities;
+* ``verdicts``: the rule table of :mod:`a2trio.stores.rules` (``CASES``), every
+  case built and asked through the public API, so a backend's spelling of a
+  rule that drifts fails by the rule's name and its starting state;
 * ``failures``: :data:`UNREACHABLE_CHECKS`.
 
 A new check goes in its capability's module and into :data:`CHECKS` here, in
@@ -150,6 +153,11 @@ from .states import (
     check_read_states,
     check_snapshots,
 )
+from .verdicts import (
+    check_rule_table_claims_and_outcomes,
+    check_rule_table_operator_actions,
+    check_rule_table_sweep,
+)
 
 __all__ = [
     "CHECKS",
@@ -205,6 +213,9 @@ __all__ = [
     "check_read_bounds",
     "check_read_states",
     "check_renew_claims",
+    "check_rule_table_claims_and_outcomes",
+    "check_rule_table_operator_actions",
+    "check_rule_table_sweep",
     "check_snapshots",
     "check_stream_catches_up_then_follows",
     "check_stream_close_stops_the_feed",
@@ -263,6 +274,9 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_operator_skip,
     check_operator_retry_now,
     check_operator_dead_letters,
+    check_rule_table_claims_and_outcomes,
+    check_rule_table_sweep,
+    check_rule_table_operator_actions,
 ]
 """Every check, in the order of ``base.py``'s obligations."""
 
@@ -288,4 +302,6 @@ REQUIRES: dict[str, frozenset[str]] = {
     check_operator_skip.__name__: frozenset({"operator"}),
     check_operator_retry_now.__name__: frozenset({"operator"}),
     check_operator_dead_letters.__name__: frozenset({"operator"}),
+    check_rule_table_sweep.__name__: frozenset({"sweep"}),
+    check_rule_table_operator_actions.__name__: frozenset({"operator"}),
 }
