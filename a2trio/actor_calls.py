@@ -43,7 +43,7 @@ import trio
 from .actor import Actor
 from .contract import AppendInput, Event
 from .core import Appends, Engine
-from .errors import A2Error, ErrorCode, store_unavailable
+from .errors import A2Error, ErrorCode
 from .identifiers import check_message_id
 from .ids import call_event_count, call_event_id
 from .session import SessionView
@@ -195,15 +195,12 @@ class ActorCalls:
         engine = self.engine
         key = engine.key(actor_id)
         contract = self.actor.name
-        with store_unavailable("read"):
-            first = await engine.store.find_event(
-                key, call_event_id(contract, actor_id, message_id, 0, 1)
-            )
-            if first is None:
-                return None
-            after = await engine.store.read(
-                key, after_index=first.index, through_index=first.index + 1
-            )
+        first = await engine.store.find_event(
+            key, call_event_id(contract, actor_id, message_id, 0, 1)
+        )
+        if first is None:
+            return None
+        after = await engine.store.read(key, after_index=first.index, through_index=first.index + 1)
         # The second id names the batch's size (a batch commits contiguously).
         count = call_event_count(contract, actor_id, message_id, after[0].id) if after else None
         return await self.state_at(actor_id, first.index + (count or 1) - 1)
@@ -218,8 +215,7 @@ class ActorCalls:
         engine = self.engine
         reducer = self.actor.reducer
         key = engine.key(actor_id)
-        with store_unavailable("read"):
-            read = await engine.store.read_state(key, reducer.name)
+        read = await engine.store.read_state(key, reducer.name)
         state: Any = reducer.fresh()
         at = 0
         rows: list[StoredEvent] | None = read.events if read.snapshot is None else None
@@ -236,8 +232,7 @@ class ActorCalls:
             except (msgspec.ValidationError, TypeError):
                 pass  # a stale snapshot: fold the log instead
         if rows is None:
-            with store_unavailable("read"):
-                rows = await engine.store.read(key, through_index=index)
+            rows = await engine.store.read(key, through_index=index)
         for row in rows:
             if row.index > index:
                 break

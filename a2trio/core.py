@@ -404,7 +404,12 @@ class Engine:
         batch.keys[key] = batch.keys.get(key, 0) + 1
         await batch.done.wait()
         if batch.reads is None:
-            raise A2Error(ErrorCode.STORE_UNAVAILABLE, "read state failed") from batch.error
+            if batch.error is not None:
+                # The store's error as it raised it, to every caller of the
+                # batch (as a shared feed's error goes to every reader).
+                raise batch.error
+            # The read was cancelled: the server closed under it.
+            raise A2Error(ErrorCode.STORE_UNAVAILABLE, "read state failed")
         return batch.reads[key].pop()
 
     async def _read_states(self, reducer: str, batch: _StateBatch) -> None:

@@ -24,7 +24,7 @@ import trio
 from .contract import AppendInput, Event
 from .core import Engine, Source, WriteMode
 from .drain import DrainResult, DrainSignal, HandlerSlots, drain_session
-from .errors import A2Error, store_unavailable
+from .errors import A2Error
 from .handlers import HandlerSpec
 from .push import PushedEvent
 from .stores.base import (
@@ -224,8 +224,7 @@ class DrainRegistry:
             or not pending
             or not self.slots.take(pending)
         ):
-            with store_unavailable("append"):
-                result = await _write(engine.store, key, events, None, expected_index)
+            result = await _write(engine.store, key, events, None, expected_index)
             if result.has_pending and mode == "inline" and engine.run_handlers:
                 self.wake(session_id, watchdog_at_ms)
             return result
@@ -243,8 +242,7 @@ class DrainRegistry:
             signal.begin_append()
         adopted = 0
         try:
-            with store_unavailable("append"):
-                result = await _write(engine.store, key, events, claim, expected_index)
+            result = await _write(engine.store, key, events, claim, expected_index)
             if result.claimed:
                 adopted = len(result.claimed)
                 self.adopt(

@@ -45,7 +45,7 @@ from typing import Any, TypeVar, cast
 import trio
 
 from .contract import Event
-from .errors import A2Error, ErrorCode, store_unavailable
+from .errors import A2Error, ErrorCode
 from .stores.base import Store, StoredEvent
 from .stores.feed import Feed
 
@@ -247,10 +247,9 @@ class _Shared(Subscription):
                 if self._drop and self._joined:
                     raise Lapped(self._session_id, self._cursor)
                 # Behind the ring: the gap up to what the pump holds is durable.
-                with store_unavailable("read"):
-                    rows = await hub.store.read(
-                        hub.key, after_index=self._cursor, through_index=hub.first - 1
-                    )
+                rows = await hub.store.read(
+                    hub.key, after_index=self._cursor, through_index=hub.first - 1
+                )
                 self._page = [FeedEntry(hub.to_public(row)) for row in rows]
                 if rows:
                     continue

@@ -28,7 +28,7 @@ import msgspec
 
 from .contract import Event
 from .core import Engine
-from .errors import A2Error, ErrorCode, store_unavailable
+from .errors import A2Error, ErrorCode
 from .identifiers import MAX_SAFE_INTEGER, check_session_id
 from .stores.base import (
     Inspection,
@@ -272,8 +272,7 @@ class ServerInspection:
         api = self._api()
         engine = self._engine
         key_cursor = None if cursor is None else engine.key(check_session_id(cursor))
-        with store_unavailable("list sessions"):
-            page = await api.list_sessions(prefix=engine.key(""), limit=limit, cursor=key_cursor)
+        page = await api.list_sessions(prefix=engine.key(""), limit=limit, cursor=key_cursor)
         sessions = []
         for summary in page.sessions:
             session_id = engine.session_of(summary.session_id)
@@ -307,11 +306,10 @@ class ServerInspection:
         api = self._api()
         engine = self._engine
         key = engine.key(session_id)
-        with store_unavailable("read events"):
-            snapshots = await api.list_snapshots(key) if after_index == 0 else []
-            page = await api.read_events(
-                key, after_index=after_index, limit=limit, through_index=through_index
-            )
+        snapshots = await api.list_snapshots(key) if after_index == 0 else []
+        page = await api.read_events(
+            key, after_index=after_index, limit=limit, through_index=through_index
+        )
         through = page.through_index
         events = page.events
         bad = through < 0 or len(events) > limit
@@ -367,10 +365,9 @@ class ServerInspection:
         store = self._engine.store
         if not isinstance(store, OperatorActions) or through_index <= after_index:
             return {}
-        with store_unavailable("read actions"):
-            recorded = await store.read_actions(
-                key, after_index=after_index, through_index=through_index
-            )
+        recorded = await store.read_actions(
+            key, after_index=after_index, through_index=through_index
+        )
         by_index: dict[int, list[OperatorAction]] = {}
         for action in recorded:
             by_index.setdefault(action.index, []).append(self._public(action, session_id))
@@ -399,8 +396,7 @@ class ServerInspection:
             after = (self._engine.key(session_id), index)
         store = self._operator()
         engine = self._engine
-        with store_unavailable("list dead letters"):
-            rows = await store.dead_letters(engine.key(""), limit=limit + 1, after=after)
+        rows = await store.dead_letters(engine.key(""), limit=limit + 1, after=after)
         # The actions of each session's dead letters on this page, one read
         # per session (the page is ordered by session).
         spans: dict[str, tuple[int, int]] = {}
@@ -480,7 +476,7 @@ class ServerInspection:
         reason = _check_words("reason", reason, MAX_REASON_CHARS, required=required)
         store = self._operator()
         key = self._engine.key(session_id)
-        with store_unavailable(action), _public_refusal(session_id):
+        with _public_refusal(session_id):
             if action == "redrive":
                 recorded = await store.redrive(key, index, by=by, reason=reason)
             else:
@@ -510,7 +506,7 @@ class ServerInspection:
         by = _check_words("by", by, MAX_ACTOR_CHARS, required=True)
         reason = _check_words("reason", reason, MAX_REASON_CHARS, required=False)
         store = self._operator()
-        with store_unavailable("retry now"), _public_refusal(session_id):
+        with _public_refusal(session_id):
             recorded = await store.retry_now(self._engine.key(session_id), by=by, reason=reason)
         self._woken(session_id)
         return [self._public(action, session_id) for action in recorded]

@@ -33,7 +33,6 @@ import trio
 
 from .contract import Event
 from .core import Engine
-from .errors import store_unavailable
 from .identifiers import MAX_SAFE_INTEGER, check_participant
 from .push import MAX_DATE_MS, RESERVED_PARTICIPANTS, PushedPresence, PushValidation
 from .stores.base import PresenceRow, PresenceStore, StoredPresencePatch
@@ -185,15 +184,14 @@ async def store_patch(engine: Engine, session_id: str, patch: ValidatedPatch | N
     """Store a validated patch (receipt time when it carries no ``at``)."""
     if patch is None:
         return
-    with store_unavailable("presence set"):
-        await _api(engine).set(
-            engine.key(session_id),
-            patch.participant,
-            patch.values,
-            seen=patch.seen,
-            at_ms=patch.at if patch.at is not None else engine.clock.now_ms(),
-            ttl_ms=engine.presence_ttl_ms,
-        )
+    await _api(engine).set(
+        engine.key(session_id),
+        patch.participant,
+        patch.values,
+        seen=patch.seen,
+        at_ms=patch.at if patch.at is not None else engine.clock.now_ms(),
+        ttl_ms=engine.presence_ttl_ms,
+    )
 
 
 def _fold(engine: Engine, rows: list[PresenceRow]) -> PresenceMap:
@@ -208,8 +206,7 @@ def _fold(engine: Engine, rows: list[PresenceRow]) -> PresenceMap:
 async def read_presence(engine: Engine, session_id: str) -> PresenceMap:
     """The pruned presence map of a session."""
     api = _api(engine)
-    with store_unavailable("presence read"):
-        rows = await api.read(engine.key(session_id))
+    rows = await api.read(engine.key(session_id))
     return _fold(engine, rows)
 
 
@@ -286,8 +283,7 @@ class _TwoPlaneFeed(Feed["Event[Any] | PresencePatch | PresenceSnapshot"]):
         return changed
 
     async def start(self, nursery: trio.Nursery, start_after: int) -> None:
-        with store_unavailable("presence read"):
-            rows = await self._api.read(self._key)
+        rows = await self._api.read(self._key)
         for row in rows:
             self._paint((row.participant, row.field), row.value, row.seen, row.at_ms)
         self._snapshot = PresenceSnapshot(_fold(self._engine, rows))

@@ -18,7 +18,6 @@ import msgspec
 
 from .contract import AppendInput, Event, Reducer
 from .core import Appends, Engine, WriteMode
-from .errors import store_unavailable
 from .fanout import Subscription
 from .identifiers import MAX_SAFE_INTEGER
 from .ids import handler_event_id
@@ -102,12 +101,11 @@ class SessionView:
             raise ValueError(_too_long(after, lte))
         through = lte if lte is not None else after + MAX_HISTORY_EVENTS + 1
         engine = self._engine
-        with store_unavailable("read"):
-            rows = await engine.store.read(
-                engine.key(self.id),
-                after_index=None if gte is None else after,
-                through_index=through,
-            )
+        rows = await engine.store.read(
+            engine.key(self.id),
+            after_index=None if gte is None else after,
+            through_index=through,
+        )
         if len(rows) > MAX_HISTORY_EVENTS:
             raise ValueError(_too_long(after, None))
         return [engine.to_public(row) for row in rows]
@@ -138,8 +136,7 @@ class SessionView:
             except Exception:
                 # The snapshot cache is not load-bearing: fall back to the log,
                 # which still reports a real outage.
-                with store_unavailable("read"):
-                    read = StateRead(None, await store.read(key))
+                read = StateRead(None, await store.read(key))
             state = reducer.fresh()
             index = 0
             outcome = "miss"
@@ -156,8 +153,7 @@ class SessionView:
                 except (msgspec.ValidationError, TypeError):
                     outcome = "rejected"
                     state = reducer.fresh()
-                    with store_unavailable("read"):
-                        rows = await store.read(key)
+                    rows = await store.read(key)
             span.set_attribute("a2.state.snapshot", outcome)
             for row in rows:
                 state = reducer.fold(state, engine.to_public(row))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import socket
 import sqlite3
+from collections.abc import Awaitable, Callable
+from typing import NoReturn
 
 import httpx
 import pytest
@@ -18,6 +20,7 @@ import trio
 import a2trio
 from a2trio.errors import store_unavailable
 from a2trio.stores.base import AppendEvent
+from tests.apps import Note, rooms
 from tests.backends import postgres as pg_backend
 from tests.test_transport import (
     collect_client_garbage,
@@ -198,3 +201,77 @@ def test_a_group_of_one_verdict_raises_the_verdict_and_cancellations_pass() -> N
     only_cancelled = _group_in_store_call(_cancelled(), _cancelled())
     assert isinstance(only_cancelled, BaseExceptionGroup)
     assert not isinstance(only_cancelled, a2trio.A2Error)
+
+
+# -- the engine passes a store's errors on (issue 31) -------------------------
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        a2trio.A2Error(a2trio.ErrorCode.STORE_UNAVAILABLE, "the store's own words"),
+        # A store that breaks its contract: the conformance suite's to catch.
+        ConnectionError("a driver's error the store let out"),
+    ],
+    ids=["translated", "untranslated"],
+)
+async def test_the_engine_raises_a_stores_error_as_the_store_raised_it(
+    error: Exception, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each store translates its backend's failures at its one error point;
+    the engine translates none again: what a caller catches from a session,
+    presence or inspection is the store's own error object."""
+
+    async def ship(ctx: a2trio.HandlerContext[Note]) -> None:
+        pass
+
+    store = a2trio.stores.memory()
+
+    async def failing(*args: object, **kwargs: object) -> NoReturn:
+        await trio.lowlevel.checkpoint()
+        raise error
+
+    async def stream_presence() -> None:
+        async with plain.session("s").stream(presence=True):
+            pass
+
+    handled = a2trio.Server(rooms, store=store, handlers={"note": ship}, sweep=False)
+    plain = a2trio.Server(rooms, store=store, run_handlers=False, sweep=False)
+    session = plain.session("s")
+    note = rooms.event("note", Note("x"))
+    calls: dict[str, Callable[[], Awaitable[object]]] = {
+        "history": session.history,
+        "state (the snapshot read, then the log)": lambda: session.state(
+            a2trio.Reducer("count", 0, lambda n, e: n + 1)
+        ),
+        "append": lambda: session.append(note),
+        "append, claimed for the drain": lambda: handled.session("s").append(note),
+        "presence": session.presence,
+        "set_presence": lambda: session.set_presence("ann", {"typing": True}),
+        "stream with presence": stream_presence,
+        "inspect.list_sessions": plain.inspect.list_sessions,
+        "inspect.read_session_page": lambda: plain.inspect.read_session_page("s"),
+        "inspect.list_dead_letters": plain.inspect.list_dead_letters,
+        "inspect.redrive": lambda: plain.inspect.redrive("s", 1, by="op"),
+        "inspect.skip": lambda: plain.inspect.skip("s", 1, by="op", reason="r"),
+        "inspect.retry_now": lambda: plain.inspect.retry_now("s", by="op"),
+    }
+    async with handled, plain:
+        for name in (
+            "read",
+            "append",
+            "read_states",
+            "dead_letters",
+            "redrive",
+            "skip",
+            "retry_now",
+        ):
+            monkeypatch.setattr(store, name, failing)
+        for name in ("read", "set"):
+            monkeypatch.setattr(store.presence, name, failing)
+        for name in ("list_sessions", "read_events", "list_snapshots"):
+            monkeypatch.setattr(store.inspect, name, failing)
+        for what, call in calls.items():
+            with pytest.raises(type(error)) as caught:
+                await call()
+            assert caught.value is error, what

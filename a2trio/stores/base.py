@@ -32,7 +32,10 @@ Obligations every backend keeps:
   to the incoming write); expiry runs on the store's own clock.
 * Every timestamp comes from the store's injected :class:`~a2trio.Clock`.
 * Any backend failure surfaces as ``A2Error(STORE_UNAVAILABLE)`` with the
-  original as ``__cause__``.
+  original as ``__cause__``, from every async method of the store and of its
+  capabilities (presence, inspection, sweep, operator actions), translated
+  inside the store at one point (``a2trio.errors.store_unavailable``): the
+  engine passes a store's errors on untouched and translates none of them.
 
 Cancellation: every async operation is a checkpoint. A cancelled operation
 either committed entirely or not at all, and never leaves a connection
