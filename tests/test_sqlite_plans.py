@@ -1,14 +1,15 @@
 """The SQLite store's write path costs the same at any session length (issue 17).
 
 Without timing anything: each transaction body of ``a2trio/stores/sqlite/store.py``
-(append, claim, completion) runs on a raw connection to one file holding two
-sessions of the same shape, one with a short history and one with a long one,
-and SQLite's progress handler counts the virtual-machine instructions it
-executes. A statement that walks the session (``max(idx)`` beside another
-column, an ``exists`` over the whole primary-key prefix) executes a few
-instructions per row it passes, so its count grows with the history; a seek
-costs the same at both lengths. Each body runs inside ``BEGIN IMMEDIATE`` and
-is rolled back, so every operation sees the same two sessions.
+(append, claim, completion, over the statements of ``sql.py``) runs on a raw
+connection to one file holding two sessions of the same shape, one with a
+short history and one with a long one, and SQLite's progress handler counts
+the virtual-machine instructions it executes. A statement that walks the
+session (``max(idx)`` beside another column, an ``exists`` over the whole
+primary-key prefix) executes a few instructions per row it passes, so its
+count grows with the history; a seek costs the same at both lengths. Each
+body runs inside ``BEGIN IMMEDIATE`` and is rolled back, so every operation
+sees the same two sessions.
 
 ``EXPLAIN QUERY PLAN`` is checked too, but it cannot tell a seek from a walk
 (both read ``SEARCH a2_events USING PRIMARY KEY (session_id=?)``): the counts
@@ -25,23 +26,9 @@ from typing import Any, NamedTuple
 import pytest
 
 from a2trio.stores.base import AppendEvent, ClaimRequest, EventCause
-from a2trio.stores.sqlite import (
-    _CLAIM,
-    _CLAIMABLE,
-    _INSERT,
-    _NEXT_INDEX,
-    _PENDING,
-    _READ,
-    _READY_LANE,
-    _RETRY_AT,
-    _TOP_AND_PENDING,
-    _append_rows,
-    _claim_rows,
-    _complete_rows,
-    _has_pending,
-    _next_index,
-)
+from a2trio.stores.sqlite import sql
 from a2trio.stores.sqlite.schema import migrate
+from a2trio.stores.sqlite.store import _append_rows, _claim_rows, _complete_rows
 
 SHORT = "short"
 LONG = "long"
@@ -177,7 +164,7 @@ def _replay(conn: sqlite3.Connection, session_id: str) -> Any:
 
 
 def _pending(conn: sqlite3.Connection, session_id: str) -> Any:
-    return _has_pending(conn, session_id)
+    return sql.has_pending(conn, session_id)
 
 
 def _claim(conn: sqlite3.Connection, session_id: str) -> Any:
@@ -208,7 +195,7 @@ def _complete(index_in_tail: int, returned: int) -> Work:
 
 
 def _frontier(conn: sqlite3.Connection, session_id: str) -> Any:
-    return _next_index(conn, session_id)
+    return sql.next_index(conn, session_id)
 
 
 WORK: dict[str, Work] = {
@@ -266,15 +253,15 @@ class Planned(NamedTuple):
 
 
 PLANNED = {
-    "_TOP_AND_PENDING": Planned(_TOP_AND_PENDING, (LONG,), "a2_events_unprocessed"),
-    "_PENDING": Planned(_PENDING, (LONG,), "a2_events_unprocessed"),
-    "_NEXT_INDEX": Planned(_NEXT_INDEX, (LONG,), None),
-    "_CLAIMABLE": Planned(_CLAIMABLE, (LONG, NOW), "a2_events_dispatch_ready"),
-    "_CLAIM": Planned(_CLAIM, (LONG, NOW, "b", NOW + 1, "[]", 3), "a2_events_dispatch_ready"),
-    "_RETRY_AT": Planned(_RETRY_AT, (LONG, NOW), "a2_events_dispatch_ready"),
-    "_READY_LANE": Planned(_READY_LANE, (LONG, "L"), "a2_events_lane_pending"),
-    "_INSERT": Planned(
-        _INSERT,
+    "TOP_AND_PENDING": Planned(sql.TOP_AND_PENDING, (LONG,), "a2_events_unprocessed"),
+    "PENDING": Planned(sql.PENDING, (LONG,), "a2_events_unprocessed"),
+    "NEXT_INDEX": Planned(sql.NEXT_INDEX, (LONG,), None),
+    "CLAIMABLE": Planned(sql.CLAIMABLE, (LONG, NOW), "a2_events_dispatch_ready"),
+    "CLAIM": Planned(sql.CLAIM, (LONG, NOW, "b", NOW + 1, "[]", 3), "a2_events_dispatch_ready"),
+    "RETRY_AT": Planned(sql.RETRY_AT, (LONG, NOW), "a2_events_dispatch_ready"),
+    "READY_LANE": Planned(sql.READY_LANE, (LONG, "L"), "a2_events_lane_pending"),
+    "INSERT": Planned(
+        sql.INSERT,
         (LONG, 1, "ordered", "{}", "x", NOW, None, "L", None, None),
         "a2_events_lane_pending",
     ),
@@ -298,5 +285,5 @@ def test_no_write_path_statement_scans_the_events(populated: sqlite3.Connection,
 
 def test_a_bounded_read_stops_at_its_bound(populated: sqlite3.Connection) -> None:
     """``read(through_index=...)`` bounds the key range on both sides."""
-    plan = _plan(populated, _READ, (LONG, 10, 20))
+    plan = _plan(populated, sql.READ, (LONG, 10, 20))
     assert plan == ["SEARCH a2_events USING PRIMARY KEY (session_id=? AND idx>? AND idx<?)"]

@@ -94,9 +94,9 @@ async def test_an_outage_answers_503_without_hosts_ports_or_driver_text() -> Non
 def test_sqlite_classifies_its_failures_in_one_place(
     failure: Exception, code: str, message: str
 ) -> None:
-    from a2trio.stores.sqlite.store import _errors
+    from a2trio.stores.sqlite.conn import errors
 
-    with pytest.raises(a2trio.A2Error) as info, _errors("append"):
+    with pytest.raises(a2trio.A2Error) as info, errors("append"):
         raise failure
     assert (info.value.code, info.value.message) == (code, f"sqlite append failed: {message}")
     assert info.value.__cause__ is failure

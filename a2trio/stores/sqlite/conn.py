@@ -28,6 +28,11 @@ writer connection behind a ``trio.Lock`` and a few reader connections, which in
 WAL mode read a consistent snapshot without waiting for the writer. A
 ``:memory:`` database is private to its connection, so there the one
 connection serves both.
+
+Errors. :func:`errors` is the store's one translation of sqlite3 failures;
+:class:`Transactions` runs the store's transactions (its presence, inspection
+and operator planes' too) on the pool inside it, so no module translates
+again.
 """
 
 from __future__ import annotations
@@ -42,9 +47,10 @@ from typing import Final, Literal, TypeVar
 
 import trio
 
+from ...errors import store_unavailable
 from .schema import migrate
 
-__all__ = ["BEGIN_READ", "BEGIN_WRITE", "ConnectionPool", "use_wal"]
+__all__ = ["BEGIN_READ", "BEGIN_WRITE", "ConnectionPool", "Transactions", "errors", "use_wal"]
 
 T = TypeVar("T")
 
@@ -343,3 +349,38 @@ class ConnectionPool:
 
 async def _close(conn: Connection) -> None:
     await trio.to_thread.run_sync(conn.raw.close)
+
+
+def errors(what: str) -> store_unavailable:
+    """The SQLite store's one error translation (see ``store_unavailable``):
+    data SQLite refuses for what it is (``sqlite3.DataError``: a string or blob
+    over its limits) is ``INVALID_PAYLOAD``; anything else, a locked or full
+    database, an I/O error, is ``STORE_UNAVAILABLE``."""
+    return store_unavailable(f"sqlite {what}", permanent=_refused_data)
+
+
+def _refused_data(exc: Exception) -> bool:
+    return isinstance(exc, sqlite3.DataError)
+
+
+class Transactions:
+    """A store's transactions: :class:`ConnectionPool` calls inside :func:`errors`.
+
+    ``what`` names the operation in the error message (``"append"``). A closed
+    ``:memory:`` store raises ``trio.ClosedResourceError`` untranslated.
+    """
+
+    def __init__(self, pool: ConnectionPool) -> None:
+        self._pool = pool
+
+    async def write(self, what: str, work: Callable[[sqlite3.Connection], T]) -> T:
+        """:meth:`ConnectionPool.write`, its failures translated."""
+        self._pool.check_open()
+        with errors(what):
+            return await self._pool.write(work)
+
+    async def read(self, what: str, work: Callable[[sqlite3.Connection], T]) -> T:
+        """:meth:`ConnectionPool.read`, its failures translated."""
+        self._pool.check_open()
+        with errors(what):
+            return await self._pool.read(work)
