@@ -42,8 +42,9 @@ A check fails with ``AssertionError`` naming what the store got wrong.
 
 :data:`UNREACHABLE_CHECKS` take another factory, ``open_unreachable_store(clock)``,
 yielding a store (not entered) that points at a backend that cannot be
-reached (a port where nothing listens): every call raises
-``A2Error(STORE_UNAVAILABLE)`` with the cause::
+reached (a port where nothing listens): every call, every async method of
+the protocols in ``base.py`` included, raises ``A2Error(STORE_UNAVAILABLE)``
+with the cause, translated once inside the store::
 
     for check in UNREACHABLE_CHECKS:
         trio.run(check, open_my_unreachable_store)
@@ -114,6 +115,7 @@ from .completions import (
 from .failures import (
     UNREACHABLE_DEADLINE_S,
     check_every_call_fails_unavailable_when_unreachable,
+    check_every_protocol_method_fails_unavailable_translated_once,
 )
 from .feeds import (
     check_stream_catches_up_then_follows,
@@ -197,6 +199,7 @@ __all__ = [
     "check_complete_attempt_rejects_a_different_batch",
     "check_complete_attempt_replay_keeps_types",
     "check_every_call_fails_unavailable_when_unreachable",
+    "check_every_protocol_method_fails_unavailable_translated_once",
     "check_fail_attempt",
     "check_find_event",
     "check_generated_ids_come_from_the_id_source",
@@ -282,6 +285,7 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
 
 UNREACHABLE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_every_call_fails_unavailable_when_unreachable,
+    check_every_protocol_method_fails_unavailable_translated_once,
 ]
 """The checks run with another factory, ``open_unreachable_store(clock)``: it
 yields a fresh store, not entered, whose backend cannot be reached (a port

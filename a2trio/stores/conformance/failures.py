@@ -1,9 +1,12 @@
 """:data:`~a2trio.stores.conformance.UNREACHABLE_CHECKS`: a backend that cannot
 be reached fails every call with ``A2Error(STORE_UNAVAILABLE)``, its cause
-attached."""
+attached, translated inside the store at one point (the engine translates
+none again, so a store that lets a driver error out, or wraps its own
+``A2Error`` again, fails here)."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 
@@ -11,12 +14,21 @@ import trio
 import trio.testing
 
 from ...errors import A2Error, ErrorCode
-from ..base import ClaimRef, ClaimRequest, OperatorActions, Store, SweepsClaimable
+from ..base import (
+    ClaimRef,
+    ClaimRequest,
+    Inspection,
+    OperatorActions,
+    PresenceStore,
+    Store,
+    SweepsClaimable,
+)
 from .kit import CANCEL_DELAYS_S, FEED_DEADLINE_S, ManualClock, StoreFactory, ev, new_sid, new_uid
 
 __all__ = [
     "UNREACHABLE_DEADLINE_S",
     "check_every_call_fails_unavailable_when_unreachable",
+    "check_every_protocol_method_fails_unavailable_translated_once",
 ]
 
 
@@ -26,10 +38,11 @@ UNREACHABLE_DEADLINE_S = 20.0
 
 
 @contextmanager
-def _unavailable(what: str) -> Iterator[None]:
+def _unavailable(what: str, *, once: bool = False) -> Iterator[None]:
     """Assert that the block raises ``A2Error(STORE_UNAVAILABLE)`` with the
     driver's failure as ``__cause__``: never the bare driver error, nor an
-    exception group holding it."""
+    exception group holding it. With ``once``, also that it was translated
+    once (see :func:`_translated_once`)."""
     try:
         with trio.fail_after(UNREACHABLE_DEADLINE_S):
             yield
@@ -38,6 +51,8 @@ def _unavailable(what: str) -> Iterator[None]:
             raise AssertionError(f"{what}: expected STORE_UNAVAILABLE, got {exc!r}") from exc
         if exc.__cause__ is None:
             raise AssertionError(f"{what}: STORE_UNAVAILABLE without its cause") from exc
+        if once:
+            _translated_once(what, exc)
     except trio.TooSlowError:
         raise AssertionError(f"{what}: still waiting after {UNREACHABLE_DEADLINE_S} s") from None
     except Exception as exc:
@@ -68,6 +83,77 @@ async def check_every_call_fails_unavailable_when_unreachable(
         await store.aclose()
 
 
+async def check_every_protocol_method_fails_unavailable_translated_once(
+    open_unreachable_store: StoreFactory,
+) -> None:
+    """Every async method of the :class:`~a2trio.stores.base.Store` protocol
+    and of each capability the store has (:class:`PresenceStore`,
+    :class:`Inspection`, :class:`SweepsClaimable`, :class:`OperatorActions`),
+    as ``base.py`` declares them (read from the protocols, not listed here),
+    raises ``A2Error(STORE_UNAVAILABLE)`` against an unreachable backend,
+    translated once, inside the store: no other ``A2Error`` below it in the
+    ``__cause__`` chain, and a message that does not repeat the backend's
+    failure (hosts, paths and driver text stay in ``__cause__``). What the
+    engine relies on when it passes a store's errors on untouched.
+
+    ``aclose`` and the context manager are the lifecycle, which
+    :func:`check_every_call_fails_unavailable_when_unreachable` covers with
+    ``stream``. A method a protocol gains without a call here fails this
+    check by name, on every backend.
+    """
+    async with open_unreachable_store(ManualClock()) as store:
+        calls = dict(_every_call(store))
+        for protocol, prefix in _surfaces(store):
+            for name in _async_methods(protocol):
+                call = calls.get(prefix + name)
+                if call is None:
+                    raise AssertionError(
+                        f"{protocol.__name__}.{name} has no call in the conformance suite "
+                        "(a2trio/stores/conformance/failures.py, _every_call): add one"
+                    )
+                with _unavailable(prefix + name, once=True):
+                    await call()
+
+
+def _surfaces(store: Store) -> list[tuple[type, str]]:
+    """The protocols ``store`` implements, each with the prefix its calls are
+    named with in :func:`_every_call`."""
+    surfaces: list[tuple[type, str]] = [(Store, "")]
+    if isinstance(store, SweepsClaimable):
+        surfaces.append((SweepsClaimable, ""))
+    if isinstance(store, OperatorActions):
+        surfaces.append((OperatorActions, ""))
+    if store.presence is not None:
+        surfaces.append((PresenceStore, "presence."))
+    if store.inspect is not None:
+        surfaces.append((Inspection, "inspect."))
+    return surfaces
+
+
+def _async_methods(protocol: type) -> list[str]:
+    """The public async methods ``protocol`` declares, the lifecycle aside."""
+    return sorted(
+        name
+        for name, value in vars(protocol).items()
+        if inspect.iscoroutinefunction(value) and not name.startswith("_") and name != "aclose"
+    )
+
+
+def _translated_once(what: str, error: A2Error) -> None:
+    """No ``A2Error`` under ``error``, and its message without the failure's text."""
+    below = error.__cause__
+    while below is not None:
+        if isinstance(below, A2Error):
+            raise AssertionError(f"{what}: translated twice: {error!r} over {below!r}") from error
+        below = below.__cause__
+    failure = str(error.__cause__)
+    if failure and failure in error.message:
+        raise AssertionError(
+            f"{what}: the message {error.message!r} repeats the backend's failure: "
+            "it belongs in __cause__ only"
+        ) from error
+
+
 async def _every_call_unavailable(store: Store) -> None:
     """Each public call: plainly (``STORE_UNAVAILABLE``), then cancelled at
     a few points (cancelled, or ``STORE_UNAVAILABLE``)."""
@@ -88,7 +174,8 @@ async def _every_call_unavailable(store: Store) -> None:
 
 def _every_call(store: Store) -> list[tuple[str, Callable[[], Awaitable[object]]]]:
     """The store's public calls (its optional capabilities' included), each
-    on a new session."""
+    on a new session, named by method (``presence.`` and ``inspect.`` before
+    those capabilities' methods): the protocol check looks them up so."""
     sid = new_sid("unreachable")
     calls: list[tuple[str, Callable[[], Awaitable[object]]]] = [
         ("append", lambda: store.append(sid, [ev()])),
