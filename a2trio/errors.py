@@ -82,11 +82,11 @@ class A2Error(Exception):
 class store_unavailable:
     """Translate any backend failure inside the block into ``STORE_UNAVAILABLE``.
 
-    Each store's one error point (its ``_errors``): every public method of a
-    store and of its capabilities raises through it, so the engine passes a
-    store's errors on as they are and never translates them again
-    (``check_every_call_fails_unavailable_when_unreachable`` in
-    :mod:`a2trio.stores.conformance` holds each backend to it).
+    Each backend store's one error point returns one of these: every public
+    method of a store and of its capabilities raises through it, so the
+    engine passes a store's errors on as they are and never translates them
+    again (``UNREACHABLE_CHECKS`` in :mod:`a2trio.stores.conformance` hold
+    each backend to it).
 
     ``A2Error``, ``TypeError`` and ``ValueError`` pass through unchanged: they
     are verdicts (a fence, a duplicate batch) or programmer errors, not outages.
