@@ -47,13 +47,38 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import Any, Literal, Protocol, runtime_checkable
-
-import msgspec
+from typing import Any, Protocol, runtime_checkable
 
 from ..clock import Clock
-from ..errors import A2Error, ErrorCode
 from .feed import Feed
+from .records import (
+    ActionKind,
+    AppendEvent,
+    AppendResult,
+    Busy,
+    Claimed,
+    ClaimRef,
+    ClaimRequest,
+    ClaimResult,
+    CompleteResult,
+    EventCause,
+    EventPage,
+    FailResult,
+    OperatorAction,
+    OperatorActionError,
+    PresenceRow,
+    RefusalReason,
+    RenewResult,
+    SessionPage,
+    SessionSummary,
+    Settled,
+    Snapshot,
+    SnapshotInfo,
+    StateRead,
+    StoredEvent,
+    StoredPresencePatch,
+    replay,
+)
 
 __all__ = [
     "ActionKind",
@@ -90,271 +115,6 @@ __all__ = [
     "WatchesPending",
     "replay",
 ]
-
-
-class EventCause(msgspec.Struct, frozen=True):
-    """The handler attempt that appended an event: its trigger's index and attempt.
-
-    ``batch_size`` is set on handler appends whose ids were generated, so the
-    replay of a retried attempt can be checked for the same shape.
-    """
-
-    index: int
-    attempt: int
-    batch_size: int | None = None
-
-
-class AppendEvent(msgspec.Struct, frozen=True):
-    """A validated event on its way into a store.
-
-    ``payload`` is JSON builtins (what ``msgspec.to_builtins`` returns).
-    ``id`` is None when the store should generate one. ``trace_context`` is
-    the appender's trace context, opaque to the store (the telemetry's
-    encoding, see :mod:`a2trio.telemetry`): stored with the event and returned
-    with it, so a handler in another process continues the appender's trace.
-    """
-
-    type: str
-    payload: Any
-    id: str | None = None
-    cause: EventCause | None = None
-    lane: str | None = None
-    settled: bool = False
-    trace_context: str | None = None
-
-
-class StoredEvent(msgspec.Struct, frozen=True):
-    """An event row with its dispatch bookkeeping (the seed's ``StoredEvent``).
-
-    Times are epoch milliseconds from the store's clock.
-    """
-
-    id: str
-    type: str
-    payload: Any
-    index: int
-    session_id: str
-    created_at_ms: int
-    cause: EventCause | None = None
-    lane: str | None = None
-    processed_at_ms: int | None = None
-    processed_by_attempt: int | None = None
-    returned_event_ids: list[str] | None = None
-    first_claimed_at_ms: int | None = None
-    last_claimed_at_ms: int | None = None
-    attempt_count: int = 0
-    failure_count: int = 0
-    last_failed_at_ms: int | None = None
-    last_failed_attempt: int | None = None
-    last_error: str | None = None
-    failed_at_ms: int | None = None
-    claim_holder: str | None = None
-    claim_expires_at_ms: int | None = None
-    trace_context: str | None = None
-
-
-class Claimed(msgspec.Struct, frozen=True, tag="claimed"):
-    """Events claimed by this holder, in index order, ``attempt_count`` advanced."""
-
-    events: list[StoredEvent]
-
-
-class Busy(msgspec.Struct, frozen=True, tag="busy"):
-    """Nothing claimable now; live claims held elsewhere expire at ``retry_at_ms``."""
-
-    retry_at_ms: int
-
-
-class Settled(msgspec.Struct, frozen=True, tag="settled"):
-    """Nothing claimable and no live claim: the session is idle (or stalled)."""
-
-
-ClaimResult = Claimed | Busy | Settled
-
-
-class ClaimRequest(msgspec.Struct, frozen=True):
-    """Ask :meth:`Store.append` to write its events claimed.
-
-    Each event the append writes that a claim would take at once (not settled,
-    first in its lane) is stored claimed by ``holder`` until ``now + ttl_ms``,
-    at attempt 1, exactly as if :meth:`Store.claim_available` had claimed it in
-    the append's own transaction. A server then starts the handler of an event
-    it just appended with no second round trip, and the row is written once.
-    A replay or a refused append claims nothing.
-    """
-
-    holder: str
-    ttl_ms: int
-
-
-class AppendResult(msgspec.Struct, frozen=True):
-    """The appended (or replayed) rows, and whether the session has pending work.
-
-    With a :class:`ClaimRequest`: ``claimed`` holds the rows written claimed
-    (index order, also in ``events``), and ``others_claimable`` says whether the
-    session held other events a claim would take now (the caller claims those
-    the usual way).
-    """
-
-    events: list[StoredEvent]
-    has_pending: bool
-    claimed: list[StoredEvent] = msgspec.field(default_factory=list)
-    others_claimable: bool = False
-
-
-class ClaimRef(msgspec.Struct, frozen=True):
-    """A claim this holder believes it owns: (index, attempt)."""
-
-    index: int
-    attempt: int
-
-
-class RenewResult(msgspec.Struct, frozen=True):
-    """Indexes whose claims moved forward, and those a newer attempt owns."""
-
-    renewed: list[int]
-    superseded: list[int]
-
-
-class CompleteResult(msgspec.Struct, frozen=True):
-    """``completed`` with the returned events as stored, or ``superseded``.
-
-    ``drained`` is a hint that saves a drain its final "nothing left" claim:
-    True only if, as of this completion's commit, the session holds no
-    unprocessed event that is not dead-lettered (the returned events
-    included). A store may always say False; it must never say True falsely.
-    """
-
-    outcome: Literal["completed", "superseded"]
-    events: list[StoredEvent] = msgspec.field(default_factory=list)
-    drained: bool = False
-
-
-class FailResult(msgspec.Struct, frozen=True):
-    """``failed`` (retryable), ``dead_lettered`` (at the limit) or ``superseded``."""
-
-    outcome: Literal["failed", "dead_lettered", "superseded"]
-    failure_count: int
-
-
-class Snapshot(msgspec.Struct, frozen=True):
-    """A cached reducer state folded through ``index``."""
-
-    index: int
-    state: Any
-
-
-class StateRead(msgspec.Struct, frozen=True):
-    """A snapshot (if any) and the events after it, read in one consistent view."""
-
-    snapshot: Snapshot | None
-    events: list[StoredEvent]
-
-
-class PresenceRow(msgspec.Struct, frozen=True):
-    """One live (participant, field) register."""
-
-    participant: str
-    field: str
-    value: Any
-    seen: int
-    at_ms: int
-    expires_at_ms: int
-
-
-class StoredPresencePatch(msgspec.Struct, frozen=True):
-    """What a presence write changed, as delivered to subscribers.
-
-    ``values`` maps each applied field to its value, ``None`` for a clear.
-    """
-
-    participant: str
-    values: dict[str, Any]
-    seen: int
-    at_ms: int
-
-
-class SessionSummary(msgspec.Struct, frozen=True):
-    """Inspection: one session's counters."""
-
-    session_id: str
-    event_count: int
-    pending_count: int
-    failed_count: int
-    attempt_count: int
-    failure_count: int
-    first_event_at_ms: int
-    updated_at_ms: int
-
-
-class SessionPage(msgspec.Struct, frozen=True):
-    """Inspection: a page of sessions, and the cursor for the next (None at the end)."""
-
-    sessions: list[SessionSummary]
-    cursor: str | None
-
-
-class EventPage(msgspec.Struct, frozen=True):
-    """Inspection: events in ``(after_index, through_index]``, at most ``limit``."""
-
-    events: list[StoredEvent]
-    through_index: int
-
-
-class SnapshotInfo(msgspec.Struct, frozen=True):
-    """Inspection: a snapshot's reducer, index and write time."""
-
-    reducer_name: str
-    index: int
-    updated_at_ms: int
-
-
-ActionKind = Literal["redrive", "skip", "retry_now"]
-
-RefusalReason = Literal["no_event", "not_dead_lettered", "settled", "claimed", "nothing_to_retry"]
-
-
-class OperatorAction(msgspec.Struct, frozen=True):
-    """An operator's action on one event, as the store recorded it.
-
-    ``action``: ``redrive`` (a dead letter's failures reset, its lane
-    unblocked), ``skip`` (marked processed without running) or ``retry_now``
-    (its session's drain woken). ``by`` and ``reason`` are the operator's
-    words; ``at_ms`` is the store's clock when it committed.
-    """
-
-    action: ActionKind
-    session_id: str
-    index: int
-    by: str
-    reason: str
-    at_ms: int
-
-
-class OperatorActionError(ValueError):
-    """An operator action refused for its target; nothing was written.
-
-    ``reason``: ``no_event`` (the session has no such index),
-    ``not_dead_lettered`` (redrive of an event that is not a dead letter),
-    ``settled`` (skip of an event already processed), ``claimed`` (a live
-    claim holds it: wait for the attempt, or for its lease to lapse) or
-    ``nothing_to_retry`` (retry now on a session with nothing claimable).
-    The message names the target (``index`` is None for a whole session)
-    and then ``detail``.
-    """
-
-    def __init__(
-        self, reason: RefusalReason, session_id: str, index: int | None, detail: str
-    ) -> None:
-        self.reason: RefusalReason = reason
-        self.session_id = session_id
-        self.index = index
-        self.detail = detail
-        where = f"session {session_id!r}"
-        super().__init__(f"{where if index is None else f'event {index} of {where}'} {detail}")
-
-
-OperatorActionError.__module__ = "a2trio"
 
 
 @runtime_checkable
@@ -660,23 +420,3 @@ class OperatorActions(Protocol):
         """The actions recorded on events in ``(after_index, through_index]``,
         by index, then in the order they were recorded."""
         ...
-
-
-def replay(events: Sequence[AppendEvent], stored: Sequence[StoredEvent]) -> list[StoredEvent]:
-    """The stored rows of an idempotent re-append, in the batch's order.
-
-    ``stored`` holds the rows of every id in ``events`` (any order). A re-append
-    must name the same types as the original: a different type under a stored
-    id is a collision, not a replay (``PARTIAL_DUPLICATE_BATCH``).
-    """
-    by_id = {row.id: row for row in stored}
-    replayed = []
-    for event in events:
-        row = by_id[event.id or ""]
-        if row.type != event.type:
-            raise A2Error(
-                ErrorCode.PARTIAL_DUPLICATE_BATCH,
-                f"event id {row.id!r} is already stored with type {row.type!r}, not {event.type!r}",
-            )
-        replayed.append(row)
-    return replayed

@@ -1,0 +1,6 @@
+"""The in-memory store: the verified fake of the Postgres backend (``store``),
+its presence plane (``presence``)."""
+
+from .store import MemoryStore, memory
+
+__all__ = ["MemoryStore", "memory"]
