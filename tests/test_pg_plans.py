@@ -265,7 +265,7 @@ async def test_the_stores_connections_plan_generically_and_its_dsn_is_left_alone
     try:
         async with store:
             await store.append(SESSION, [AppendEvent("t", {})])
-            [[mode]] = await store._query(
+            [[mode]] = await store._db.query(
                 Statement("select current_setting('plan_cache_mode')"), ()
             )
         assert mode == "force_generic_plan"

@@ -138,7 +138,7 @@ async def test_presence_is_pushed_through_the_listen_dsn() -> None:
 
 async def _prepared_count(store: PostgresStore) -> int:
     await store.append("s", [AppendEvent("note", {})])
-    [(count,)] = await store._query(PREPARED, ())
+    [(count,)] = await store._db.query(PREPARED, ())
     return int(count)
 
 
@@ -227,9 +227,9 @@ async def test_a_transaction_mode_pooler_gets_the_schema_in_every_transaction() 
         try:
             await store.append("s", [AppendEvent("note", {})])
             assert len(await store.read("s")) == 1
-            assert await store._query(SETTINGS, ()) == [(f'"{schema}"', "force_generic_plan")]
+            assert await store._db.query(SETTINGS, ()) == [(f'"{schema}"', "force_generic_plan")]
             # After a `begin`, as in every store transaction:
-            [settings] = await store._transaction([(SETTINGS, ())], lock="s")
+            [settings] = await store._db.transaction([(SETTINGS, ())], lock="s")
         finally:
             await store.aclose()
         # No startup options (a pooler refuses them): the session is untouched.

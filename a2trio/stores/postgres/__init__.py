@@ -1,10 +1,17 @@
 """The Postgres store (the ``postgres`` extra: psycopg).
 
-``store`` is the store itself; ``conn`` the Trio-native libpq driver the
-durable scheduler shares; ``sql`` the statements; ``group`` the group commit;
-``shared`` the pools and the LISTEN connection shared per process.
+``store`` is the store itself (its theory of operation), composed of
+``database`` (its settings, its share of the pool, its statements in one
+round trip each), ``writes`` (appends, claims, renewals, completions,
+failures), ``listener`` (its side of the shared LISTEN connection),
+``presence``, ``inspection`` and ``operator`` (its operator actions);
+``codec`` decodes rows and translates the driver's failures, at one point.
+``conn`` is the Trio-native libpq driver the durable scheduler shares;
+``sql`` the statements; ``group`` the group commit; ``shared`` the pools
+and the LISTEN connection shared per process.
 """
 
-from .store import ListenerStatistics, PostgresStore, postgres
+from .listener import ListenerStatistics
+from .store import PostgresStore, postgres
 
 __all__ = ["ListenerStatistics", "PostgresStore", "postgres"]
