@@ -5,10 +5,10 @@
 round trip each), ``writes`` (appends, claims, renewals, completions,
 failures), ``listener`` (its side of the shared LISTEN connection),
 ``presence``, ``inspection`` and ``operator`` (its operator actions);
-``codec`` decodes rows and translates the driver's failures, at one point.
-``conn`` is the Trio-native libpq driver the durable scheduler shares;
-``sql`` the statements; ``group`` the group commit; ``shared`` the pools
-and the LISTEN connection shared per process.
+``codec`` encodes parameters and decodes rows. ``conn`` is the Trio-native
+libpq driver the durable scheduler shares, and the store's one translation
+of its failures; ``sql`` the statements; ``group`` the group commit;
+``shared`` the pools and the LISTEN connection shared per process.
 """
 
 from .listener import ListenerStatistics

@@ -1,11 +1,8 @@
-"""The driver's answers as the store's: rows decoded into records, and failures
-translated into :class:`~a2trio.errors.A2Error`.
+"""The store's rows: JSON parameters encoded, and rows decoded into records.
 
-Every module of the store that calls the driver reads its rows with
-:func:`stored_event` (the ``EVENT_COLUMNS`` order) and wraps the call in
-:func:`errors`, the package's one error translation, so a caller never
-translates again. The seed's jsonb shape of a cause is written and read here
-(:func:`cause_json`), so both frameworks read each other's rows.
+Every module of the store reads event rows with :func:`stored_event` (the
+``EVENT_COLUMNS`` order). The seed's jsonb shape of a cause is written and
+read here (:func:`cause_json`), so both frameworks read each other's rows.
 """
 
 from __future__ import annotations
@@ -14,30 +11,12 @@ from typing import Any
 
 import msgspec
 
-from ...errors import store_unavailable
 from ..base import EventCause, StoredEvent
-from .conn import PgError, Row
+from .conn import Row
 
-__all__ = ["cause_json", "encode", "errors", "stored_event"]
+__all__ = ["cause_json", "encode", "stored_event"]
 
 encode = msgspec.json.Encoder().encode
-
-
-#: SQLSTATE classes that refuse the data itself (22: data exception, 54: a
-#: program limit such as NOTIFY's payload): a retry fails the same way.
-_REFUSED_DATA = ("22", "54")
-
-
-def _refused_data(exc: Exception) -> bool:
-    return isinstance(exc, PgError) and exc.sqlstate.startswith(_REFUSED_DATA)
-
-
-def errors(what: str) -> store_unavailable:
-    """The Postgres store's one error translation (see ``store_unavailable``):
-    data the server refuses for what it is is ``INVALID_PAYLOAD``; anything
-    else, a lost connection, a timeout, a serialization failure, is
-    ``STORE_UNAVAILABLE``."""
-    return store_unavailable(what, permanent=_refused_data)
 
 
 def cause_json(cause: EventCause) -> dict[str, int]:

@@ -17,6 +17,12 @@ transaction open. A task cancelled while a pipeline is in flight cannot know
 what the server has done, so :meth:`PgPool.connection` closes that connection
 instead (the server rolls back whatever was not committed). An error raised by
 the server inside a transaction is rolled back before the connection is reused.
+
+Errors: a statement the server rejected raises :class:`PgError`, a connection
+that could not be made or broke :class:`PgConnectionError`. :func:`errors` is
+the store's one translation of them (and of anything else the driver raises)
+into :class:`~a2trio.errors.A2Error`: every module of the store that runs a
+statement runs it inside it.
 """
 
 from __future__ import annotations
@@ -31,7 +37,17 @@ import psycopg
 import trio
 from psycopg import pq
 
-__all__ = ["PgConnection", "PgConnectionError", "PgError", "PgPool", "Preamble", "Statement"]
+from ...errors import store_unavailable
+
+__all__ = [
+    "PgConnection",
+    "PgConnectionError",
+    "PgError",
+    "PgPool",
+    "Preamble",
+    "Statement",
+    "errors",
+]
 
 Param = str | int | bool | bytes | None | list[int] | list[str]
 Row = tuple[Any, ...]
@@ -40,6 +56,9 @@ _json_decode = msgspec.json.Decoder().decode
 # A cancel request normally takes one local round trip; never wait longer.
 _CANCEL_TIMEOUT_S = 1.0
 _names = itertools.count()
+#: SQLSTATE classes that refuse the data itself (22: data exception, 54: a
+#: program limit such as NOTIFY's payload): a retry fails the same way.
+_REFUSED_DATA = ("22", "54")
 
 
 class PgError(Exception):
@@ -52,6 +71,18 @@ class PgError(Exception):
 
 class PgConnectionError(Exception):
     """The connection could not be made or broke; it is closed."""
+
+
+def _refused_data(exc: Exception) -> bool:
+    return isinstance(exc, PgError) and exc.sqlstate.startswith(_REFUSED_DATA)
+
+
+def errors(what: str) -> store_unavailable:
+    """The Postgres store's one error translation (see ``store_unavailable``):
+    data the server refuses for what it is is ``INVALID_PAYLOAD``; anything
+    else, a lost connection, a timeout, a serialization failure, is
+    ``STORE_UNAVAILABLE``."""
+    return store_unavailable(what, permanent=_refused_data)
 
 
 class Statement:

@@ -11,7 +11,7 @@ pool at the first statement, creates the schema once per revision and pool,
 and runs a statement (:meth:`Database.query`), a transaction
 (:meth:`Database.transaction`) or a group commit's members in lock order
 (:meth:`Database.run_group`) as one pipeline. Every module of the store runs
-its statements here, under ``codec.errors``.
+its statements here, under ``conn.errors``.
 """
 
 from __future__ import annotations

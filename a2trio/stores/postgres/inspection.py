@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from ..base import EventPage, SessionPage, SessionSummary, SnapshotInfo
 from . import sql as sql
-from .codec import errors, stored_event
+from .codec import stored_event
+from .conn import errors
 from .database import Database
 
 __all__ = ["PostgresInspection"]

@@ -30,7 +30,7 @@ import trio
 from ...timings import Timings
 from ..feed import Wakeups, adaptive_poll
 from ..tasks import StoreTasks
-from .codec import errors
+from .conn import errors
 from .database import Database
 from .shared import SharedListener, listener
 

@@ -17,7 +17,8 @@ from ...errors import A2Error, ErrorCode
 from .. import rules as verdicts
 from ..base import OperatorAction, StoredEvent
 from . import sql as sql
-from .codec import errors, stored_event
+from .codec import stored_event
+from .conn import errors
 from .database import Database
 
 __all__ = ["PostgresOperator"]

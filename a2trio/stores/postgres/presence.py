@@ -15,7 +15,8 @@ import trio
 from ...clock import Clock
 from ..base import PresenceRow, StoredPresencePatch
 from . import sql as sql
-from .codec import encode, errors
+from .codec import encode
+from .conn import errors
 from .database import Database
 
 __all__ = ["PostgresPresence"]

@@ -35,7 +35,7 @@ folded several into one; ``writes`` sends them):
   session's appends (``sql.LOCK_IF_LANED``).
 
 **Errors.** Every module that runs a statement wraps it in
-``codec.errors``, the store's one translation of the driver's failures.
+``conn.errors``, the store's one translation of the driver's failures.
 
 **Cancellation.** A task cancelled while a pipeline is in flight never returns
 its connection to the pool: the pool closes it and the server rolls back what
@@ -108,8 +108,8 @@ from ..base import (
 from ..feed import Feed, FeedStatistics, Wakeups, open_pump_feed
 from ..tasks import StoreTasks
 from . import sql as sql
-from .codec import encode, errors, stored_event
-from .conn import PgPool
+from .codec import encode, stored_event
+from .conn import PgPool, errors
 from .database import Database
 from .group import GroupCommitter, GroupStatistics
 from .inspection import PostgresInspection

@@ -41,8 +41,8 @@ from ..base import (
 from ..feed import Wakeups
 from ..tasks import StoreTasks
 from . import sql as sql
-from .codec import cause_json, encode, errors, stored_event
-from .conn import Param
+from .codec import cause_json, encode, stored_event
+from .conn import Param, errors
 from .database import GROUPED, Database
 from .group import GroupCommitter, Kind
 
