@@ -5,7 +5,8 @@ a transaction: it reads, decides and writes with nothing in between, and a
 client that is cancelled or loses its connection either ran it whole or not at
 all. The scripts follow the seed's ``store-postgres.ts`` statements (as
 ``sql`` does); ``store`` turns what they return into records and
-applies ``rules`` to it.
+applies ``rules`` to it. The rules a script decides by itself are Lua
+functions of :data:`RULES`, each spelled once.
 
 Key layout (``P`` is the store's key prefix; ``S`` a session key; a
 per-session key ends in a suffix without a colon, so ``P:S:suffix`` never
@@ -48,6 +49,8 @@ print exactly.
 
 from __future__ import annotations
 
+from .. import rules
+
 __all__ = [
     "ACTION_WRITE",
     "APPEND",
@@ -66,13 +69,107 @@ __all__ = [
     "RECORD_ACTIONS",
     "RENEW",
     "RETRY_CANDIDATES",
+    "RULES",
     "SUMMARIES",
     "SWEEP",
 ]
 
-# Shared helpers, prepended to the scripts that take the session keys as
-# KEYS[1..4] = log, meta, open, head.
-_PRELUDE = r"""
+#: The seed's rules (``a2trio.stores.rules``) in Lua, one function each over
+#: an event's decoded meta (the tables the scripts already hold: no extra
+#: read), the backoff's numbers from ``rules``. Prepended to every script that
+#: decides an event's fate; no script spells a rule itself
+#: (``tests/test_redis_rules.py``). ``ready`` is the event's lane readiness,
+#: which the scripts compute from the open set's order (``lane_ready``)
+#: rather than store.
+RULES = (
+    "local RETRY_FIRST_MS, RETRY_MAX_DOUBLINGS, RETRY_CAP_MS = "
+    f"{rules.RETRY_FIRST_MS}, {rules.RETRY_MAX_DOUBLINGS}, {rules.RETRY_CAP_MS}\n"
+    + r"""
+-- rules.alive
+local function alive(m)
+  return not m.p and not m.d
+end
+
+-- rules.claim_free: a claim expiring exactly now is free
+local function claim_free(m, now)
+  return not m.x or m.x <= now
+end
+
+-- rules.claimable
+local function claimable(m, ready, now)
+  return alive(m) and ready and claim_free(m, now)
+end
+
+-- rules.held
+local function held(m, ready, now)
+  return alive(m) and ready and not claim_free(m, now)
+end
+
+-- rules.busy_until, one event at a time: the earliest live claim's expiry so far
+local function busy_until(earliest, m, ready, now)
+  if held(m, ready, now) and (not earliest or m.x < earliest) then return m.x end
+  return earliest
+end
+
+-- rules.retry_backoff_ms
+local function retry_backoff_ms(f)
+  if f <= 0 then return 0 end
+  return math.min(RETRY_FIRST_MS * 2 ^ math.min(f - 1, RETRY_MAX_DOUBLINGS), RETRY_CAP_MS)
+end
+
+-- rules.due: a backoff passing exactly now is due
+local function due(m, now)
+  local f = m.f or 0
+  return f == 0 or (m.lf or 0) + retry_backoff_ms(f) <= now
+end
+
+-- rules.sweepable
+local function sweepable(m, ready, now)
+  return claimable(m, ready, now) and due(m, now)
+end
+
+-- rules.next_in_lane and rules.ready_at_insert: an open event heads its lane
+-- when no open event before it (dead or alive) has its lane; seen, the set of
+-- those lanes, takes its lane.
+local function lane_ready(seen, m)
+  if not m.l then return true end
+  if seen[m.l] then return false end
+  seen[m.l] = true
+  return true
+end
+
+-- rules.check_cause: the cause's attempt is its parent's latest, the parent not dead
+local function cause_current(m, attempt)
+  return (m.a or 0) == attempt and not m.d
+end
+
+-- rules.holds_claim
+local function holds_claim(m, attempt)
+  return alive(m) and m.a == attempt and m.h ~= nil
+end
+
+-- rules.renew_verdict
+local function renew_verdict(m, attempt, holder, now)
+  local count = m.a or 0
+  if count == attempt and alive(m) and m.h == holder and not claim_free(m, now) then
+    return 'renewed'
+  end
+  if count > attempt then return 'superseded' end
+  return 'lost'
+end
+
+-- rules.drained: of the open events, only dead letters are left
+local function drained(open, dead)
+  return open == dead
+end
+"""
+)
+
+# Shared helpers, prepended (after the rules) to the scripts that take the
+# session keys as KEYS[1..4] = log, meta, open, head.
+_PRELUDE = (
+    RULES
+    + r"""
 local LOG, META, OPEN, HEAD = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 
 local function frontier()
@@ -96,23 +193,18 @@ local function hmget(key, fields)
   return out
 end
 
--- The open events in index order: {index, meta, lane_ready}. The oldest open
--- event of a lane (dead or alive) is its ready one.
+-- The open events in index order, {index, meta, lane_ready}, and the set of
+-- their lanes.
 local function open_rows()
-  local out = {}
+  local out, seen = {}, {}
   local idxs = redis.call('ZRANGE', OPEN, 0, -1)
-  if #idxs == 0 then return out end
+  if #idxs == 0 then return out, seen end
   local raws = hmget(META, idxs)
-  local seen = {}
   for i, idx in ipairs(idxs) do
     local m = cjson.decode(raws[i])
-    local ready = true
-    if m.l then
-      if seen[m.l] then ready = false else seen[m.l] = true end
-    end
-    out[#out + 1] = {tonumber(idx), m, ready}
+    out[#out + 1] = {tonumber(idx), m, lane_ready(seen, m)}
   end
-  return out
+  return out, seen
 end
 
 -- A stored id's location "<index>:<session>", split.
@@ -181,6 +273,7 @@ local function wake(watched, channel, message, pending_watched, pending_channel,
   end
 end
 """
+)
 
 #: store-postgres.ts ``append``. KEYS: log, meta, open, head, ids, sessions,
 #: watched, pending-watched, open-sessions. ARGV: session, now, origin, holder ('' for
@@ -204,11 +297,10 @@ if n == 0 then return {'pending', pending} end
 
 local function others()
   if holder == '' then return 0, nil end
-  local found, lanes = 0, {}
-  for _, r in ipairs(open_rows()) do
-    local mm = r[2]
-    if mm.l then lanes[mm.l] = true end
-    if not mm.d and r[3] and (not mm.x or mm.x <= now) then found = 1 end
+  local found = 0
+  local rows, lanes = open_rows()
+  for _, r in ipairs(rows) do
+    if claimable(r[2], r[3], now) then found = 1 end
   end
   return found, lanes
 end
@@ -232,7 +324,7 @@ for k = 0, n - 1 do
     if cidx < 1 or cidx > front then return {'missing', cidx} end
     local raw = redis.call('HGET', META, cidx)
     local pm = raw and cjson.decode(raw) or {}
-    if (pm.a or 0) ~= tonumber(ARGV[b + 5]) or pm.d then return {'superseded', k + 1} end
+    if not cause_current(pm, tonumber(ARGV[b + 5])) then return {'superseded', k + 1} end
   end
 end
 if ARGV[10] ~= '' and tonumber(ARGV[10]) ~= front then return {'stale', front} end
@@ -249,9 +341,7 @@ for k = 0, n - 1 do
     unsettled = true
     if lanes then
       -- Claimed as it is written: a claim in the same transaction.
-      local ready = (mm.l == nil) or not lanes[mm.l]
-      if mm.l then lanes[mm.l] = true end
-      if ready then
+      if lane_ready(lanes, mm) then
         mm.a, mm.fc, mm.lc, mm.h, mm.x = 1, now, now, holder, tonumber(ARGV[5])
         claimed[#claimed + 1] = idx
       end
@@ -359,26 +449,23 @@ local limit = tonumber(ARGV[4])
 local excluded = {}
 for i = 5, #ARGV do excluded[tonumber(ARGV[i])] = true end
 local out = {'claimed'}
-local held = nil
+local busy = nil
 for _, r in ipairs(open_rows()) do
-  local idx, m = r[1], r[2]
-  if not m.d and r[3] then
-    local live = m.x and m.x > now
-    if live and (not held or m.x < held) then held = m.x end
-    if not live and not excluded[idx] and (limit < 0 or (#out - 1) / 3 < limit) then
-      m.a = (m.a or 0) + 1
-      if not m.fc then m.fc = now end
-      m.lc, m.h, m.x = now, holder, expires
-      local raw = cjson.encode(m)
-      redis.call('HSET', META, idx, raw)
-      out[#out + 1] = idx
-      out[#out + 1] = entry_of(LOG, idx)
-      out[#out + 1] = raw
-    end
+  local idx, m, ready = r[1], r[2], r[3]
+  busy = busy_until(busy, m, ready, now)
+  if claimable(m, ready, now) and not excluded[idx] and (limit < 0 or (#out - 1) / 3 < limit) then
+    m.a = (m.a or 0) + 1
+    if not m.fc then m.fc = now end
+    m.lc, m.h, m.x = now, holder, expires
+    local raw = cjson.encode(m)
+    redis.call('HSET', META, idx, raw)
+    out[#out + 1] = idx
+    out[#out + 1] = entry_of(LOG, idx)
+    out[#out + 1] = raw
   end
 end
 if #out > 1 then return out end
-if held then return {'busy', held} end
+if busy then return {'busy', busy} end
 return {'settled'}
 """
 )
@@ -397,12 +484,12 @@ for i = 4, #ARGV, 2 do
   if idx >= 1 and idx <= front then
     local raw = redis.call('HGET', META, idx)
     local m = raw and cjson.decode(raw) or {p = 0}
-    local count = m.a or 0
-    if count == attempt and not m.p and not m.d and m.h == holder and m.x and m.x > now then
+    local verdict = renew_verdict(m, attempt, holder, now)
+    if verdict == 'renewed' then
       m.x = expires
       redis.call('HSET', META, idx, cjson.encode(m))
       renewed[#renewed + 1] = idx
-    elseif count > attempt then
+    elseif verdict == 'superseded' then
       superseded[#superseded + 1] = idx
     end
   end
@@ -436,8 +523,7 @@ if m.p then
   local out = {'replay', m.pb or false, m.r or false}
   return stored_rows(KEYS[5], sid, ids, out)
 end
--- rules.holds_claim
-if m.a ~= attempt or m.d or not m.h then return {'superseded'} end
+if not holds_claim(m, attempt) then return {'superseded'} end
 for _, id in ipairs(ids) do
   if redis.call('HEXISTS', KEYS[5], id) == 1 then return {'duplicate'} end
 end
@@ -458,8 +544,7 @@ index_open(KEYS[9], sid)
 advance_head(sid, KEYS[6], front, n, ARGV[4])
 if n > 0 then wake(KEYS[7], ARGV[7], ARGV[5], KEYS[8], ARGV[8], sid, unsettled) end
 local dead = tonumber(redis.call('HGET', HEAD, 'dead') or '0')
-local drained = redis.call('ZCARD', OPEN) == dead and 1 or 0
-return {'ok', front, drained}
+return {'ok', front, drained(redis.call('ZCARD', OPEN), dead) and 1 or 0}
 """
 )
 
@@ -568,10 +653,11 @@ return out
 """
 
 #: ``claimable_sessions``: for each session, whether a claim would take an
-#: event now (unprocessed, alive, lane-ready, claim free or expired, past its
-#: failure backoff, ``rules.retry_backoff_ms``). KEYS: (open, meta) per
-#: session. ARGV: now. Returns 0/1 per session.
-SWEEP = r"""
+#: event now (``rules.sweepable``). KEYS: (open, meta) per session. ARGV:
+#: now. Returns 0/1 per session.
+SWEEP = (
+    RULES
+    + r"""
 local now = tonumber(ARGV[1])
 local out = {}
 for s = 0, #KEYS / 2 - 1 do
@@ -584,16 +670,9 @@ for s = 0, #KEYS / 2 - 1 do
     local raws = redis.call('HMGET', KEYS[s * 2 + 2], unpack(slice))
     for j = 1, #raws do
       local m = cjson.decode(raws[j])
-      local ready = true
-      if m.l then
-        if seen[m.l] then ready = false else seen[m.l] = true end
-      end
-      if ready and not m.d and (not m.x or m.x <= now) then
-        local f = m.f or 0
-        if f == 0 or (m.lf or 0) + math.min(1000 * 2 ^ math.min(f - 1, 6), 60000) <= now then
-          found = 1
-          break
-        end
+      if sweepable(m, lane_ready(seen, m), now) then
+        found = 1
+        break
       end
     end
     if found == 1 then break end
@@ -602,6 +681,7 @@ for s = 0, #KEYS / 2 - 1 do
 end
 return out
 """
+)
 
 
 # Operator actions (an a2trio addition; issue 18). The verdict is
@@ -664,7 +744,7 @@ RETRY_CANDIDATES = (
     + r"""
 local out = {}
 for _, row in ipairs(open_rows()) do
-  if row[3] and not row[2].d then
+  if alive(row[2]) and row[3] then
     out[#out + 1] = row[1]
     out[#out + 1] = row[2].x or false
   end
