@@ -113,11 +113,9 @@ def test_the_rules_are_in_the_deciding_scripts() -> None:
 
 
 def _scripts_with(monkeypatch: pytest.MonkeyPatch, **numbers: int) -> ModuleType:
-    """``scripts`` built afresh with other backoff numbers in ``rules`` (and
-    in the module its Python functions read them from)."""
+    """``scripts`` built afresh with other backoff numbers in ``rules``."""
     for name, value in numbers.items():
         monkeypatch.setattr(rules, name, value)
-        monkeypatch.setattr(rules.dispatch, name, value)
     spec = importlib.util.spec_from_file_location(
         "a2trio.stores.redis.scripts_probe", scripts.__file__
     )
@@ -251,11 +249,32 @@ LANES = ["a", "", "a", "b", "", "b", "a", "c", "c"]
 DRAINS = [[], [True], [False], [True, True], [True, False]]
 
 
-async def _probe(rules_text: str) -> list[Any]:
-    """Run ``rules_text`` + ``_PROBE`` over every row, instant, readiness,
-    attempt and holder, and check each answer against ``rules``. Returns the
-    Lua backoffs (of -1 to 12 failures), LANES' readiness and DRAINS'
-    verdicts."""
+async def _probe(rules_text: str, cases: list[dict[str, Any]]) -> list[Any]:
+    """``_PROBE`` after ``rules_text``: the answers to ``cases``, the
+    backoffs of -1 to 12 failures, LANES' readiness and DRAINS' verdicts."""
+    await reachable()
+    async with coredis.Redis.from_url(REDIS_URL, retry_policy=NoRetryPolicy()) as client:
+        drains = [[len(d), sum(d)] for d in DRAINS]
+        args = [msgspec.json.encode(cases), msgspec.json.encode(LANES), msgspec.json.encode(drains)]
+        reply = await client.eval(rules_text + _PROBE, [], args)
+    assert isinstance(reply, bytes)
+    return msgspec.json.decode(reply, type=list[Any])
+
+
+def _lanes_by_rules() -> list[bool]:
+    """Lane readiness of LANES' events by ``rules``: the first half open
+    rows in index order (``next_in_lane``), the rest inserted after them
+    (``ready_at_insert``)."""
+    rows = [rules.Facts(lane=lane or None) for lane in LANES]
+    half = len(rows) // 2
+    ready = [r.lane is None or rules.next_in_lane(r.lane, rows[:half]) is r for r in rows[:half]]
+    for i in range(half, len(rows)):
+        ready.append(rules.ready_at_insert(rows[i].lane, [r.lane for r in rows[:i]]))
+    return ready
+
+
+async def test_the_lua_rules_decide_as_rules() -> None:
+    """Every row, instant, readiness, attempt and holder, by Lua and by rules."""
     cases: list[dict[str, Any]] = []
     expected: list[list[Any]] = []
     for row, instants in _rows():
@@ -273,33 +292,10 @@ async def _probe(rules_text: str) -> list[Any]:
                             }
                         )
                         expected.append(_expected(row, now, ready, attempt, holder))
-    await reachable()
-    async with coredis.Redis.from_url(REDIS_URL, retry_policy=NoRetryPolicy()) as client:
-        drains = [[len(d), sum(d)] for d in DRAINS]
-        args = [msgspec.json.encode(cases), msgspec.json.encode(LANES), msgspec.json.encode(drains)]
-        reply = await client.eval(rules_text + _PROBE, [], args)
-    assert isinstance(reply, bytes)
-    got = msgspec.json.decode(reply, type=list[Any])
-    assert len(got[0]) == len(expected)
-    for case, want, have in zip(cases, expected, got[0], strict=True):
+    answers, backoffs, lanes, drains = await _probe(scripts.RULES, cases)
+    assert len(answers) == len(expected)
+    for case, want, have in zip(cases, expected, answers, strict=True):
         assert dict(zip(DECIDED, have, strict=True)) == dict(zip(DECIDED, want, strict=True)), case
-    return got[1:]
-
-
-def _lanes_by_rules() -> list[bool]:
-    """Lane readiness of LANES' events by ``rules``: the first half open
-    rows in index order (``next_in_lane``), the rest inserted after them
-    (``ready_at_insert``)."""
-    rows = [rules.Facts(lane=lane or None) for lane in LANES]
-    half = len(rows) // 2
-    ready = [r.lane is None or rules.next_in_lane(r.lane, rows[:half]) is r for r in rows[:half]]
-    for i in range(half, len(rows)):
-        ready.append(rules.ready_at_insert(rows[i].lane, [r.lane for r in rows[:i]]))
-    return ready
-
-
-async def test_the_lua_rules_decide_as_rules() -> None:
-    backoffs, lanes, drains = await _probe(scripts.RULES)
     assert backoffs == [rules.retry_backoff_ms(f) for f in range(-1, 13)]
     assert lanes == _lanes_by_rules()
     assert drains == [
@@ -307,8 +303,20 @@ async def test_the_lua_rules_decide_as_rules() -> None:
     ]
 
 
-async def test_the_lua_backoff_follows_other_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
-    probe = _scripts_with(monkeypatch, RETRY_FIRST_MS=7, RETRY_MAX_DOUBLINGS=3, RETRY_CAP_MS=50)
-    backoffs, _, _ = await _probe(probe.RULES)
-    assert backoffs == [rules.retry_backoff_ms(f) for f in range(-1, 13)]
-    assert backoffs[2:7] == [7, 14, 28, 50, 50]
+@pytest.mark.parametrize(
+    ("first", "doublings", "cap", "backoffs"),
+    [
+        # The cap binds before the doublings run out.
+        (7, 3, 50, [0, 0, 7, 14, 28, 50] + [50] * 8),
+        # The doublings run out before the cap binds.
+        (7, 2, 1000, [0, 0, 7, 14, 28] + [28] * 9),
+    ],
+)
+async def test_the_lua_backoff_follows_other_numbers(
+    monkeypatch: pytest.MonkeyPatch, first: int, doublings: int, cap: int, backoffs: list[int]
+) -> None:
+    probe = _scripts_with(
+        monkeypatch, RETRY_FIRST_MS=first, RETRY_MAX_DOUBLINGS=doublings, RETRY_CAP_MS=cap
+    )
+    _, got, _, _ = await _probe(probe.RULES, [])
+    assert got == backoffs
