@@ -12,6 +12,11 @@ transaction, these fold the work into one statement (CTEs) so a store
 transaction is one pipelined round trip. Each statement names the seed
 function it ports.
 
+Each rule of ``a2trio.stores.rules`` that a statement decides by is one
+fragment here (``claim_free``, ``claimable``, ``due``, ``holds_claim``, ...),
+spelled once and its numbers read from ``rules``; every statement that needs
+the rule interpolates it (``tests/test_pg_rules.py`` holds them to that).
+
 Parameters are sent as text and cast in SQL (``$1::text``), so the statements
 carry their own types. Timestamps are always parameters from the store's
 clock, never ``now()``.
@@ -19,9 +24,31 @@ clock, never ``now()``.
 
 from __future__ import annotations
 
+from .. import rules
 from .conn import Statement
 
-__all__ = ["EVENT_COLUMNS", "SCHEMA_LOCK_KEY", "schema_sql"]
+__all__ = [
+    "EVENT_COLUMNS",
+    "SCHEMA_LOCK_KEY",
+    "alive",
+    "cause_fenced",
+    "claim_free",
+    "claim_live",
+    "claimable",
+    "dispatch_ready",
+    "drained",
+    "due",
+    "hands_on",
+    "has_pending",
+    "held",
+    "holds_claim",
+    "next_in_lane",
+    "ready_at_insert",
+    "renews",
+    "retry_backoff_ms",
+    "schema_sql",
+    "sweepable",
+]
 
 #: The key of the transaction-scoped advisory lock every process takes before
 #: DDL: the seed's expression verbatim (``initializeSchema`` in
@@ -215,6 +242,125 @@ def _among(column: str, indexes: str) -> str:
     )
 
 
+# The rules of `a2trio.stores.rules`, one SQL fragment each: every statement
+# below that decides by a rule spells it through its fragment, so each rule's
+# SQL is written once and its numbers are `rules`' own. `row` is a table
+# alias; the other arguments are SQL expressions (parameters, columns). The
+# clauses keep the form the partial indexes are proven usable by (the planner
+# matches an index predicate clause by clause): `dispatch_ready` is
+# `a2_events_claim_expiry`'s predicate, and the lane rules read
+# `a2_events_lane_pending`'s `processed_at is null`.
+
+
+# rules.alive
+def alive(row: str) -> str:
+    return f"{row}.processed_at is null and {row}.failed_at is null"
+
+
+# rules.claim_free
+def claim_free(row: str, now: str) -> str:
+    return f"({row}.claim_expires_at is null or {row}.claim_expires_at <= {now})"
+
+
+# not rules.claim_free: a live claim (a null expiry compares as not true).
+def claim_live(row: str, now: str) -> str:
+    return f"{row}.claim_expires_at > {now}"
+
+
+# rules.claimable and rules.held, their common part: alive and first in its lane.
+def dispatch_ready(row: str) -> str:
+    return f"{row}.lane_ready and {alive(row)}"
+
+
+# rules.claimable
+def claimable(row: str, now: str) -> str:
+    return f"{dispatch_ready(row)} and {claim_free(row, now)}"
+
+
+# rules.held
+def held(row: str, now: str) -> str:
+    return f"{dispatch_ready(row)} and {claim_live(row, now)}"
+
+
+# rules.retry_backoff_ms, for a positive `failures`.
+def retry_backoff_ms(failures: str) -> str:
+    first, doublings, cap = rules.RETRY_FIRST_MS, rules.RETRY_MAX_DOUBLINGS, rules.RETRY_CAP_MS
+    return f"least({first} << least({failures} - 1, {doublings}), {cap})"
+
+
+# rules.due
+def due(row: str, now: str) -> str:
+    backoff = retry_backoff_ms(f"{row}.failure_count")
+    return f"({row}.failure_count = 0 or {row}.last_failed_at + {backoff} <= {now})"
+
+
+# rules.sweepable
+def sweepable(row: str, now: str) -> str:
+    return f"{claimable(row, now)} and {due(row, now)}"
+
+
+# rules.holds_claim
+def holds_claim(row: str, attempt: str) -> str:
+    return f"{alive(row)} and {row}.attempt_count = {attempt} and {row}.claim_holder is not null"
+
+
+# rules.renew_verdict, its `renewed`.
+def renews(row: str, attempt: str, holder: str, now: str) -> str:
+    return (
+        f"{row}.attempt_count = {attempt} and {alive(row)}"
+        f" and {row}.claim_holder = {holder} and {claim_live(row, now)}"
+    )
+
+
+# rules.check_cause, its SUPERSEDED_ATTEMPT: `parent` is not the cause's attempt's.
+def cause_fenced(parent: str, attempt: str) -> str:
+    return f"({parent}.attempt_count <> {attempt} or {parent}.failed_at is not null)"
+
+
+# The `had_pending` of rules.has_pending: the session has an unprocessed row.
+def has_pending(session: str) -> str:
+    return f"exists(select 1 from a2_events where session_id = {session} and processed_at is null)"
+
+
+# rules.hands_on
+def hands_on(row: str) -> str:
+    return f"{row}.lane is not null and {row}.lane_ready"
+
+
+# The stored rows lane readiness and the hand-off look at: unprocessed rows of
+# `lane` (dead letters too: they block it) but those being settled (`unsettled`
+# is `l.idx`'s test, e.g. `<> $2::bigint`; None: none is).
+def _open_in_lane(session: str, lane: str, unsettled: str | None) -> str:
+    rows = f"l.session_id = {session} and l.lane = {lane} and l.processed_at is null"
+    return rows if unsettled is None else f"{rows} and l.idx {unsettled}"
+
+
+# rules.ready_at_insert, for the row `new` of the CTE `batch`: its open lanes
+# are the stored rows' and the batch's earlier unsettled rows'.
+def ready_at_insert(new: str, session: str, unsettled: str | None = None) -> str:
+    stored = _open_in_lane(session, f"{new}.lane", unsettled)
+    return (
+        f"({new}.lane is null or ("
+        f"not exists (select 1 from a2_events l where {stored})"
+        f" and not exists (select 1 from batch e"
+        f" where e.lane = {new}.lane and e.ord < {new}.ord and not e.settled)))"
+    )
+
+
+# rules.next_in_lane: the index of `lane`'s next head (`unsettled` as above).
+def next_in_lane(session: str, lane: str, unsettled: str) -> str:
+    return f"(select min(l.idx) from a2_events l where {_open_in_lane(session, lane, unsettled)})"
+
+
+# rules.drained: no stored row of the session is alive but those being settled
+# (`unsettled` is `o.idx`'s test).
+def drained(session: str, unsettled: str) -> str:
+    return (
+        f"not exists (select 1 from a2_events o"
+        f" where o.session_id = {session} and {alive('o')} and o.idx {unsettled})"
+    )
+
+
 BEGIN = Statement("begin")
 COMMIT = Statement("commit")
 # The seed's per-session append lock: `hashtext` keeps it interoperable. Every
@@ -224,9 +370,7 @@ LOCK = Statement(
     "select pg_advisory_xact_lock(hashtext($1::text)), set_config('a2.origin', $2::text, true)"
 )
 
-HAS_PENDING = Statement(
-    "select exists(select 1 from a2_events where session_id = $1::text and processed_at is null)"
-)
+HAS_PENDING = Statement(f"select {has_pending('$1::text')}")
 
 
 def _append_sql(*, checked: bool) -> str:
@@ -240,14 +384,11 @@ def _append_sql(*, checked: bool) -> str:
     """
     now, holder, expiry = ("$5", "$6", "$7") if checked else ("$3", "$4", "$5")
     state = f"""
-    exists(select 1 from a2_events
-            where session_id = $1::text and processed_at is null) as had_pending,
+    {has_pending("$1::text")} as had_pending,
     (select coalesce(max(idx), 0) from a2_events where session_id = $1::text) as base,
     {holder}::text is not null and exists(
       select 1 from a2_events o
-       where o.session_id = $1::text and o.lane_ready
-         and o.processed_at is null and o.failed_at is null
-         and (o.claim_expires_at is null or o.claim_expires_at <= {now}::bigint))
+       where o.session_id = $1::text and {claimable("o", f"{now}::bigint")})
       as others_claimable"""
     if checked:
         head = f"""
@@ -268,7 +409,7 @@ verdict as (
         select 1 from parents p where p.idx = (b.cause->>'index')::bigint)) as missing_parent,
     (select min((b.cause->>'index')::bigint) from batch b
        join parents p on p.idx = (b.cause->>'index')::bigint
-      where p.attempt_count <> (b.cause->>'attempt')::int or p.failed_at is not null)
+      where {cause_fenced("p", "(b.cause->>'attempt')::int")})
       as superseded,{state}
 ),"""
         clean = (
@@ -306,14 +447,7 @@ ready as materialized (
   select b.*, v.base + b.ord as idx, x.lane_ready,
          {holder}::text is not null and x.lane_ready and not b.settled as claim
     from batch b, verdict v,
-         lateral (
-           select b.lane is null or (
-             not exists (select 1 from a2_events l
-                          where l.session_id = $1::text and l.lane = b.lane
-                            and l.processed_at is null)
-             and not exists (select 1 from batch e
-                              where e.lane = b.lane and e.ord < b.ord and not e.settled))
-             as lane_ready) x{clean}
+         lateral (select {ready_at_insert("b", "$1::text")} as lane_ready) x{clean}
 ),
 inserted as (
   insert into a2_events
@@ -377,16 +511,13 @@ FIND_EVENT = Statement(
 # the cost is the pending work, never the history. `starts_with` rather than a
 # key range: under a linguistic collation a range of keys holding U+001F is not
 # the set of keys with the prefix. A failed row waits out
-# `rules.retry_backoff_ms`, spelled here in SQL.
+# `rules.retry_backoff_ms` (`due`).
 #   $1 key prefix, $2 now, $3 limit
 CLAIMABLE_SESSIONS = Statement(
-    """
-select distinct session_id from a2_events
- where lane_ready and processed_at is null and failed_at is null
+    f"""
+select distinct session_id from a2_events e
+ where {sweepable("e", "$2::bigint")}
    and starts_with(session_id, $1::text)
-   and (claim_expires_at is null or claim_expires_at <= $2::bigint)
-   and (failure_count = 0
-        or last_failed_at + least(1000 << least(failure_count - 1, 6), 60000) <= $2::bigint)
  order by session_id limit $3::bigint"""
 )
 
@@ -400,10 +531,7 @@ CLAIM = Statement(
 with eligible as materialized (
   select event.ctid as tid, event.idx from a2_events event
    where event.session_id = $1::text
-     and event.processed_at is null
-     and event.failed_at is null
-     and event.lane_ready
-     and (event.claim_expires_at is null or event.claim_expires_at <= $2::bigint)
+     and {claimable("event", "$2::bigint")}
      and not (event.idx = any($5::bigint[]))
    order by event.idx
    limit $6::bigint
@@ -423,12 +551,8 @@ claimed as (
   returning claimed.*
 ),
 busy as (
-  select min(claim_expires_at) as retry_at from a2_events
-   where session_id = $1::text
-     and processed_at is null
-     and failed_at is null
-     and lane_ready
-     and claim_expires_at > $2::bigint
+  select min(claim_expires_at) as retry_at from a2_events e
+   where session_id = $1::text and {held("e", "$2::bigint")}
 )
 select busy.retry_at, {_cols("claimed")},
        -- Locked but not claimed: updated by another transaction after this
@@ -452,11 +576,7 @@ renewed as (
    where event.session_id = $2::text
      and event.idx = listed.idx
      and {_among("event.idx", "$3::bigint[]")}
-     and event.attempt_count = listed.attempt
-     and event.processed_at is null
-     and event.failed_at is null
-     and event.claim_holder = $4::text
-     and event.claim_expires_at > $5::bigint
+     and {renews("event", "listed.attempt", "$4::text", "$5::bigint")}
   returning event.idx
 )
 select event.idx, event.attempt_count,
@@ -495,8 +615,7 @@ verdict as (
       when not exists (select 1 from parent) then 'missing'
       when exists (select 1 from parent where processed_at is not null) then 'replay'
       when exists (select 1 from parent
-                    where attempt_count <> $4::int or claim_holder is null
-                       or failed_at is not null) then 'superseded'
+                    where not ({holds_claim("parent", "$4::int")})) then 'superseded'
       when exists (select 1 from existing) then 'duplicate'
       else 'completed'
     end as outcome,
@@ -504,9 +623,7 @@ verdict as (
     (select returned_event_ids from parent) as returned_event_ids,
     (select coalesce(max(idx), 0) from a2_events where session_id = $1::text) as base,
     -- The drain's hint: nothing else unprocessed and alive (a2trio addition).
-    not exists (select 1 from a2_events o
-                 where o.session_id = $1::text and o.processed_at is null
-                   and o.failed_at is null and o.idx <> $2::bigint)
+    {drained("$1::text", "<> $2::bigint")}
       and not exists (select 1 from jsonb_to_recordset($5::jsonb) as n(settled boolean)
                        where not coalesce(n.settled, false)) as drained
 ),
@@ -521,12 +638,7 @@ inserted as (
      lane_ready, processed_at, trace_context)
   select $1::text, v.base + b.ord, b.type, coalesce(b.payload, 'null'::jsonb), b.id,
          $6::bigint, $7::jsonb, b.lane,
-         b.lane is null or (
-           not exists (select 1 from a2_events l
-                        where l.session_id = $1::text and l.lane = b.lane
-                          and l.processed_at is null and l.idx <> $2::bigint)
-           and not exists (select 1 from batch e
-                            where e.lane = b.lane and e.ord < b.ord and not e.settled)),
+         {ready_at_insert("b", "$1::text", "<> $2::bigint")},
          case when b.settled then $6::bigint end,
          b.trace
     from batch b, verdict v
@@ -549,9 +661,7 @@ handed_on as (
     from verdict v, parent p
    where v.outcome = 'completed' and p.lane is not null
      and e.session_id = $1::text
-     and e.idx = (select min(l.idx) from a2_events l
-                   where l.session_id = $1::text and l.lane = p.lane
-                     and l.processed_at is null and l.idx <> $2::bigint)
+     and e.idx = {next_in_lane("$1::text", "p.lane", "<> $2::bigint")}
 ),
 rows_ as (
   select 0 as tag, {EVENT_COLUMNS} from existing
@@ -589,8 +699,7 @@ verdict as materialized (
     case
       when p.idx is null then 'missing'
       when p.processed_at is not null then 'replay'
-      when p.attempt_count <> r.attempt or p.claim_holder is null
-           or p.failed_at is not null then 'superseded'
+      when not ({holds_claim("p", "r.attempt")}) then 'superseded'
       else 'completed'
     end as outcome
     from req r left join parent p on p.idx = r.idx
@@ -618,10 +727,7 @@ done as (
   select idx from processed
 ),
 next_in_lane as materialized (
-  select distinct (select min(l.idx) from a2_events l
-                    where l.session_id = $1::text and l.lane = v.lane
-                      and l.processed_at is null
-                      and l.idx not in (select idx from done)) as idx
+  select distinct {next_in_lane("$1::text", "v.lane", "not in (select idx from done)")} as idx
     from verdict v
    where v.idx in (select idx from done) and v.lane is not null
 ),
@@ -634,9 +740,7 @@ select v.idx,
        case when v.outcome = 'completed' and v.idx not in (select idx from done)
             then 'stale' else v.outcome end,
        v.processed_by_attempt, v.returned_event_ids,
-       not exists (select 1 from a2_events o
-                    where o.session_id = $1::text and o.processed_at is null
-                      and o.failed_at is null and o.idx not in (select idx from done))
+       {drained("$1::text", "not in (select idx from done)")}
   from verdict v
  order by v.idx
 """
@@ -665,7 +769,7 @@ select pg_advisory_xact_lock(hashtext($1::text))
 # store-postgres.ts `failAttempt`, verbatim.
 #   $1 session, $2 idx, $3 attempt, $4 error, $5 max failures, $6 now
 FAIL = Statement(
-    """
+    f"""
 with current as materialized (
   select e.* from a2_events e
    where e.session_id = $1::text and e.idx = $2::bigint
@@ -682,10 +786,7 @@ with current as materialized (
   from current
   where e.session_id = $1::text
     and e.idx = $2::bigint
-    and current.processed_at is null
-    and current.failed_at is null
-    and current.attempt_count = $3::int
-    and current.claim_holder is not null
+    and {holds_claim("current", "$3::int")}
   returning e.failure_count, e.failed_at
 )
 select case
@@ -799,10 +900,10 @@ select participant, field, value, seen, at, expires_at from a2_presence
 
 # store-postgres.ts `inspect.listSessions`.
 LIST_SESSIONS = Statement(
-    """
+    f"""
 select session_id,
        count(*),
-       count(*) filter (where processed_at is null and failed_at is null),
+       count(*) filter (where {alive("e")}),
        count(*) filter (where failed_at is not null),
        sum(attempt_count),
        sum(failure_count),
@@ -810,7 +911,7 @@ select session_id,
        max(greatest(created_at, coalesce(first_claimed_at, 0), coalesce(last_claimed_at, 0),
                     coalesce(last_failed_at, 0), coalesce(processed_at, 0),
                     coalesce(failed_at, 0)))
-  from a2_events
+  from a2_events e
  where left(session_id, length($1::text)) = $1::text
    and ($2::text is null or session_id > $2::text)
  group by session_id
@@ -907,11 +1008,9 @@ target as (
 handed_on as (
   update a2_events e set lane_ready = true
     from current c
-   where c.lane is not null and c.lane_ready and exists (select 1 from target)
+   where {hands_on("c")} and exists (select 1 from target)
      and e.session_id = $1::text
-     and e.idx = (select min(l.idx) from a2_events l
-                   where l.session_id = $1::text and l.lane = c.lane
-                     and l.processed_at is null and l.idx <> $2::bigint)
+     and e.idx = {next_in_lane("$1::text", "c.lane", "<> $2::bigint")}
 ),
 {_RECORDED.format(action="skip")}
 """
@@ -920,9 +1019,9 @@ handed_on as (
 # `retry_now`'s candidates: the live, lane-ready events of the session.
 #   $1 session
 RETRY_CANDIDATES = Statement(
-    """
-select idx, claim_expires_at from a2_events
- where session_id = $1::text and lane_ready and processed_at is null and failed_at is null
+    f"""
+select idx, claim_expires_at from a2_events e
+ where session_id = $1::text and {dispatch_ready("e")}
  order by idx
 """
 )
