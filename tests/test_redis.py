@@ -195,8 +195,8 @@ async def test_presence_is_pushed_across_stores_once() -> None:
         assert got_a == [mine, theirs], "own echo skipped"
         assert got_b == [mine, theirs]
         # A message this version does not write is ignored.
-        async with b._new_client() as raw:
-            await raw.publish(b._channel("room", "presence"), "not json")
+        async with b._conn.new_client() as raw:
+            await raw.publish(b._keys.channel("room", "presence"), "not json")
         stop_a()
         stop_a()
         stop_b()
@@ -210,8 +210,8 @@ async def test_watch_pending_hears_other_stores_unsettled_appends() -> None:
         stop = a.watch_pending(heard.append)
         await _until(lambda: a.subscriber_statistics().channels == 1)
         # The marker is set by a task of its own; wait until writes see it.
-        async with a._new_client() as raw:
-            await _until_async(lambda: raw.exists([a._global("pending:watched")]))
+        async with a._conn.new_client() as raw:
+            await _until_async(lambda: raw.exists([a._keys.global_key("pending:watched")]))
         await a.append("mine", [_ev()])
         await b.append("settled-only", [_ev(settled=True)])
         await b.append("theirs", [_ev()])
@@ -247,12 +247,12 @@ async def test_nested_entries_share_one_client() -> None:
     async with _prefix() as prefix:
         store = redis(REDIS_URL, key_prefix=prefix)
         async with store:
-            client = store._client
+            client = store._conn.client
             async with store:
-                assert store._client is client
-            assert store._client is client
+                assert store._conn.client is client
+            assert store._conn.client is client
             await store.append("s", [_ev()])
-        assert store._client is None
+        assert store._conn.client is None
         await store.aclose()
 
 
@@ -265,7 +265,7 @@ async def test_a_failure_retries_when_its_row_moves() -> None:
         async with store:
             await store.append("s", [_ev()])
             await store.claim_available("s", holder="h", ttl_ms=60_000)
-            real = store._eval
+            real = store._conn.run
             moves = {"left": 1, "attempt": 1}
 
             async def racing(source: str, keys: Any, args: Any) -> Any:
@@ -278,7 +278,7 @@ async def test_a_failure_retries_when_its_row_moves() -> None:
                     assert renewed.renewed == [1]
                 return await real(source, keys, args)
 
-            store._eval = racing  # type: ignore[method-assign]
+            store._conn.run = racing  # type: ignore[method-assign]
             failed = await store.fail_attempt("s", index=1, attempt=1, error="e", max_failures=3)
             assert (failed.outcome, failed.failure_count) == ("failed", 1)
             assert moves["left"] == 0
@@ -314,7 +314,7 @@ async def test_inspection_edges() -> None:
 async def test_dispatch_ignores_a_released_channel() -> None:
     async with _prefix() as prefix:
         store = redis(REDIS_URL, key_prefix=prefix)
-        store._dispatch(b"gone", b"x")
+        store._subscriber.dispatch(b"gone", b"x")
         assert store.subscriber_statistics().notifications == 0
 
 

@@ -166,7 +166,7 @@ return cjson.encode({out, backoffs, lanes, drains})
 
 
 def _meta(row: rules.Facts) -> dict[str, Any]:
-    """``row`` as the scripts store it (``_Meta``: defaults omitted)."""
+    """``row`` as the scripts store it (``redis.codec.Meta``: defaults omitted)."""
     fields = {
         "a": row.attempt_count or None,
         "f": row.failure_count or None,

@@ -4,8 +4,8 @@ Redis runs a script to completion before any other command, so each script is
 a transaction: it reads, decides and writes with nothing in between, and a
 client that is cancelled or loses its connection either ran it whole or not at
 all. The scripts follow the seed's ``store-postgres.ts`` statements (as
-``sql`` does); ``store`` turns what they return into records and
-applies ``rules`` to it. The rules a script decides by itself are Lua
+``sql`` does); ``codec`` turns what they return into records, and the
+store's modules apply ``rules`` to those. The rules a script decides by itself are Lua
 functions of :data:`RULES`, each spelled once.
 
 Key layout (``P`` is the store's key prefix; ``S`` a session key; a
@@ -54,12 +54,16 @@ from .. import rules
 __all__ = [
     "ACTION_WRITE",
     "APPEND",
+    "CAS_ROUNDS",
     "CLAIM",
     "COMPLETE",
     "DEAD_LETTERS",
     "FAIL_READ",
     "FAIL_WRITE",
     "FIND",
+    "HGETALL",
+    "LIST",
+    "LRANGE",
     "PRESENCE_READ",
     "PRESENCE_SET",
     "PUT_SNAPSHOT",
@@ -70,8 +74,10 @@ __all__ = [
     "RENEW",
     "RETRY_CANDIDATES",
     "RULES",
+    "SET_PX",
     "SUMMARIES",
     "SWEEP",
+    "SWEEP_PAGE",
 ]
 
 #: The seed's rules (``a2trio.stores.rules``) in Lua, one function each over
@@ -760,3 +766,15 @@ for i = 3, #ARGV do redis.call('RPUSH', KEYS[1], ARGV[i]) end
 if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('PUBLISH', ARGV[1], ARGV[2]) end
 return 1
 """
+
+# One command each, as scripts: every call takes the store's one runner (``conn``).
+LIST = "return redis.call('ZRANGE', KEYS[1], ARGV[1], ARGV[2], 'BYLEX', 'LIMIT', 0, ARGV[3])"
+LRANGE = "return redis.call('LRANGE', KEYS[1], 0, -1)"
+HGETALL = "return redis.call('HGETALL', KEYS[1])"
+SET_PX = "return redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])"
+
+#: Compare-and-set rounds of a failure before giving up (each loses only to
+#: a concurrent write of the same event's row).
+CAS_ROUNDS = 16
+#: Sessions the sweep checks per script.
+SWEEP_PAGE = 100

@@ -1,0 +1,163 @@
+"""The Redis store's claims: the drain's side of the store.
+
+Claiming the eligible set, renewing claims, recording a failure (the verdict
+is ``rules.fail_verdict`` itself, written back by a compare-and-set script),
+and the sweep of the sessions with claimable work.
+:class:`~a2trio.stores.redis.RedisStore`'s methods of the same names call
+these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import msgspec
+import trio
+
+from ...errors import A2Error, ErrorCode
+from .. import rules as verdicts
+from ..base import Busy, Claimed, ClaimRef, ClaimResult, FailResult, RenewResult, Settled
+from . import codec
+from . import scripts as lua
+from .conn import errors
+from .scripts import CAS_ROUNDS, SWEEP_PAGE
+
+if TYPE_CHECKING:
+    from ...clock import Clock
+    from .codec import Keys
+    from .conn import Connection
+
+__all__ = ["RedisClaims"]
+
+
+class RedisClaims:
+    """Args: ``conn``, the store's command client; ``keys``, its key names;
+    ``clock``, its clock (claim and failure times)."""
+
+    def __init__(self, conn: Connection, keys: Keys, clock: Clock) -> None:
+        self._conn = conn
+        self._keys = keys
+        self._clock = clock
+
+    async def claim_available(
+        self,
+        session_id: str,
+        *,
+        holder: str,
+        ttl_ms: int,
+        expires_at_ms: int | None = None,
+        exclude: Sequence[int] = (),
+        limit: int | None = None,
+    ) -> ClaimResult:
+        """``CLAIM``: the eligible set claimed, or ``Busy`` until the next is
+        due, or ``Settled``."""
+        with errors("claim"):
+            now = self._clock.now_ms()
+            expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
+            reply = await self._conn.run(
+                lua.CLAIM,
+                self._keys.session_keys(session_id),
+                [now, holder, expires_at, -1 if limit is None else max(0, limit), *exclude],
+            )
+        if reply[0] == b"claimed":
+            return Claimed(codec.rows(session_id, reply[1:]))
+        if reply[0] == b"busy":
+            return Busy(int(reply[1]))
+        return Settled()
+
+    async def claimable_sessions(self, prefix: str, *, limit: int) -> list[str]:
+        """``SWEEP`` over ``P:open-sessions`` by prefix, a page of sessions per script."""
+        found: list[str] = []
+        low = b"[" + prefix.encode()
+        high = b"(" + prefix.encode() + b"\xff"
+        with errors("sweep"):
+            while len(found) < limit:
+                page = [
+                    codec.text(sid)
+                    for sid in await self._conn.run(
+                        lua.LIST, [self._keys.global_key("open-sessions")], [low, high, SWEEP_PAGE]
+                    )
+                ]
+                if not page:
+                    break
+                keys = [self._keys.key(sid, s) for sid in page for s in ("open", "meta")]
+                flags = await self._conn.run(lua.SWEEP, keys, [self._clock.now_ms()])
+                found += [sid for sid, flag in zip(page, flags, strict=True) if flag]
+                if len(page) < SWEEP_PAGE:
+                    break
+                low = b"(" + page[-1].encode()
+        return found[:limit]
+
+    async def renew_claims(
+        self,
+        session_id: str,
+        *,
+        holder: str,
+        claims: Sequence[ClaimRef],
+        ttl_ms: int,
+        expires_at_ms: int | None = None,
+    ) -> RenewResult:
+        """``RENEW``: this holder's live claims extended; the others reported superseded."""
+        if not claims:
+            await trio.lowlevel.checkpoint()
+            return RenewResult([], [])
+        with errors("renew"):
+            now = self._clock.now_ms()
+            expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
+            pairs = [value for c in claims for value in (c.index, c.attempt)]
+            renewed, superseded = await self._conn.run(
+                lua.RENEW, self._keys.session_keys(session_id), [now, holder, expires_at, *pairs]
+            )
+        return RenewResult(sorted(int(i) for i in renewed), sorted(int(i) for i in superseded))
+
+    async def fail_attempt(
+        self,
+        session_id: str,
+        *,
+        index: int,
+        attempt: int,
+        error: str,
+        max_failures: int,
+    ) -> FailResult:
+        """``rules.fail_verdict`` over the row as read, written back by
+        ``FAIL_WRITE`` only if the row is unchanged; read again if it moved
+        (``CAS_ROUNDS`` times at most)."""
+        meta_key = self._keys.key(session_id, "meta")
+        with errors("fail"):
+            for _ in range(CAS_ROUNDS):
+                front, raw = await self._conn.run(
+                    lua.FAIL_READ, self._keys.session_keys(session_id), [index]
+                )
+                if not 1 <= index <= int(front):
+                    raise verdicts.no_event(session_id, index)
+                row = codec.SETTLED if raw is None else codec.decode_meta(raw)
+                verdict = verdicts.fail_verdict(row, attempt, max_failures)
+                if not verdict.record:
+                    return verdict.result
+                now = self._clock.now_ms()
+                dead = verdict.result.outcome == "dead_lettered"
+                failed = msgspec.structs.replace(
+                    row,
+                    failure_count=verdict.result.failure_count,
+                    last_error=error,
+                    last_failed_at_ms=now,
+                    last_failed_attempt=attempt,
+                    failed_at_ms=now if dead else row.failed_at_ms,
+                    claim_holder=None,
+                    claim_expires_at_ms=None,
+                )
+                written = await self._conn.run(
+                    lua.FAIL_WRITE,
+                    [
+                        meta_key,
+                        self._keys.key(session_id, "open"),
+                        self._keys.key(session_id, "head"),
+                    ],
+                    [index, raw, codec.encode(failed), "1" if dead else "0"],
+                )
+                if written:
+                    return verdict.result
+        raise A2Error(
+            ErrorCode.STORE_UNAVAILABLE, "fail failed: the event's row kept changing under it"
+        )
