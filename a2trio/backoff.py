@@ -6,7 +6,7 @@ import random
 
 from .errors import A2Error
 
-__all__ = ["Backoff"]
+__all__ = ["STORE_RECONNECT", "Backoff"]
 
 
 class Backoff:
@@ -66,3 +66,9 @@ class Backoff:
             f"Backoff(base_s={self.base_s}, factor={self.factor}, "
             f"cap_s={self.cap_s}, jitter={self.jitter})"
         )
+
+
+#: A store's connections that carry no request (the Postgres listener, the
+#: Redis subscriber and command pool) reopen after 50 ms, doubling to 2 s.
+#: No jitter: one process holds one such connection per server.
+STORE_RECONNECT = Backoff(base_s=0.05, cap_s=2.0, jitter=0.0)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 import msgspec
 import trio
 
+from ...backoff import STORE_RECONNECT
 from ...timings import Timings
 from ..feed import Wakeups, adaptive_poll
 from ..tasks import StoreTasks
@@ -35,8 +36,6 @@ from .database import Database
 from .shared import SharedListener, listener
 
 __all__ = ["ListenerStatistics", "StoreListener"]
-
-_LISTENER_BACKOFF_S = (0.05, 2.0)
 
 
 class ListenerStatistics(msgspec.Struct, frozen=True):
@@ -180,7 +179,7 @@ class StoreListener:
         subscribe until ``scope`` is cancelled (no local subscriber left, or
         the store's last exit)."""
         with scope:
-            backoff = _LISTENER_BACKOFF_S[0]
+            tries = 0
             while True:
                 try:
                     with errors("listen"):
@@ -189,8 +188,8 @@ class StoreListener:
                 except Exception:
                     # Feeds poll meanwhile; the next try may find the server.
                     self._wakeups.notify_all()
-                    await trio.sleep(backoff)
-                    backoff = min(backoff * 2, _LISTENER_BACKOFF_S[1])
+                    tries += 1
+                    await trio.sleep(STORE_RECONNECT.delay(tries))
             hearing = _Hearing(self, channels)
             shared = self._shared = listener(
                 self._db.listen_conninfo, timeout_s=self._db.connect_timeout_s

@@ -49,13 +49,13 @@ from typing import Protocol
 
 import trio
 
+from ...backoff import STORE_RECONNECT
 from .conn import PgConnection, PgPool, Statement
 
 __all__ = ["ListenSubscriber", "PoolLease", "SharedListener", "acquire_pool", "listener"]
 
 logger = logging.getLogger("a2trio.stores.postgres")
 
-_BACKOFF_S = (0.05, 2.0)
 _CURRENT_SCHEMA = Statement("select current_schema()")
 
 
@@ -185,7 +185,7 @@ class SharedListener:
         the last subscriber cancels it (or the run ends)."""
         try:
             with self._scope:
-                backoff = _BACKOFF_S[0]
+                tries = 0
                 while True:
                     try:
                         await self._listen_once()
@@ -195,8 +195,8 @@ class SharedListener:
                         # task (a system task's exception aborts the run).
                         logger.debug("postgres listener lost: %r", exc)
                     self._lost()
-                    await trio.sleep(backoff)
-                    backoff = min(backoff * 2, _BACKOFF_S[1])
+                    tries += 1
+                    await trio.sleep(STORE_RECONNECT.delay(tries))
         finally:
             self._done.set()
 

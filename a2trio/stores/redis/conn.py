@@ -29,15 +29,12 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from coredis.exceptions import NoScriptError
 from coredis.retry import NoRetryPolicy
 
+from ...backoff import STORE_RECONNECT
 from ...errors import store_unavailable
 
-__all__ = ["BACKOFF_S", "Connection", "errors"]
+__all__ = ["Connection", "errors"]
 
 _log = logging.getLogger("a2trio.stores.redis")
-
-#: Reconnect backoff, first and longest: the command client's pool and the
-#: shared subscriber.
-BACKOFF_S = (0.05, 2.0)
 
 
 def errors(what: str) -> store_unavailable:
@@ -118,7 +115,7 @@ class Connection:
         """Hold the command client (its pool's tasks) until the store's tasks
         are cancelled; if the pool fails (its connections' tasks raise), open
         a new one after a backoff. Meanwhile calls open clients of their own."""
-        backoff = BACKOFF_S[0]
+        tries = 0
         while True:
             try:
                 async with self.new_client() as client:
@@ -133,8 +130,8 @@ class Connection:
                 _log.warning("the Redis client failed; reopening it", exc_info=True)
             finally:
                 self._client = None
-            await trio.sleep(backoff)
-            backoff = min(backoff * 2, BACKOFF_S[1])
+            tries += 1
+            await trio.sleep(STORE_RECONNECT.delay(tries))
 
     async def run(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run a script (``EVALSHA``, loading it once per server) on the

@@ -20,7 +20,7 @@ pending watchers, and their ``presence`` patches go to local presence
 subscribers.
 
 **Reconnects.** Whatever breaks the connection, the task reconnects with
-backoff (``conn.BACKOFF_S``). Each connection subscribes every channel in
+backoff (``a2trio.backoff.STORE_RECONNECT``). Each connection subscribes every channel in
 use, then wakes every feed (each catches up from its cursor) and, after a
 reconnect, repaints presence. Watched markers may have lapsed meanwhile: the
 next reads renew them.
@@ -38,12 +38,12 @@ import msgspec
 import trio
 from coredis.retry import NoRetryPolicy
 
+from ...backoff import STORE_RECONNECT
 from ...errors import A2Error, ErrorCode
 from ..base import StoredEvent, StoredPresencePatch
 from ..feed import Feed, adaptive_poll, open_pump_feed
 from . import codec
 from . import scripts as lua
-from .conn import BACKOFF_S
 
 if TYPE_CHECKING:
     from ...timings import Timings
@@ -280,7 +280,7 @@ class Subscriber:
         subscribes every channel in use, then wakes every feed (each catches
         up from its cursor) and, after a reconnect, repaints presence.
         """
-        backoff = BACKOFF_S[0]
+        tries = 0
         while True:
             connected = self._connections
             try:
@@ -301,9 +301,9 @@ class Subscriber:
             self._ready.clear()
             self._channels = 0
             if self._connections > connected:
-                backoff = BACKOFF_S[0]
-            await trio.sleep(backoff)
-            backoff = min(backoff * 2, BACKOFF_S[1])
+                tries = 0
+            tries += 1
+            await trio.sleep(STORE_RECONNECT.delay(tries))
 
     async def _subscribe_once(self) -> None:
         client = self._conn.client
