@@ -137,13 +137,13 @@ async def test_a_postgres_write_that_lost_its_answer_still_reaches_local_feeds()
     store = a2trio.stores.postgres(dsn, schema=f"s_{secrets.token_hex(6)}", timings=NO_SAFETY_READ)
     async with store, store.stream("s") as feed:
         await store.wait_listening()
-        submit = store._groups.submit
+        submit = store._writes._groups.submit
 
         async def answer_lost(*args: Any, **kwargs: Any) -> Any:
             await submit(*args, **kwargs)
             raise PgConnectionError("connection lost after the commit")
 
-        store._groups.submit = answer_lost  # type: ignore[method-assign]
+        store._writes._groups.submit = answer_lost  # type: ignore[method-assign]
         with pytest.raises(a2trio.A2Error):
             await store.append("s", [note(0)])
         with trio.fail_after(60):  # a hang guard

@@ -59,7 +59,7 @@ async def _claim_one(
 @asynccontextmanager
 async def _occupied(store: PostgresStore) -> AsyncIterator[None]:
     """Keep one transaction in flight (an append waiting on a lock held here),
-    so requests made in the block queue for a committer instead of running
+    so requests made together in the block share a group instead of running
     alone in their callers' tasks (what a store with nothing in flight does)."""
     holder = PgPool(store.dsn)
     try:
@@ -200,7 +200,7 @@ async def test_a_member_cancelled_in_flight_writes_nothing_and_the_others_run_ag
                     cancelled.append(scope.cancelled_caught)
                     seen_at_cancel.extend(landed)
 
-                # Both queue in one scheduling batch, before a committer runs.
+                # Both queue in one scheduling batch, before either leads.
                 async with _occupied(store), trio.open_nursery() as nursery:
                     nursery.start_soon(append_t)
                     nursery.start_soon(append_s)

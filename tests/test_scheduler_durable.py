@@ -441,7 +441,7 @@ async def test_two_processes_deliver_each_task_exactly_once(shared_target: str) 
 
 # -- group commits under cancellation and SIGKILL -----------------------------
 #
-# Writes that arrive together share one transaction (schedulers/_group.py).
+# Writes that arrive together share one transaction (stores/group.py).
 # Whatever interrupts a group (a caller's cancellation, the process's death),
 # every schedule() that returned is committed, nothing is half-written, and
 # every task is delivered with its events appended exactly once. The killed

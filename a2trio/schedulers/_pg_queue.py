@@ -10,7 +10,7 @@ Driver: the store's :class:`~a2trio.stores.postgres.conn.PgPool` (libpq through
 psycopg's public ``pq`` layer, Trio socket waits, each call one pipelined
 round trip; see ``docs/stores-postgres.md``), on connections of the
 scheduler's own. Writes (inserts, deletes, renewals, reschedules) go through
-:class:`~a2trio.schedulers._group.GroupCommit`: the writes that arrive while
+:class:`~a2trio.stores.group.GroupCommit`: the writes that arrive while
 others are in flight share the next transaction, ``begin; w1; w2; ...;
 commit``, one round trip and one WAL flush. Claims and reads run alone.
 
@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Literal
 
 import trio
 
+from ..stores.group import GroupCommit, GroupStatistics
 from ..stores.postgres.conn import Param, PgConnection, PgError, PgPool, Row, Statement
-from ._group import GroupCommit, GroupCommitStatistics
 from ._queue import TaskRow
 
 if TYPE_CHECKING:
@@ -121,14 +121,14 @@ class PostgresQueue:
         self.listen_dsn = dsn if listen_dsn is None else listen_dsn
         self.prepare = prepare
         self._pool: PgPool | None = None
-        self._writes: GroupCommit[_Work, list[Row]] = GroupCommit(
+        self._writes: GroupCommit[str, _Work, list[Row]] = GroupCommit(
             self._run_group, rejected=(PgError,)
         )
 
     def __repr__(self) -> str:
         return "PostgresQueue(...)"
 
-    def group_statistics(self) -> GroupCommitStatistics:
+    def group_statistics(self) -> GroupStatistics:
         """How the writes were group-committed (tests, benchmarks)."""
         return self._writes.statistics()
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 import msgspec
 import trio
 
-from ._group import GroupCommitStatistics
+from ..stores.group import GroupStatistics
 
 if TYPE_CHECKING:
     from ..stores.feed import Wakeups
@@ -75,7 +75,7 @@ class TaskQueue(Protocol):
     async def count(self, contract: str | None = None) -> int:
         """How many tasks are queued (leased or not), for one contract or all."""
 
-    def group_statistics(self) -> GroupCommitStatistics:
+    def group_statistics(self) -> GroupStatistics:
         """How the writes were committed (no I/O)."""
 
 
@@ -204,6 +204,6 @@ class MemoryQueue:
         await trio.lowlevel.checkpoint()
         return sum(1 for row in self._rows.values() if contract in (None, row.contract))
 
-    def group_statistics(self) -> GroupCommitStatistics:
+    def group_statistics(self) -> GroupStatistics:
         # Every write is a dict operation: nothing is committed in groups.
-        return GroupCommitStatistics(0, 0, 0)
+        return GroupStatistics(0, 0, 0)

@@ -8,7 +8,7 @@ its end, so it committed entirely or not at all, and no transaction is left
 open (see that module). The pool creates the table on first use.
 
 Writes (inserts, deletes, renewals, reschedules) go through
-:class:`~a2trio.schedulers._group.GroupCommit` with one leader (sqlite has one
+:class:`~a2trio.stores.group.GroupCommit` with one leader (sqlite has one
 writer): the writes that arrive while a transaction is in flight share the
 next one, one thread call and one commit. Claims run alone on the writer;
 ``next_due`` and ``count`` read a snapshot on a reader.
@@ -28,8 +28,8 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Literal
 
+from ..stores.group import GroupCommit, GroupStatistics
 from ..stores.sqlite.conn import ConnectionPool
-from ._group import GroupCommit, GroupCommitStatistics
 from ._queue import TaskRow
 
 __all__ = ["SqliteQueue"]
@@ -64,14 +64,14 @@ class SqliteQueue:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         self._pool = ConnectionPool(self.path, migrate=_create, synchronous="full")
-        self._writes: GroupCommit[_Work, object] = GroupCommit(
+        self._writes: GroupCommit[str, _Work, object] = GroupCommit(
             self._run_group, rejected=(), leaders=1
         )
 
     def __repr__(self) -> str:
         return f"SqliteQueue({self.path!r})"
 
-    def group_statistics(self) -> GroupCommitStatistics:
+    def group_statistics(self) -> GroupStatistics:
         """How the writes were group-committed (tests, benchmarks)."""
         return self._writes.statistics()
 

@@ -1,6 +1,6 @@
 """A store's background tasks inside ``async with store``, and their end.
 
-A store that runs tasks (a listener, committers, a client's holder) opens a
+A store that runs tasks (a listener, a client's holder) opens a
 nursery in ``__aenter__``, and that nursery's cancel scope encloses the
 caller's block: cancelling it would cancel the block as well (``aclose`` in
 the block used to, and the ``Cancelled`` escaped the block). So the tasks run

@@ -10,8 +10,9 @@ the key under which stores with matching settings share one pool
 pool at the first statement, creates the schema once per revision and pool,
 and runs a statement (:meth:`Database.query`), a transaction
 (:meth:`Database.transaction`) or a group commit's members in lock order
-(:meth:`Database.run_group`) as one pipeline. Every module of the store runs
-its statements here, under ``conn.errors``.
+(:meth:`Database.run_group`, the store's side of :mod:`a2trio.stores.group`:
+its :class:`Request` records and their :func:`lock_order`) as one pipeline.
+Every module of the store runs its statements here, under ``conn.errors``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Hashable, Sequence
 from functools import partial
-from typing import Any, Literal, cast
+from typing import Any, Literal, NamedTuple, cast
 
 import trio
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -27,10 +28,46 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from ...ids import random_id
 from . import sql as sql
 from .conn import Param, PgError, PgPool, Preamble, Row, Statement
-from .group import LOCKING, Kind, Request
 from .shared import PoolLease, acquire_pool
 
-__all__ = ["GROUPED", "Database"]
+__all__ = ["GROUPED", "LOCKING", "Database", "Kind", "Request", "lock_order"]
+
+# ``finish`` is a completion that returns no events (one set-based statement
+# can finish many of a session's events); ``append_fresh`` an append with no
+# supplied ids and no causes (a leaner statement).
+Kind = Literal["complete", "finish", "append", "append_fresh", "claim"]
+# Within a session: the writers that take its lock, then the claims, so a claim
+# sees what the group's completions and appends made eligible.
+_ORDER = {"complete": 0, "finish": 0, "append": 1, "append_fresh": 1, "claim": 2}
+# ``finish`` takes the lock only for events with a lane (``LOCK_IF_LANED``).
+LOCKING: frozenset[Kind] = frozenset({"complete", "append", "append_fresh"})
+
+
+class Request(NamedTuple):
+    """One group-committed statement: its kind, session and parameters."""
+
+    kind: Kind
+    session_id: str
+    params: Sequence[Param]
+
+
+def lock_order(request: Request) -> tuple[str, int]:
+    """A request's place in its group (its ``key``): sessions ascending, and
+    in each its completions and appends before its claims. Statements run in
+    order inside the transaction, so members on one session see each other
+    exactly as serial transactions would, and a claim already sees the lane a
+    completion handed on and the events an append added.
+
+    Lock order: sessions ascending; within a session its append lock (taken
+    for appends, completions that return events, and completions of lane
+    events) and then its event rows. Every writer outside a group touches one
+    session, lock before rows, so no two writers wait on each other in a
+    cycle. A hash collision between two session ids could still order two
+    advisory locks differently; Postgres reports that as a deadlock, and the
+    store retries the rolled-back group like any other.
+    """
+    return (request.session_id, _ORDER[request.kind])
+
 
 #: The statement of each group-committed kind but ``finish``, which
 #: :meth:`Database.run_group` merges per session into one ``FINISH``.
@@ -247,7 +284,7 @@ class Database:
 
     async def run_group(self, group: Sequence[Request]) -> list[list[Row]]:
         """One transaction for a group in lock order: each session's lock before
-        its first writer, then its statements (see ``group``). A session's
+        its first writer, then its statements (see :func:`lock_order`). A session's
         consecutive ``finish`` members on distinct events share one ``FINISH``
         statement, after the session's lock only if one of them has a lane
         (``LOCK_IF_LANED``); each member gets its own row back."""

@@ -10,10 +10,12 @@ commit`` is a single round trip. Statements are prepared once per connection. Co
 come from a small Trio pool; one is held only while its pipeline is in flight.
 
 **Group commit.** Inside ``async with store:`` appends, claims and
-completions go through ``group``: the ones that arrive while a
-transaction is in flight share the next one (one round trip, one WAL flush),
-each statement still fenced on its own attempt and holder. Outside it (no
-nursery for the committers) each runs in its own transaction as before.
+completions go through the group commit (:mod:`a2trio.stores.group`, three
+groups in flight, each run in one of its callers' tasks): the ones that
+arrive while a transaction is in flight share the next one (one round trip,
+one WAL flush), each statement still fenced on its own attempt and holder,
+sessions locked in ascending order (``database.lock_order``). Outside it each
+runs in its own transaction.
 
 **Exactly once across processes.** The semantics are the seed's
 ``store-postgres.ts`` (``sql`` ports each statement and says where it
@@ -50,7 +52,7 @@ conninfo, whatever the stores' schemas. Each store takes its share of the
 pool at its first operation and gives it back at its last ``async with``
 exit or ``aclose()``; the last one out closes it. The schema's DDL runs once
 per revision per shared pool. Each store keeps its own clock, ids, origin,
-feeds, presence subscribers and group committers; ``database`` holds its
+feeds, presence subscribers and group commit; ``database`` holds its
 share and its settings.
 
 **Live feeds.** With ``listen=True``, while the store has a feed, a presence
@@ -106,12 +108,12 @@ from ..base import (
     StoredEvent,
 )
 from ..feed import Feed, FeedStatistics, Wakeups, open_pump_feed
+from ..group import GroupStatistics
 from ..tasks import StoreTasks
 from . import sql as sql
 from .codec import encode, stored_event
 from .conn import PgPool, errors
 from .database import Database
-from .group import GroupCommitter, GroupStatistics
 from .inspection import PostgresInspection
 from .listener import ListenerStatistics, StoreListener
 from .operator import PostgresOperator
@@ -181,10 +183,8 @@ class PostgresStore:
             self._db, clock=clock, push=listen, subscribe=self._listener.subscribe
         )
         self.inspect: PostgresInspection = PostgresInspection(self._db)
-        self._groups = GroupCommitter(self._db.run_group)
         self._writes = PostgresWrites(
             self._db,
-            self._groups,
             self._tasks,
             self._wakeups,
             clock=clock,
@@ -198,8 +198,8 @@ class PostgresStore:
     # -- lifecycle ---------------------------------------------------------
 
     async def __aenter__(self) -> PostgresStore:
-        """Open the store's task nursery (``tasks``: the listener, the
-        committers) on the first entry.
+        """Open the store's task nursery (``tasks``: the listener) on the
+        first entry; inside it writes are group-committed.
 
         Nested entries share it; the nursery closes with the outermost exit,
         which must happen in the task that entered first. No I/O happens here.
@@ -279,7 +279,7 @@ class PostgresStore:
 
     def group_statistics(self) -> GroupStatistics:
         """How claims and completions were group-committed (tests, benchmarks)."""
-        return self._groups.statistics()
+        return self._writes.group_statistics()
 
     def listener_statistics(self) -> ListenerStatistics:
         """The event notifications the listener heard (tests, debugging)."""

@@ -2,9 +2,10 @@
 failures, each one statement after the session's lock where it needs one
 (see the store's module docstring for the exactly-once argument).
 
-Inside ``async with store:`` appends, claims and completions are submitted to
-the group committer (``group``) in the store's nursery; outside it each runs
-in its own transaction. A write that inserts hands its rows to the store's
+Inside ``async with store:`` appends, claims and completions go through the
+store's group commit (:mod:`a2trio.stores.group`, in their callers' tasks,
+each in its place by :func:`~.database.lock_order`); outside it each runs in
+its own transaction. A write that inserts hands its rows to the store's
 local feeds as it commits (the listener skips this store's own
 notifications); one that ends without handing them over makes the feeds read.
 The store's public methods delegate here; their docstrings say what each
@@ -39,12 +40,12 @@ from ..base import (
     StoredEvent,
 )
 from ..feed import Wakeups
+from ..group import GroupCommit, GroupStatistics
 from ..tasks import StoreTasks
 from . import sql as sql
 from .codec import cause_json, encode, stored_event
-from .conn import Param, errors
-from .database import GROUPED, Database
-from .group import GroupCommitter, Kind
+from .conn import Param, PgConnectionError, PgError, Row, errors
+from .database import GROUPED, Database, Kind, Request, lock_order
 
 __all__ = ["PostgresWrites"]
 
@@ -52,6 +53,10 @@ __all__ = ["PostgresWrites"]
 #: updated under it (each time by a transaction that committed between its
 #: snapshot and its lock: see ``FINISH`` and ``CLAIM``).
 _STALE_TRIES = 5
+#: Group commits in flight at once: the store's three since its first group
+#: commit (measured with ``bench/vs_queues.py``); the durable scheduler's
+#: queue keeps ``DEFAULT_LEADERS``, two.
+_GROUPS = 3
 
 
 def _check_fence(
@@ -70,14 +75,13 @@ def _check_fence(
 
 
 class PostgresWrites:
-    """The store's writes on its ``db``, through its ``groups`` inside its
-    task nursery (``tasks``), stamped by its ``clock``, with ids from
-    ``new_id``; inserted rows go to its feeds' ``wakeups``."""
+    """The store's writes on its ``db``, group-committed while its tasks
+    (``tasks``) run, stamped by its ``clock``, with ids from ``new_id``;
+    inserted rows go to its feeds' ``wakeups``."""
 
     def __init__(
         self,
         db: Database,
-        groups: GroupCommitter,
         tasks: StoreTasks,
         wakeups: Wakeups,
         *,
@@ -85,17 +89,28 @@ class PostgresWrites:
         new_id: IdSource,
     ) -> None:
         self._db = db
-        self._groups = groups
+        self._groups: GroupCommit[tuple[str, int], Request, list[Row]] = GroupCommit(
+            db.run_group, rejected=(PgError,), lost=PgConnectionError, leaders=_GROUPS
+        )
         self._tasks = tasks
         self._wakeups = wakeups
         self._clock = clock
         self._new_id = new_id
 
     @property
-    def _nursery(self) -> trio.Nursery | None:
-        """Where the store's tasks start: inside ``async with store``, until
-        ``aclose()`` (or a task's failure) ends them."""
-        return self._tasks.nursery
+    def _grouped(self) -> bool:
+        """Whether writes are group-committed: inside ``async with store``,
+        until ``aclose()`` (or a task's failure) ends the store's tasks."""
+        return self._tasks.nursery is not None
+
+    def group_statistics(self) -> GroupStatistics:
+        """How claims and completions were group-committed."""
+        return self._groups.statistics()
+
+    async def _submit(self, kind: Kind, session_id: str, params: Sequence[Param]) -> list[Row]:
+        """One statement through the group commit: its rows."""
+        request = Request(kind, session_id, params)
+        return await self._groups.submit(lock_order(request), request)
 
     def _wrote(self, session_id: str, rows: list[StoredEvent]) -> None:
         """A local write committed: hand its rows to local feeds (the listener
@@ -163,10 +178,10 @@ class PostgresWrites:
                 )
             )
             with self._inserting(session_id):
-                if self._nursery is None:
+                if not self._grouped:
                     [rows] = await self._db.transaction([(GROUPED[kind], params)], lock=session_id)
                 else:
-                    rows = await self._groups.submit(self._nursery, kind, session_id, params)
+                    rows = await self._submit(kind, session_id, params)
         if fresh:
             had_pending, base, claimed_indexes, others_claimable = rows[0]
         else:
@@ -235,10 +250,10 @@ class PostgresWrites:
                 now = self._clock.now_ms()
                 expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
                 params = (session_id, now, holder, expires_at, list(exclude), limit)
-                if self._nursery is None:
+                if not self._grouped:
                     rows = await self._db.query(sql.CLAIM, params)
                 else:
-                    rows = await self._groups.submit(self._nursery, "claim", session_id, params)
+                    rows = await self._submit("claim", session_id, params)
             claimed = [stored_event(row, 1) for row in rows if row[1] is not None]
             if claimed:
                 # Rows missed as stale stay claimable for the drain's next claim.
@@ -315,10 +330,10 @@ class PostgresWrites:
             encode(returned),
         )
         with errors("complete"), self._inserting(session_id):
-            if self._nursery is None:
+            if not self._grouped:
                 [rows] = await self._db.transaction([(sql.COMPLETE, params)], lock=session_id)
             else:
-                rows = await self._groups.submit(self._nursery, "complete", session_id, params)
+                rows = await self._submit("complete", session_id, params)
         outcome, processed_by_attempt, returned_event_ids, drained = rows[0][:4]
         stored = [stored_event(row, 4) for row in rows if row[4] is not None]
         if outcome == "missing":
@@ -345,7 +360,7 @@ class PostgresWrites:
         for _ in range(_STALE_TRIES):
             now = self._clock.now_ms()
             with errors("complete"):
-                if self._nursery is None:
+                if not self._grouped:
                     [_, rows] = await self._db.transaction(
                         [
                             (sql.LOCK_IF_LANED, (session_id, [index])),
@@ -355,7 +370,7 @@ class PostgresWrites:
                     )
                 else:
                     params = (session_id, index, attempt, now)
-                    rows = await self._groups.submit(self._nursery, "finish", session_id, params)
+                    rows = await self._submit("finish", session_id, params)
             [(_, outcome, processed_by_attempt, returned_event_ids, drained)] = rows
             if outcome != "stale":
                 break

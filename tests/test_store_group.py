@@ -1,11 +1,14 @@
-"""The scheduler's group commit (``a2trio/schedulers/_group.py``) on a scripted backend.
+"""The group commit (``a2trio/stores/group.py``) on a scripted backend.
 
 ``GroupCommit`` takes its transaction runner as an argument, so its grouping,
 leader hand-off, replay and cancellation rules are checked here without a
 database, on the autojump clock: the runner records each group it is given
-and answers, fails or blocks as each test scripts it. The durable queues'
-tests (tests/test_scheduler_queues.py, tests/test_scheduler_durable.py) run
-the real statements.
+and answers, fails or blocks as each test scripts it. The last tests run it
+as the Postgres store configures it (its requests in lock order, ``PgError``
+replayed, ``PgConnectionError`` for a lost group, three groups in flight).
+tests/test_group_commit.py covers the store's statements on a real server;
+the durable queues' tests (tests/test_scheduler_queues.py,
+tests/test_scheduler_durable.py) run theirs.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import pytest
 import trio
 import trio.testing
 
-from a2trio.schedulers._group import GroupCommit, GroupCommitStatistics, GroupLost
+from a2trio.stores.group import GroupCommit, GroupLost, GroupStatistics
+from a2trio.stores.postgres.conn import PgConnectionError, PgError, Row
+from a2trio.stores.postgres.database import Kind, Request, lock_order
 
 
 class Rejected(Exception):
@@ -37,9 +42,12 @@ class Backend:
         self.lost: Exception | None = None
         #: A work run alone waits on its event here.
         self.holds: dict[str, trio.Event] = {}
+        #: The task each group ran in.
+        self.tasks: list[trio.lowlevel.Task] = []
 
     async def run(self, works: Sequence[str]) -> list[str]:
         self.groups.append(list(works))
+        self.tasks.append(trio.lowlevel.current_task())
         if self.gate is not None:
             await self.gate.wait()
         if len(works) == 1 and works[0] in self.holds:
@@ -62,12 +70,12 @@ def release(backend: Backend) -> None:
 
 def group_commit(
     backend: Backend, *, leaders: int = 1, max_group: int = 256
-) -> GroupCommit[str, str]:
+) -> GroupCommit[str, str, str]:
     return GroupCommit(backend.run, rejected=(Rejected,), leaders=leaders, max_group=max_group)
 
 
 async def submit(
-    commit: GroupCommit[str, str], results: dict[str, str | BaseException], work: str
+    commit: GroupCommit[str, str, str], results: dict[str, str | BaseException], work: str
 ) -> None:
     try:
         results[work] = await commit.submit(work, work)
@@ -79,10 +87,11 @@ async def test_a_lone_write_commits_in_its_callers_task(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     backend = Backend()
-    commit = group_commit(backend)
+    commit = group_commit(backend, leaders=3)
     assert await commit.submit("a", "a") == "ok:a"
     assert backend.groups == [["a"]]
-    assert commit.statistics() == GroupCommitStatistics(groups=1, members=1, largest=1)
+    assert backend.tasks == [trio.lowlevel.current_task()]
+    assert commit.statistics() == GroupStatistics(groups=1, members=1, largest=1)
 
 
 async def test_writes_queued_behind_one_in_flight_share_the_next_group_in_key_order(
@@ -104,7 +113,7 @@ async def test_writes_queued_behind_one_in_flight_share_the_next_group_in_key_or
     # The first leader finished and promoted the oldest waiter, which led the rest.
     assert backend.groups == [["first"], ["a", "b", "c"]]
     assert results == {w: f"ok:{w}" for w in ("first", "a", "b", "c")}
-    assert commit.statistics() == GroupCommitStatistics(groups=2, members=4, largest=3)
+    assert commit.statistics() == GroupStatistics(groups=2, members=4, largest=3)
 
 
 async def test_a_leader_serves_only_the_groups_ahead_of_its_own_write(
@@ -141,6 +150,82 @@ async def test_several_leaders_commit_in_parallel(
         backend.gate.set()
     assert backend.groups == [["a"], ["b"], ["c", "d"]]
     assert len(results) == 4
+
+
+async def test_a_burst_behind_a_group_in_flight_shares_one_group_while_leaders_are_free(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    backend = Backend()
+    backend.gate = trio.Event()
+    commit = group_commit(backend, leaders=3)
+    results: dict[str, str | BaseException] = {}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(submit, commit, results, "first")
+        await trio.testing.wait_all_tasks_blocked()
+        # Started together: the first two take the free slots, and each lets
+        # the others queue before it takes the queue.
+        for work in ("c", "a", "d", "b"):
+            nursery.start_soon(submit, commit, results, work)
+        await trio.testing.wait_all_tasks_blocked()
+        assert backend.groups == [["first"], ["a", "b", "c", "d"]]
+        backend.gate.set()
+    assert results == {w: f"ok:{w}" for w in ("first", "a", "b", "c", "d")}
+    assert commit.statistics() == GroupStatistics(groups=2, members=5, largest=4)
+
+
+async def test_a_burst_is_cut_into_groups_of_max_group(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    backend = Backend()
+    backend.gate = trio.Event()
+    commit = group_commit(backend, leaders=1, max_group=2)
+    results: dict[str, str | BaseException] = {}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(submit, commit, results, "0")
+        await trio.testing.wait_all_tasks_blocked()
+        for work in "12345":
+            nursery.start_soon(submit, commit, results, work)
+        await trio.testing.wait_all_tasks_blocked()
+        backend.gate.set()
+    assert [len(group) for group in backend.groups] == [1, 2, 2, 1]
+    assert sorted(results) == list("012345")
+
+
+async def test_a_promotion_passes_over_a_caller_that_already_leads(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    backend = Backend()
+    backend.holds = {"a": trio.Event(), "b": trio.Event()}
+    commit = group_commit(backend, leaders=2, max_group=3)
+    results: dict[str, str | BaseException] = {}
+
+    async def a_then_g() -> None:
+        await submit(commit, results, "a")
+        # With no checkpoint between: "a"'s leader has just promoted "x",
+        # which has not run yet, so "g" takes the free slot.
+        await submit(commit, results, "g")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(a_then_g)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(submit, commit, results, "b")
+        await trio.testing.wait_all_tasks_blocked()
+        backend.gate = trio.Event()
+        for work in ("x", "y", "z"):
+            nursery.start_soon(submit, commit, results, work)
+            await trio.testing.wait_all_tasks_blocked()
+        backend.holds["a"].set()
+        await trio.testing.wait_all_tasks_blocked()
+        # "g" leads the full group ahead of its own write and stays queued.
+        assert backend.groups == [["a"], ["b"], ["x", "y", "z"]]
+        nursery.start_soon(submit, commit, results, "h")
+        await trio.testing.wait_all_tasks_blocked()
+        backend.holds["b"].set()
+        await trio.testing.wait_all_tasks_blocked()
+        # "b"'s slot goes to "h", not to "g", which holds one already.
+        assert backend.groups[-1] == ["g", "h"]
+        backend.gate.set()
+    assert results == {w: f"ok:{w}" for w in "abxyzgh"}
 
 
 async def test_a_rejected_group_is_replayed_member_by_member(
@@ -205,6 +290,7 @@ async def test_a_caller_cancelled_while_queued_writes_nothing(
         with trio.move_on_after(1) as scope:
             await commit.submit("gone", "gone")
         assert scope.cancelled_caught
+        assert trio.current_time() == 1
         nursery.start_soon(submit, commit, results, "later")
         await trio.testing.wait_all_tasks_blocked()
         backend.gate.set()
@@ -363,3 +449,160 @@ async def test_a_leader_cancelled_during_replays_keeps_what_committed_and_requeu
     assert backend.groups[-3:] == [["b", "x"], ["b"], ["x"]]
     assert isinstance(results.pop("x"), Rejected)
     assert results == {"first": "ok:first", "b": "ok:b"}
+
+
+# -- as the Postgres store configures it ---------------------------------------
+
+Member = tuple[Kind, str, str]
+
+
+class Pipeline:
+    """A scripted ``Database.run_group``: records each group as (kind, session, tag)."""
+
+    def __init__(self) -> None:
+        self.groups: list[list[Member]] = []
+        #: While set-and-cleared, groups wait here (to hold one in flight).
+        self.gate: trio.Event | None = None
+        #: A tag whose presence makes the server reject the whole group.
+        self.rejects: str | None = None
+        #: Raised for every group (a lost connection).
+        self.lost: Exception | None = None
+
+    async def run(self, group: Sequence[Request]) -> list[list[Row]]:
+        members = [(r.kind, r.session_id, str(r.params[0])) for r in group]
+        self.groups.append(members)
+        if self.gate is not None:
+            await self.gate.wait()
+        await trio.lowlevel.checkpoint()
+        if self.lost is not None:
+            raise self.lost
+        if self.rejects is not None and any(tag == self.rejects for *_, tag in members):
+            raise PgError("23505", f"duplicate key ({self.rejects})")
+        return [[(tag,)] for *_, tag in members]
+
+
+StoreGroups = GroupCommit[tuple[str, int], Request, list[Row]]
+
+
+def store_group_commit(pipeline: Pipeline) -> StoreGroups:
+    """What ``PostgresStore`` builds on its ``Database.run_group``."""
+    return GroupCommit(pipeline.run, rejected=(PgError,), lost=PgConnectionError, leaders=3)
+
+
+async def store_submit(
+    groups: StoreGroups,
+    results: dict[str, list[Row] | Exception],
+    kind: Kind,
+    session_id: str,
+    tag: str,
+) -> None:
+    request = Request(kind, session_id, [tag])
+    try:
+        results[tag] = await groups.submit(lock_order(request), request)
+    except Exception as exc:
+        results[tag] = exc
+
+
+async def test_statements_queued_behind_one_in_flight_share_a_group_in_lock_order(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    pipeline = Pipeline()
+    groups = store_group_commit(pipeline)
+    results: dict[str, list[Row] | Exception] = {}
+    pipeline.gate = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store_submit, groups, results, "append", "s0", "first")
+        await trio.testing.wait_all_tasks_blocked()
+        queued: list[Member] = [
+            ("claim", "s2", "c2"),
+            ("claim", "s1", "c1"),
+            ("append", "s1", "a1"),
+            ("complete", "s1", "k1"),
+            ("finish", "s2", "f2"),
+        ]
+        for kind, session_id, tag in queued:
+            nursery.start_soon(store_submit, groups, results, kind, session_id, tag)
+        await trio.testing.wait_all_tasks_blocked()
+        pipeline.gate.set()
+    assert pipeline.groups == [
+        [("append", "s0", "first")],
+        # Sessions ascending; in each, completions, then appends, then claims.
+        [
+            ("complete", "s1", "k1"),
+            ("append", "s1", "a1"),
+            ("claim", "s1", "c1"),
+            ("finish", "s2", "f2"),
+            ("claim", "s2", "c2"),
+        ],
+    ]
+    assert results == {tag: [(tag,)] for tag in ("first", "c2", "c1", "a1", "k1", "f2")}
+    assert groups.statistics() == GroupStatistics(groups=2, members=6, largest=5)
+
+
+async def test_a_group_the_server_rejected_is_replayed_member_by_member(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    pipeline = Pipeline()
+    groups = store_group_commit(pipeline)
+    results: dict[str, list[Row] | Exception] = {}
+    pipeline.gate = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store_submit, groups, results, "append", "s0", "first")
+        await trio.testing.wait_all_tasks_blocked()
+        pipeline.rejects = "bad"
+        for session_id, tag in [("s1", "ok1"), ("s2", "bad"), ("s3", "ok3")]:
+            nursery.start_soon(store_submit, groups, results, "append", session_id, tag)
+        await trio.testing.wait_all_tasks_blocked()
+        pipeline.gate.set()
+    # The group, then each member alone, in the group's order.
+    assert pipeline.groups[1:] == [
+        [("append", "s1", "ok1"), ("append", "s2", "bad"), ("append", "s3", "ok3")],
+        [("append", "s1", "ok1")],
+        [("append", "s2", "bad")],
+        [("append", "s3", "ok3")],
+    ]
+    assert results["ok1"] == [("ok1",)]
+    assert results["ok3"] == [("ok3",)]
+    bad = results["bad"]
+    assert isinstance(bad, PgError)
+    assert bad.sqlstate == "23505"
+
+
+async def test_a_lone_rejected_statement_raises_the_servers_error(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    pipeline = Pipeline()
+    pipeline.rejects = "bad"
+    groups = store_group_commit(pipeline)
+    request = Request("append", "s1", ["bad"])
+    with pytest.raises(PgError, match=r"^duplicate key \(bad\) \(SQLSTATE 23505\)$"):
+        await groups.submit(lock_order(request), request)
+    assert pipeline.groups == [[("append", "s1", "bad")]]
+    assert groups.statistics() == GroupStatistics(groups=0, members=0, largest=0)
+
+
+async def test_a_group_lost_with_its_connection_fails_every_member_on_its_own(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    pipeline = Pipeline()
+    groups = store_group_commit(pipeline)
+    results: dict[str, list[Row] | Exception] = {}
+    pipeline.gate = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store_submit, groups, results, "append", "s0", "first")
+        await trio.testing.wait_all_tasks_blocked()
+        lost = pipeline.lost = OSError("connection reset")
+        for tag in ("x", "y"):
+            nursery.start_soon(store_submit, groups, results, "claim", tag, tag)
+        await trio.testing.wait_all_tasks_blocked()
+        pipeline.gate.set()
+    # Alone, the driver's own error (the store's driver raises PgConnectionError).
+    assert results["first"] is lost
+    x, y = results["x"], results["y"]
+    assert isinstance(x, PgConnectionError)
+    assert isinstance(y, PgConnectionError)
+    assert str(x) == "group of 2 lost: connection reset"
+    assert x is not y
+    assert x.__cause__ is lost
+    # Nothing is replayed after a loss: it may have committed.
+    assert len(pipeline.groups) == 2
