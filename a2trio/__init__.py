@@ -13,15 +13,16 @@ from __future__ import annotations
 
 from . import schedulers, stores
 from .actor import Actor, ActorCall, Refused, actor, call
-from .actor_calls import ActorHandle, ActorState
 from .clock import SYSTEM_CLOCK, Clock, SystemClock, TrioClock
 from .contract import AppendInput, Contract, Event, EventType, Reducer, contract, event_type
-from .drain import DrainResult
+from .engine.actor_calls import ActorHandle, ActorState
+from .engine.drain import DrainResult
+from .engine.fanout import FeedEntry, Lapped, Subscription
+from .engine.handlers import HandlerContext, HandlerSpec, Returned, handler, on
+from .engine.inspection import InspectionUnsupportedError
+from .engine.presence import PresenceMap, PresencePatch, PresenceSnapshot, PresenceValue
+from .engine.session import HandlerSession, Session
 from .errors import A2Error, ErrorCode
-from .fanout import FeedEntry, Lapped, Subscription
-from .handlers import HandlerContext, HandlerSpec, Returned, handler, on
-from .inspection import InspectionUnsupportedError
-from .presence import PresenceMap, PresencePatch, PresenceSnapshot, PresenceValue
 from .push import PushedEvent, PushedPresence, PushValidation
 from .scheduler import (
     AppendTask,
@@ -33,7 +34,6 @@ from .scheduler import (
 )
 from .schedulers import DurableScheduler, LocalScheduler
 from .server import Server
-from .session import HandlerSession, Session
 from .stores.base import OperatorAction, OperatorActionError, Store
 from .telemetry import (
     NOOP_TELEMETRY,

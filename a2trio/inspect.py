@@ -34,13 +34,13 @@ from typing import Any
 import msgspec
 import trio
 
-from .errors import A2Error
-from .inspection import (
+from .engine.inspection import (
     DeadLettersPage,
     InspectionUnsupportedError,
     SessionEventsPage,
     SessionsPage,
 )
+from .errors import A2Error
 from .serve import TargetError, load_target
 from .server import Server
 from .stores.base import OperatorAction

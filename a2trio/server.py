@@ -27,19 +27,19 @@ import msgspec
 import trio
 
 from .actor import Actor
-from .actor_calls import ActorCalls, ActorHandle
 from .clock import Clock
 from .contract import AppendInput, Contract
-from .core import Engine
-from .drain import DrainResult
-from .drains import DrainRegistry
+from .engine.actor_calls import ActorCalls, ActorHandle
+from .engine.context import Engine
+from .engine.drain import DrainResult
+from .engine.drains import DrainRegistry
+from .engine.handlers import Handlers, registrations
+from .engine.inspection import ServerInspection
+from .engine.session import Session
 from .errors import A2Error, ErrorCode
-from .handlers import Handlers, registrations
 from .identifiers import check_session_id
-from .inspection import ServerInspection
 from .push import ValidatePush
 from .scheduler import DrainTask, Scheduler, SchedulerTask
-from .session import Session
 from .stores import default_store
 from .stores.base import Store, SweepsClaimable, WatchesPending
 from .telemetry import NOOP_TELEMETRY, Telemetry

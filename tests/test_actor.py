@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 import a2trio
-from a2trio.actor_calls import MAX_CALL_ATTEMPTS
+from a2trio.engine.actor_calls import MAX_CALL_ATTEMPTS
 from a2trio.stores import memory
 from a2trio.stores.base import AppendEvent
 from examples.vault import (
@@ -530,7 +530,7 @@ async def test_a_store_failure_reaches_the_caller_and_a_retry_is_exactly_once(
 async def test_a_cancelled_receive_loses_no_folded_event(autojump_clock: trio.abc.Clock) -> None:
     """An SSE heartbeat cancels ``receive`` on every idle interval, also while
     it waits for the rest of a burst: what it folded is framed next time."""
-    from a2trio.actor_calls import _StateFeed
+    from a2trio.engine.actor_calls import _StateFeed
     from a2trio.stores.feed import Feed
 
     scope = trio.CancelScope()

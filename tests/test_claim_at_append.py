@@ -14,8 +14,8 @@ import trio
 import trio.testing
 
 import a2trio
-from a2trio.core import Engine
-from a2trio.drains import DrainRegistry
+from a2trio.engine.context import Engine
+from a2trio.engine.drains import DrainRegistry
 from a2trio.stores.base import AppendEvent, AppendResult, ClaimRequest, ClaimResult
 from a2trio.stores.memory import MemoryStore
 from a2trio.testing import RecordingTelemetry

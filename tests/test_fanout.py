@@ -7,7 +7,7 @@ import trio
 import trio.testing
 
 import a2trio
-from a2trio import fanout
+from a2trio.engine import fanout
 from a2trio.stores import memory
 
 from .apps import Note, orders

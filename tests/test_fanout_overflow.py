@@ -19,7 +19,7 @@ import trio
 import trio.testing
 
 import a2trio
-from a2trio import fanout
+from a2trio.engine import fanout
 from a2trio.stores import memory
 from a2trio.transport import App, Limits, asgi, sse, ws
 

@@ -11,7 +11,7 @@ import trio
 import trio.testing
 
 import a2trio
-from a2trio.inspection import MAX_INSPECTION_PAGE, event_status
+from a2trio.engine.inspection import MAX_INSPECTION_PAGE, event_status
 from a2trio.stores.base import SessionPage, StoredEvent
 from tests.test_identifiers import open_backend
 

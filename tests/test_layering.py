@@ -12,25 +12,31 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parent.parent / "a2trio"
 
 #: The layers of ``docs/architecture.md``, top to bottom: a module imports
 #: modules of its own layer or of a lower one. A name is a top-level module
-#: or subpackage of ``a2trio`` (all its modules, private ones included); the
+#: or subpackage of ``a2trio`` (all its modules, private ones included), or a
+#: module of a subpackage drawn module by module (``engine.drain``); the
 #: package itself (``a2trio/__init__.py``, the public face) may import any.
 LAYERS: list[set[str]] = [
     {"__main__"},
     {"serve", "inspect", "new", "testing", "otel"},
     {"transport"},
     {"server"},
-    {"inspection", "actor_calls", "drains"},
-    {"drain"},
-    {"abort", "handlers"},
-    {"session"},
-    {"presence"},
+    # The engine, one layer per line (engine/__init__.py imports nothing).
+    {"engine", "engine.inspection", "engine.actor_calls"},
+    {"engine.drains"},
+    {"engine.drain"},
+    {"engine.abort", "engine.handlers"},
+    {"engine.session"},
+    {"engine.presence"},
+    {"engine.context"},
+    {"engine.fanout"},
     {"schedulers"},
-    {"core"},
-    {"fanout", "push", "scheduler"},
+    {"push", "scheduler"},
     {"stores"},
     {"contract", "actor"},
     {
@@ -129,18 +135,23 @@ def test_the_import_graph_has_no_cycle() -> None:
 
 def test_the_engine_parts_do_not_import_the_server() -> None:
     graph, _ = _graph()
-    for part in ("core", "session", "drain", "drains", "presence", "fanout", "scheduler"):
-        assert "a2trio.server" not in graph[f"a2trio.{part}"], part
-    assert (
-        not {f"a2trio.{m}" for m in ("drain", "drains", "session", "presence")}
-        & graph["a2trio.core"]
-    )
+    parts = [module for module in graph if module.startswith("a2trio.engine.")]
+    for part in [*parts, "a2trio.scheduler"]:
+        assert "a2trio.server" not in graph[part], part
+    # The context is what every part receives: it imports none of them.
+    parts_above = {f"a2trio.engine.{m}" for m in ("drain", "drains", "session", "presence")}
+    assert not parts_above & graph["a2trio.engine.context"]
 
 
 def _layer(module: str) -> int:
-    name = module.split(".")[1]
+    name = module.removeprefix("a2trio.")
+    top = name.split(".")[0]
+    # A subpackage drawn module by module (``engine.drain``) names every one of
+    # its modules, its __init__ as the subpackage; others are drawn whole.
+    by_module = any(drawn.startswith(top + ".") for layer in LAYERS for drawn in layer)
+    key = name if by_module else top
     for depth, layer in enumerate(LAYERS):
-        if name in layer:
+        if key in layer:
             return depth
     raise AssertionError(f"{module} is in no layer of LAYERS (docs/architecture.md)")
 
@@ -158,8 +169,16 @@ def test_every_import_goes_down_the_drawn_layers() -> None:
 
 
 def test_the_layer_check_sees_an_upward_import() -> None:
-    assert _layer("a2trio.stores.postgres.conn") > _layer("a2trio.core") > _layer("a2trio.server")
+    assert (
+        _layer("a2trio.stores.postgres.conn")
+        > _layer("a2trio.engine.context")
+        > _layer("a2trio.engine.drain")
+        > _layer("a2trio.server")
+    )
     assert _layer("a2trio.transport.asgi") == _layer("a2trio.transport")
+    # A module of the engine must be drawn by name: it has no layer otherwise.
+    with pytest.raises(AssertionError, match=r"^a2trio.engine.nowhere is in no layer"):
+        _layer("a2trio.engine.nowhere")
 
 
 def test_no_module_imports_another_modules_private_name() -> None:

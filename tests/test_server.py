@@ -9,6 +9,7 @@ import pytest
 import trio
 
 import a2trio
+import a2trio.engine.session
 from a2trio.stores import memory
 
 from .apps import Note, Ordered, Shipped, orders
@@ -284,7 +285,7 @@ async def test_a_handler_session_reads_like_a_session_and_appends_by_name() -> N
 async def test_history_reads_are_capped_with_a_clear_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(a2trio.session, "MAX_HISTORY_EVENTS", 5)
+    monkeypatch.setattr(a2trio.engine.session, "MAX_HISTORY_EVENTS", 5)
     async with a2trio.Server(orders, store=memory()) as server:
         session = server.session("s1")
         await session.append(*(orders.event("note", Note(str(n))) for n in range(7)))

@@ -47,13 +47,13 @@ import trio.testing
 
 from ..clock import Clock, TrioClock, ms_to_datetime
 from ..contract import Contract, Event
-from ..drain import DrainResult
-from ..handlers import Handlers
+from ..engine.drain import DrainResult
+from ..engine.handlers import Handlers
+from ..engine.session import Session
 from ..push import ValidatePush
 from ..scheduler import Scheduler
 from ..schedulers import LocalScheduler
 from ..server import Server
-from ..session import Session
 from ..stores.base import Store, StoredEvent
 from ..stores.memory import memory
 from ..timings import DEFAULT_TIMINGS, Timings

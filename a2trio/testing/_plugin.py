@@ -27,7 +27,7 @@ import trio
 
 from ..clock import TrioClock
 from ..contract import Contract
-from ..handlers import Handlers
+from ..engine.handlers import Handlers
 from ..push import ValidatePush
 from ..stores.base import Store
 from ..timings import DEFAULT_TIMINGS, Timings

@@ -44,7 +44,7 @@ import msgspec
 import trio
 from msgspec import UNSET
 
-from ..actor_calls import ActorState
+from ..engine.actor_calls import ActorState
 from ..errors import A2Error, ErrorCode
 from ..stores.feed import own_tasks
 from . import wire

@@ -33,7 +33,7 @@ from typing import Any, Final
 import msgspec
 import trio
 
-from ..actor_calls import ActorState
+from ..engine.actor_calls import ActorState
 from ..identifiers import check_message_id
 from ..server import Server
 from ..telemetry import encode_trace_context

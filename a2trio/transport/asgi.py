@@ -47,10 +47,10 @@ from typing import Final
 import trio
 
 from ..actor import Actor
+from ..engine.session import Session
 from ..errors import A2Error, ErrorCode
 from ..push import PushedEvent, PushedPresence
 from ..server import Server
-from ..session import Session
 from ..telemetry import encode_trace_context
 from . import sse, wire
 from ._http import (

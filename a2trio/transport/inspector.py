@@ -41,8 +41,8 @@ from typing import Final
 
 import msgspec
 
+from ..engine.inspection import InspectionUnsupportedError
 from ..errors import A2Error, ErrorCode
-from ..inspection import InspectionUnsupportedError
 from ..server import Server
 from ..stores.base import OperatorAction, OperatorActionError
 from . import wire

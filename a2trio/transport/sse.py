@@ -19,7 +19,7 @@ from typing import Any, Final
 import msgspec
 
 from ..contract import Event
-from ..presence import PresencePatch, PresenceSnapshot
+from ..engine.presence import PresencePatch, PresenceSnapshot
 from . import wire
 
 __all__ = [

@@ -30,7 +30,7 @@ from typing import Final
 
 import trio
 
-from ..fanout import Lapped
+from ..engine.fanout import Lapped
 from . import sse
 from ._http import Receive, Send, logger, report, watch_disconnect
 from .access import Grants, Withdrawal, under_review

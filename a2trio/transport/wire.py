@@ -39,8 +39,8 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from ..contract import Event
+from ..engine.presence import PresencePatch, PresenceSnapshot
 from ..errors import A2Error, ErrorCode
-from ..presence import PresencePatch, PresenceSnapshot
 
 __all__ = [
     "ERROR_STATUS",

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
+from ..engine.fanout import Lapped
 from ..errors import A2Error, ErrorCode
-from ..fanout import Lapped
 from ..identifiers import MAX_SAFE_INTEGER
 from ..push import PushedEvent, PushedPresence
 from ..server import Server
@@ -59,7 +59,7 @@ from .auth import (
 from .limits import Limits
 
 if TYPE_CHECKING:
-    from ..session import Session
+    from ..engine.session import Session
 
 __all__ = ["CLOSE_GRACE_S", "OUTBOX_FRAMES", "serve_multiplexed_socket", "serve_session_socket"]
 

@@ -53,12 +53,12 @@ from typing import Any, Literal
 import msgspec
 import trio
 
+from ..stores.base import Busy, Claimed, ClaimRef, StoredEvent
+from ..telemetry import NOOP_TELEMETRY, Span
 from .abort import AbortHub, AbortSubscription
-from .core import Appends, Engine
+from .context import Appends, Engine
 from .handlers import HandlerContext, HandlerSpec
 from .session import HandlerSession
-from .stores.base import Busy, Claimed, ClaimRef, StoredEvent
-from .telemetry import NOOP_TELEMETRY, Span
 
 #: Handler failures (WARNING, with the traceback), dead letters (ERROR), lapsed
 #: and superseded leases (WARNING); each record carries ``a2_contract``,

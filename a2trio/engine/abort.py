@@ -26,8 +26,8 @@ from typing import Any
 
 import trio
 
-from .contract import Event
-from .stores.base import Store, StoredEvent
+from ..contract import Event
+from ..stores.base import Store, StoredEvent
 
 __all__ = ["AbortHub", "AbortMatcher", "AbortSubscription"]
 

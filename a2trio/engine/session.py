@@ -16,11 +16,14 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from .contract import AppendInput, Event, Reducer
-from .core import Appends, Engine, WriteMode
+from ..contract import AppendInput, Event, Reducer
+from ..identifiers import MAX_SAFE_INTEGER
+from ..ids import handler_event_id
+from ..push import PushedEvent, PushedPresence, PushValidation
+from ..stores.base import EventCause, StateRead, StoredEvent
+from ..stores.feed import Feed
+from .context import Appends, Engine, WriteMode
 from .fanout import Subscription
-from .identifiers import MAX_SAFE_INTEGER
-from .ids import handler_event_id
 from .presence import (
     PresenceMap,
     check_pushed_presence,
@@ -29,9 +32,6 @@ from .presence import (
     set_presence,
     store_patch,
 )
-from .push import PushedEvent, PushedPresence, PushValidation
-from .stores.base import EventCause, StateRead, StoredEvent
-from .stores.feed import Feed
 
 __all__ = ["MAX_HISTORY_EVENTS", "HandlerSession", "Session", "SessionView"]
 

@@ -35,17 +35,17 @@ from typing import Any, Literal, Protocol
 import msgspec
 import trio
 
-from .clock import Clock, ms_to_datetime
-from .contract import AppendInput, Contract, Event
-from .errors import A2Error, ErrorCode
+from ..clock import Clock, ms_to_datetime
+from ..contract import AppendInput, Contract, Event
+from ..errors import A2Error, ErrorCode
+from ..identifiers import check_event_id
+from ..ids import returned_event_id, schedule_id, scheduled_event_id
+from ..push import PushedEvent, PushValidation, ValidatePush
+from ..scheduler import AppendTask, DrainTask, ScheduledEvent, Scheduler
+from ..stores.base import AppendEvent, EventCause, StateRead, Store, StoredEvent
+from ..telemetry import Telemetry
+from ..timings import Timings
 from .fanout import SessionFanout, Subscription, open_store_subscription, open_subscription
-from .identifiers import check_event_id
-from .ids import returned_event_id, schedule_id, scheduled_event_id
-from .push import PushedEvent, PushValidation, ValidatePush
-from .scheduler import AppendTask, DrainTask, ScheduledEvent, Scheduler
-from .stores.base import AppendEvent, EventCause, StateRead, Store, StoredEvent
-from .telemetry import Telemetry
-from .timings import Timings
 
 __all__ = ["Appends", "Engine", "LaneFn", "Source", "WriteMode"]
 

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import trio
 
-from .contract import AppendInput, Contract, Event, EventType
-from .core import LaneFn
-from .signatures import accepts, parameter_annotation, type_name
+from ..contract import AppendInput, Contract, Event, EventType
+from ..signatures import accepts, parameter_annotation, type_name
+from .context import LaneFn
 
 if TYPE_CHECKING:
     from .abort import AbortMatcher

@@ -21,13 +21,10 @@ from typing import Any
 import msgspec
 import trio
 
-from .contract import AppendInput, Event
-from .core import Engine, Source, WriteMode
-from .drain import DrainResult, DrainSignal, HandlerSlots, drain_session
-from .errors import A2Error
-from .handlers import HandlerSpec
-from .push import PushedEvent
-from .stores.base import (
+from ..contract import AppendInput, Event
+from ..errors import A2Error
+from ..push import PushedEvent
+from ..stores.base import (
     AppendEvent,
     AppendResult,
     ClaimRequest,
@@ -36,6 +33,9 @@ from .stores.base import (
     StoredEvent,
     SweepsClaimable,
 )
+from .context import Engine, Source, WriteMode
+from .drain import DrainResult, DrainSignal, HandlerSlots, drain_session
+from .handlers import HandlerSpec
 
 __all__ = ["OUTAGE_LOG_EVERY_S", "SWEEP_LIMIT", "DrainRegistry", "StoreHealth"]
 

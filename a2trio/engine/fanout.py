@@ -44,10 +44,10 @@ from typing import Any, TypeVar, cast
 
 import trio
 
-from .contract import Event
-from .errors import A2Error, ErrorCode
-from .stores.base import Store, StoredEvent
-from .stores.feed import Feed
+from ..contract import Event
+from ..errors import A2Error, ErrorCode
+from ..stores.base import Store, StoredEvent
+from ..stores.feed import Feed
 
 __all__ = [
     "RING",

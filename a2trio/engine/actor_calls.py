@@ -40,15 +40,15 @@ from typing import Any, Generic, TypeVar
 import msgspec
 import trio
 
-from .actor import Actor
-from .contract import AppendInput, Event
-from .core import Appends, Engine
-from .errors import A2Error, ErrorCode
-from .identifiers import check_message_id
-from .ids import call_event_count, call_event_id
+from ..actor import Actor
+from ..contract import AppendInput, Event
+from ..errors import A2Error, ErrorCode
+from ..identifiers import check_message_id
+from ..ids import call_event_count, call_event_id
+from ..stores.base import StoredEvent
+from ..stores.feed import Feed
+from .context import Appends, Engine
 from .session import SessionView
-from .stores.base import StoredEvent
-from .stores.feed import Feed
 
 __all__ = ["MAX_CALL_ATTEMPTS", "ActorCalls", "ActorHandle", "ActorState"]
 

@@ -31,12 +31,12 @@ from typing import Any
 import msgspec
 import trio
 
-from .contract import Event
-from .core import Engine
-from .identifiers import MAX_SAFE_INTEGER, check_participant
-from .push import MAX_DATE_MS, RESERVED_PARTICIPANTS, PushedPresence, PushValidation
-from .stores.base import PresenceRow, PresenceStore, StoredPresencePatch
-from .stores.feed import Feed, own_tasks
+from ..contract import Event
+from ..identifiers import MAX_SAFE_INTEGER, check_participant
+from ..push import MAX_DATE_MS, RESERVED_PARTICIPANTS, PushedPresence, PushValidation
+from ..stores.base import PresenceRow, PresenceStore, StoredPresencePatch
+from ..stores.feed import Feed, own_tasks
+from .context import Engine
 
 __all__ = [
     "PresenceMap",

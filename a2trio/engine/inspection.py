@@ -26,11 +26,10 @@ from typing import Any, Literal
 
 import msgspec
 
-from .contract import Event
-from .core import Engine
-from .errors import A2Error, ErrorCode
-from .identifiers import MAX_SAFE_INTEGER, check_session_id
-from .stores.base import (
+from ..contract import Event
+from ..errors import A2Error, ErrorCode
+from ..identifiers import MAX_SAFE_INTEGER, check_session_id
+from ..stores.base import (
     Inspection,
     OperatorAction,
     OperatorActionError,
@@ -39,7 +38,8 @@ from .stores.base import (
     SnapshotInfo,
     StoredEvent,
 )
-from .telemetry import trace_id_of
+from ..telemetry import trace_id_of
+from .context import Engine
 
 __all__ = [
     "MAX_ACTOR_CHARS",
