@@ -53,7 +53,7 @@ def returned_event_id(trigger_id: str, position: int) -> str:
 
 def call_event_id(contract: str, actor_id: str, message_id: str, position: int, count: int) -> str:
     """Id of the ``position``-th of the ``count`` events an actor call with
-    ``message_id`` commits (``actor_calls.py``). The first id leaves the count
+    ``message_id`` commits (``engine/actor_calls.py``). The first id leaves the count
     out, so a retry finds it without knowing it; the others hash it in, so a
     batch of another size under the same ``message_id`` never replays as a
     part of this one (the store refuses the mix), and end with ``/<count>``,

@@ -34,12 +34,8 @@ from typing import Any
 import msgspec
 import trio
 
-from .engine.inspection import (
-    DeadLettersPage,
-    InspectionUnsupportedError,
-    SessionEventsPage,
-    SessionsPage,
-)
+from .engine.inspection import InspectionUnsupportedError
+from .engine.inspection_records import DeadLettersPage, SessionEventsPage, SessionsPage
 from .errors import A2Error
 from .serve import TargetError, load_target
 from .server import Server

@@ -5,12 +5,13 @@ and a nursery.
 construction and does no I/O. It builds the engine's parts and wires them
 together; none of them knows the server (see ``docs/architecture.md``):
 
-* :class:`~a2trio.core.Engine`, what every part shares (contract, store, key
-  namespace, validation, the background nursery, watchdog arming);
-* :class:`~a2trio.drains.DrainRegistry`, the write path and the background
-  drains it wakes;
+* :class:`~a2trio.engine.context.Engine`, what every part shares (contract,
+  store, key namespace, the background nursery, the watchdogs and lease
+  window, state reads, the sessions' shared feeds);
+* :class:`~a2trio.engine.writes.Writes`, the write path, with the
+  :class:`~a2trio.engine.drains.DrainRegistry` of background drains it wakes;
 * :class:`~a2trio.Session` handles, which read through the engine and write
-  through the registry.
+  through the write path.
 
 ``async with server:`` opens the store's and the scheduler's lifetimes and the
 server's nursery, where background drains, snapshot write-backs and watchdog
@@ -32,10 +33,10 @@ from .contract import AppendInput, Contract
 from .engine.actor_calls import ActorCalls, ActorHandle
 from .engine.context import Engine
 from .engine.drain import DrainResult
-from .engine.drains import DrainRegistry
 from .engine.handlers import Handlers, registrations
 from .engine.inspection import ServerInspection
 from .engine.session import Session
+from .engine.writes import Writes
 from .errors import A2Error, ErrorCode
 from .identifiers import check_session_id
 from .push import ValidatePush
@@ -78,7 +79,7 @@ class Server:
       handlers: a list of :func:`a2trio.on` registrations (typed by their
         event types), or a mapping event type -> async function or
         :func:`a2trio.handler` spec. Each is checked against the contract
-        (:func:`a2trio.handlers.registrations`).
+        (:func:`a2trio.engine.handlers.registrations`).
       scheduler: a :class:`~a2trio.scheduler.Scheduler` for watchdogs,
         ``dispatch`` and ``schedule``. Without one the server heals on the next
         append.
@@ -180,14 +181,15 @@ class Server:
         )
         if isinstance(max_handlers, bool) or not isinstance(max_handlers, int) or max_handlers < 1:
             raise ValueError(f"max_handlers must be a positive integer, got {max_handlers!r}")
-        self._drains = DrainRegistry(self._engine, specs, max_handlers)
+        self._writes = Writes(self._engine, specs, max_handlers)
+        self._drains = self._writes.drains
         self._calls = (
-            ActorCalls(self._engine, self._drains, contract)
+            ActorCalls(self._engine, self._writes, contract)
             if isinstance(contract, Actor)
             else None
         )
         #: The contract's sessions and events with their processing status
-        #: (:class:`~a2trio.inspection.ServerInspection`).
+        #: (:class:`~a2trio.engine.inspection.ServerInspection`).
         self.inspect = ServerInspection(self._engine, self._drains.wake)
         self.asyncio_loop = asyncio_loop
         self.sweep = sweep
@@ -264,7 +266,7 @@ class Server:
             if self.scheduler is not None:
                 await stack.enter_async_context(self.scheduler.bind(self))
             self._nursery = await stack.enter_async_context(trio.open_nursery())
-            self._engine.attach(self._nursery)
+            self._engine.background.attach(self._nursery)
             if self._drains.handlers and self.run_handlers:
                 if isinstance(self.store, WatchesPending):
                     # Cross-process wake-up: work appended by another process
@@ -274,7 +276,7 @@ class Server:
                     # Nothing stays stranded: not counted by settle(), it never ends.
                     self._nursery.start_soon(self._drains.sweep, self.store)
         except BaseException:
-            self._engine.attach(None)
+            self._engine.background.attach(None)
             await stack.aclose()
             raise
         self._stack = stack
@@ -291,7 +293,7 @@ class Server:
         assert self._nursery is not None
         self._nursery.cancel_scope.cancel(reason="server closed")
         self._nursery = None
-        self._engine.attach(None)
+        self._engine.background.attach(None)
         self._closed = True
         # The block's own exception is not the nursery's business: background
         # tasks were cancelled above, so it propagates as itself, not wrapped
@@ -307,13 +309,13 @@ class Server:
 
         Cancellation: only waits; cancelling it leaves the background alone.
         """
-        await self._engine.settle()
+        await self._engine.background.settle()
 
     def statistics(self) -> ServerStatistics:
         """Running background drains and background tasks (for tests and debugging)."""
         return ServerStatistics(
             drains=self._drains.running,
-            background_tasks=self._engine.background_tasks,
+            background_tasks=self._engine.background.tasks,
             free_slots=self._drains.slots.free,
         )
 
@@ -327,7 +329,7 @@ class Server:
           :data:`~a2trio.identifiers.MAX_ID_LENGTH` or holding a control
           character (U+0000-U+001F, U+007F-U+009F) or a lone surrogate.
         """
-        return Session(self._engine, self._drains, check_session_id(session_id))
+        return Session(self._engine, self._writes, check_session_id(session_id))
 
     def actor(self, actor_id: str) -> ActorHandle:
         """A handle on one actor of the server's :func:`a2trio.actor` (its
@@ -399,7 +401,7 @@ class Server:
                 await self._drains.drain(session_id, watchdog_due_at_ms=task.due_at_ms)
             return
         inputs = [AppendInput(e.type, e.payload, e.id) for e in task.events]
-        await self._drains.append(
+        await self._writes.append(
             session_id,
             inputs,
             source="external",

@@ -3,7 +3,7 @@
 A handler annotated ``HandlerContext[OrderPlaced]`` registered for an event
 carrying ``OrderShipped``, or a call function taking ``AddItem`` for a call
 declared with ``Checkout``, would fail only when it runs (an
-``AttributeError`` that dead-letters the event). ``handlers.py`` and
+``AttributeError`` that dead-letters the event). ``engine/handlers.py`` and
 ``actor.py`` read the annotation here and refuse the mismatch at
 construction instead.
 

@@ -15,7 +15,7 @@ import trio.testing
 
 import a2trio
 from a2trio.engine.context import Engine
-from a2trio.engine.drains import DrainRegistry
+from a2trio.engine.writes import Writes
 from a2trio.stores.base import AppendEvent, AppendResult, ClaimRequest, ClaimResult
 from a2trio.stores.memory import MemoryStore
 from a2trio.testing import RecordingTelemetry
@@ -210,9 +210,9 @@ async def test_a_drain_woken_to_claim_still_claims_when_handed_events_first(
         clock=store.clock,
         run_handlers=True,
     )
-    drains = DrainRegistry(engine, {"ordered": a2trio.handler(ship)}, max_handlers=256)
+    drains = Writes(engine, {"ordered": a2trio.handler(ship)}, max_handlers=256).drains
     async with store, trio.open_nursery() as nursery:
-        engine.attach(nursery)
+        engine.background.attach(nursery)
         key = engine.key("s1")
         await store.append(key, [AppendEvent("ordered", {"item": "remote", "qty": 1})])
         local = await store.append(
@@ -223,6 +223,6 @@ async def test_a_drain_woken_to_claim_still_claims_when_handed_events_first(
         drains.wake_key(key)
         assert drains.slots.take(len(local.claimed))
         drains.adopt("s1", "h", local.claimed, trio.current_time() + 30, 30_000, None)
-        await engine.settle()
+        await engine.background.settle()
     # Both at once: "remote" does not wait for "local" to finish first.
     assert sorted(started) == [("local", 0.0), ("remote", 0.0)]

@@ -57,3 +57,23 @@ def test_the_frames_a_lane_yields_import_from_the_transport() -> None:
 
     assert LaneFrame == EventFrame | PresenceFrame | PresenceSnapshotFrame
     assert set(a2trio.transport.__all__) >= {"EventFrame", "PresenceFrame", "PresenceSnapshotFrame"}
+
+
+def test_the_engine_s_old_paths_re_export_what_the_docs_name() -> None:
+    # docs/concepts.md, operations.md, transport.md and actors.md name these
+    # by the paths they had before the engine became a package (issue 32).
+    from a2trio import actor_calls, drain, fanout, inspection, session
+    from a2trio.engine import actor_calls as engine_actor_calls
+    from a2trio.engine import attempt, inspection_records
+    from a2trio.engine import fanout as engine_fanout
+    from a2trio.engine import session as engine_session
+
+    assert drain.MAX_ERROR_CHARS == attempt.MAX_ERROR_CHARS
+    assert drain.stored_error is attempt.stored_error
+    assert drain.DrainResult is a2trio.DrainResult
+    assert session.MAX_HISTORY_EVENTS == engine_session.MAX_HISTORY_EVENTS
+    assert fanout.RING == engine_fanout.RING
+    assert actor_calls.MAX_CALL_ATTEMPTS == engine_actor_calls.MAX_CALL_ATTEMPTS
+    assert inspection.event_status is inspection_records.event_status
+    for old in (drain, session, fanout, actor_calls, inspection):
+        assert all(hasattr(old, name) for name in old.__all__), old.__name__

@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 import a2trio
-from a2trio.engine.drain import MAX_ERROR_CHARS, stored_error
+from a2trio.engine.attempt import MAX_ERROR_CHARS, stored_error
 from a2trio.testing import open_harness
 
 from .apps import Note, Ordered, orders

@@ -11,7 +11,8 @@ import trio
 import trio.testing
 
 import a2trio
-from a2trio.engine.inspection import MAX_INSPECTION_PAGE, event_status
+from a2trio.engine.inspection import MAX_INSPECTION_PAGE
+from a2trio.engine.inspection_records import event_status
 from a2trio.stores.base import SessionPage, StoredEvent
 from tests.test_identifiers import open_backend
 

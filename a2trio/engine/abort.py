@@ -1,7 +1,7 @@
 """The abort hub: ``abort_on`` matching, delivered as cancellation.
 
 Theory of operation. A handler registered with ``abort_on`` runs inside an
-*abort scope* (see :mod:`a2trio.drain`). One hub per drain follows the
+*abort scope* (see :mod:`a2trio.engine.drain`). One hub per drain follows the
 session's log from the earliest active trigger and, for every event whose type
 some subscription watches, asks each matching subscription's predicate; a match
 sets ``ctx.aborted`` and cancels that handler's abort scope with the reason
@@ -91,6 +91,7 @@ class AbortSubscription:
             self.offer(event)
 
     def close(self) -> None:
+        """The handler has ended: stop watching for it."""
         self._hub.unsubscribe(self)
 
 
@@ -132,6 +133,7 @@ class AbortHub:
         return subscription
 
     def unsubscribe(self, subscription: AbortSubscription) -> None:
+        """Forget ``subscription``; the last one out stops the hub's feed."""
         self._subscriptions.discard(subscription)
         if not self._subscriptions and self._scope is not None:
             self._scope.cancel(reason="no abort subscriptions left")

@@ -125,7 +125,7 @@ class ActorCalls:
         spec, typed_input = actor.input_of(name, input)
         if message_id is not None:
             check_message_id(message_id)
-        self.engine.require_open()
+        self.engine.background.require_open()
         view = SessionView(self.engine, self.appends, actor_id)
         async with self._turn(actor_id):
             if message_id is not None:

@@ -1,41 +1,29 @@
-"""The write path and the drain registry: one background drain per session per
-process.
+"""The drain registry: one background drain per session per process.
 
-An append validates its events (``Engine.validate``), writes them, and hands
-what it left pending to the session's drain: the running one is woken (or
-given the events the append claimed for it), never duplicated; if none runs,
-one starts in the server's nursery. Leaving ``async with server`` cancels
-background drains: their claims lapse and a later drain retries, exactly as
-after a crash. :class:`DrainRegistry` is the only owner of that map and of
-the :class:`~a2trio.drain.DrainSignal` it keeps per running drain.
+The write path (``writes.py``) hands what an append left pending to the
+session's drain: the running one is woken (or given the events the append
+claimed for it), never duplicated; if none runs, one starts in the server's
+nursery. The sweep and other processes' wake-ups wake drains the same way.
+Leaving ``async with server`` cancels background drains: their claims lapse
+and a later drain retries, exactly as after a crash. :class:`DrainRegistry`
+is the only owner of that map and of the
+:class:`~a2trio.engine.mailbox.DrainSignal` it keeps per running drain.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import uuid
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping
 
-import msgspec
 import trio
 
-from ..contract import AppendInput, Event
 from ..errors import A2Error
-from ..push import PushedEvent
-from ..stores.base import (
-    AppendEvent,
-    AppendResult,
-    ClaimRequest,
-    EventCause,
-    Store,
-    StoredEvent,
-    SweepsClaimable,
-)
-from .context import Engine, Source, WriteMode
-from .drain import DrainResult, DrainSignal, HandlerSlots, drain_session
+from ..stores.base import StoredEvent, SweepsClaimable
+from .context import Appends, Engine
+from .drain import DrainResult, HandlerSlots, drain_session
 from .handlers import HandlerSpec
+from .mailbox import DrainSignal
 
 __all__ = ["OUTAGE_LOG_EVERY_S", "SWEEP_LIMIT", "DrainRegistry", "StoreHealth"]
 
@@ -63,6 +51,7 @@ class StoreHealth:
         return self._down_since is not None
 
     def failed(self, what: str, error: BaseException) -> None:
+        """A call (``what``: "drain", "sweep") failed with ``error``."""
         now = trio.current_time()
         extra = {"a2_contract": self.contract}
         cause = error.__cause__ or error
@@ -86,6 +75,7 @@ class StoreHealth:
             )
 
     def ok(self) -> None:
+        """A call succeeded: log the recovery if the store was down."""
         if self._down_since is None:
             return
         logger.info(
@@ -97,14 +87,25 @@ class StoreHealth:
 
 
 class DrainRegistry:
-    """The drains of one server and the appends that feed them (an
-    :class:`~a2trio.core.Appends`)."""
+    """The drains of one server (see the module docstring).
+
+    Args:
+      handlers: event type -> handler spec.
+      max_handlers: handlers running at once across the server's drains
+        (:attr:`slots`).
+      appends: the write path the handlers' sessions append through.
+    """
 
     def __init__(
-        self, engine: Engine, handlers: Mapping[str, HandlerSpec], max_handlers: int
+        self,
+        engine: Engine,
+        handlers: Mapping[str, HandlerSpec],
+        max_handlers: int,
+        appends: Appends,
     ) -> None:
         self.engine = engine
         self.handlers = handlers
+        self.appends = appends
         self.slots = HandlerSlots(max_handlers)
         self.health = StoreHealth(engine.contract.name)
         self._drains: dict[str, DrainSignal] = {}
@@ -114,156 +115,10 @@ class DrainRegistry:
         """Background drains running now."""
         return len(self._drains)
 
-    # -- append ------------------------------------------------------------------
-
-    async def append(
-        self,
-        session_id: str,
-        events: Sequence[AppendInput | PushedEvent],
-        *,
-        source: Source,
-        mode: WriteMode,
-        causes: Sequence[EventCause] | None = None,
-        require_arm: bool = False,
-        expected_index: int | None = None,
-        trace_parent: str | None = None,
-    ) -> list[Event[Any]]:
-        """Validate and append ``events``, then get their reaction going.
-
-        ``mode="inline"`` wakes this process's drain (and arms a watchdog for
-        an external append); ``"dispatch"`` arms a scheduler drain instead.
-        ``require_arm`` (a scheduler-delivered append) raises if that arm fails.
-        ``expected_index`` makes the commit conditional (``Store.append``).
-        ``trace_parent`` (an HTTP push's trace headers) is the ``a2.append``
-        span's remote parent; each event stores that span's trace context.
-
-        Raises:
-          RuntimeError: the server is not open (checked before writing).
-          TypeError: dispatch without a scheduler; bad inputs.
-          A2Error: validation and store errors (nothing written).
-        """
-        engine = self.engine
-        attributes: dict[str, str | int] = {
-            "a2.contract": engine.contract.name,
-            "a2.session_id": session_id,
-            "a2.append.source": source,
-            "a2.append.mode": mode,
-            "a2.append.types": ",".join(str(getattr(e, "type", "?")) for e in events),
-            "a2.append.count": len(events),
-        }
-        telemetry = engine.telemetry
-        with telemetry.span("a2.append", attributes, parent=trace_parent) as span:
-            # Checked before writing: an append's drain needs the nursery.
-            engine.require_open()
-            if mode == "dispatch" and engine.scheduler is None:
-                raise TypeError("dispatch requires a scheduler: pass Server(scheduler=...)")
-            validated = engine.validate(session_id, events, trace_context=telemetry.trace_context())
-            if causes is not None:
-                validated = [
-                    msgspec.structs.replace(event, cause=cause)
-                    for event, cause in zip(validated, causes, strict=True)
-                ]
-            watchdog_at: int | None = None
-            if engine.scheduler is not None and source == "external" and mode == "inline":
-                ttl_ms = int(engine.timings.claim_ttl_s * 1000)
-                grace_ms = int(engine.timings.watchdog_grace_s * 1000)
-                watchdog_at = engine.slot(engine.clock.now_ms() + ttl_ms + grace_ms)
-            result = await self._store_append(
-                session_id, validated, mode, watchdog_at, expected_index
-            )
-            appended = [engine.to_public(row) for row in result.events]
-            if not result.has_pending:
-                return appended
-            if mode == "dispatch":
-                await engine.arm_now(session_id, engine.slot_floor(engine.clock.now_ms()))
-                return appended
-            # One arm per slot (the seed's startSchedulerArm), except that a
-            # scheduler-delivered append must see its own arm succeed.
-            if watchdog_at is not None and (
-                engine.claim_slot(session_id, watchdog_at) or require_arm
-            ):
-                try:
-                    with trio.fail_after(engine.timings.scheduler_arm_timeout_s):
-                        await engine.arm_now(session_id, watchdog_at)
-                except (Exception, trio.TooSlowError) as exc:
-                    engine.forget_slot(session_id, watchdog_at)
-                    span.set_attribute("a2.append.armed", False)
-                    span.record_error(exc)
-                    if require_arm:
-                        raise
-            return appended
-
-    async def _store_append(
-        self,
-        session_id: str,
-        events: Sequence[AppendEvent],
-        mode: WriteMode,
-        watchdog_at_ms: int | None,
-        expected_index: int | None = None,
-    ) -> AppendResult:
-        """Append, and get the pending work of an inline append running.
-
-        An inline append on a server that runs handlers writes its events
-        claimed for this process's drain (``ClaimRequest``): the handler starts
-        one round trip sooner than if the drain claimed, and the row is written
-        once. The drain is woken to claim only if the session held other
-        claimable events. The local lease estimate is taken before the call,
-        as the drain does, so it never outlives the store's stamp. While the
-        append is in flight the running drain knows an answer is coming, so it
-        does not end (or claim against its own holder's fresh claims).
-        """
-        engine = self.engine
-        key = engine.key(session_id)
-        pending = sum(not e.settled for e in events)
-        # Claimed at insert only with a slot for each event (taken here, kept
-        # by each claimed event's attempt): past that the drain claims as
-        # slots free (backpressure on claims).
-        if (
-            mode != "inline"
-            or not engine.run_handlers
-            or not pending
-            or not self.slots.take(pending)
-        ):
-            result = await _write(engine.store, key, events, None, expected_index)
-            if result.has_pending and mode == "inline" and engine.run_handlers:
-                self.wake(session_id, watchdog_at_ms)
-            return result
-        ttl_s = engine.timings.claim_ttl_s
-        expires_at = trio.current_time() + ttl_s
-        drain_watchdog_ms = engine.clock.now_ms() + int(
-            (ttl_s + engine.timings.watchdog_grace_s) * 1000
-        )
+    def mailbox(self, session_id: str) -> DrainSignal | None:
+        """The mailbox of the session's running background drain, if one runs."""
         signal = self._drains.get(session_id)
-        if signal is None or signal.closed:
-            signal = None
-            claim = ClaimRequest(str(uuid.uuid4()), int(ttl_s * 1000))
-        else:
-            claim = ClaimRequest(signal.holder, int(ttl_s * 1000))
-            signal.begin_append()
-        adopted = 0
-        try:
-            result = await _write(engine.store, key, events, claim, expected_index)
-            if result.claimed:
-                adopted = len(result.claimed)
-                self.adopt(
-                    session_id,
-                    claim.holder,
-                    result.claimed,
-                    expires_at,
-                    drain_watchdog_ms,
-                    watchdog_at_ms,
-                )
-            if result.others_claimable:
-                self.wake(session_id, watchdog_at_ms)
-        finally:
-            # The slots of events written unclaimed (a lane's later events, a
-            # replay), or of a failed append.
-            self.slots.give_back(pending - adopted)
-            if signal is not None:
-                signal.appended()
-        return result
-
-    # -- drains ---------------------------------------------------------------------
+        return None if signal is None or signal.closed else signal
 
     def adopt(
         self,
@@ -281,7 +136,7 @@ class DrainRegistry:
         if signal is None or signal.closed:
             signal = DrainSignal(holder)
             self._drains[session_id] = signal
-            self.engine.spawn(self._background_drain, session_id, signal, watchdog_at_ms)
+            self.engine.background.spawn(self._background_drain, session_id, signal, watchdog_at_ms)
         signal.adopt(holder, events, expires_at, drain_watchdog_ms)
 
     def wake(self, session_id: str, watchdog_at_ms: int | None = None) -> None:
@@ -295,13 +150,13 @@ class DrainRegistry:
         # it events before it starts (it would otherwise take those as all).
         signal.notify()
         self._drains[session_id] = signal
-        self.engine.spawn(self._background_drain, session_id, signal, watchdog_at_ms)
+        self.engine.background.spawn(self._background_drain, session_id, signal, watchdog_at_ms)
 
     def wake_key(self, key: str) -> None:
         """Another process appended to store key ``key``: wake its drain if the
         key is this contract's and the server is open."""
         session_id = self.engine.session_of(key)
-        if session_id is not None and self.engine.is_open:
+        if session_id is not None and self.engine.background.is_open:
             self.wake(session_id)
 
     async def sweep(self, store: SweepsClaimable) -> None:
@@ -352,27 +207,17 @@ class DrainRegistry:
         signal: DrainSignal | None = None,
         watchdog_due_at_ms: int | None = None,
     ) -> DrainResult:
-        """Run one drain of ``session_id`` in this task (see ``drain.py``)."""
+        """Run one drain of ``session_id`` in this task (see ``drain.py``).
+
+        Cancellation: cancelling cancels the handlers; their claims lapse and
+        a later drain retries them.
+        """
         return await drain_session(
             self.engine,
             self.handlers,
-            self,
+            self.appends,
             self.slots,
             session_id,
             signal=signal,
             watchdog_due_at_ms=watchdog_due_at_ms,
         )
-
-
-async def _write(
-    store: Store,
-    key: str,
-    events: Sequence[AppendEvent],
-    claim: ClaimRequest | None,
-    expected_index: int | None,
-) -> AppendResult:
-    """``store.append``, naming ``expected_index`` only for a conditional
-    append, so that stores written before it keep working for the rest."""
-    if expected_index is None:
-        return await store.append(key, events, claim=claim)
-    return await store.append(key, events, claim=claim, expected_index=expected_index)

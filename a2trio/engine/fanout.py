@@ -48,6 +48,7 @@ from ..contract import Event
 from ..errors import A2Error, ErrorCode
 from ..stores.base import Store, StoredEvent
 from ..stores.feed import Feed
+from .background import Background
 
 __all__ = [
     "RING",
@@ -55,6 +56,7 @@ __all__ = [
     "FeedEntry",
     "Lapped",
     "SessionFanout",
+    "SessionFeeds",
     "Subscription",
     "open_store_subscription",
     "open_subscription",
@@ -137,6 +139,10 @@ class SessionFanout:
             wake.set()
 
     async def pump(self, start_after: int, *, task_status: trio.TaskStatus[None]) -> None:
+        """Follow the store's feed after ``start_after`` into the ring until
+        stopped; started once the store's feed is open. A failure before then
+        is raised to the reader starting the pump; after, it is kept for
+        every reader (:attr:`error`)."""
         self.first = start_after + 1
         self.last_index = start_after
         ring = self.ring
@@ -202,6 +208,7 @@ class Subscription(Feed[Event[Any]], ABC):
         """
 
     async def receive(self) -> Event[Any]:
+        """The next event, one at a time (runs of :meth:`receive_run` unpacked)."""
         while not self._pending:
             self._pending = (await self.receive_run())[::-1]
         return self._pending.pop().event
@@ -340,3 +347,55 @@ async def open_store_subscription(
     """A subscription over a store feed of its own, for a server that is not open."""
     async with store.stream(key, start_after=start_after) as rows:
         yield _Unshared(rows, to_public)
+
+
+class SessionFeeds:
+    """The live feeds of one server's sessions, shared per session while the
+    server is open (what ``session.stream()``, ``session.subscribe()`` and the
+    presence feed read).
+
+    Args:
+      store: where the events are.
+      background: the server's nursery, where the shared pumps run.
+      key: a session id's store key.
+      to_public: a stored row as a typed event.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        background: Background,
+        key: Callable[[str], str],
+        to_public: Callable[[StoredEvent], Event[Any]],
+    ) -> None:
+        self.store = store
+        self.background = background
+        self.key = key
+        self.to_public = to_public
+        self._hubs: dict[str, SessionFanout] = {}
+
+    @asynccontextmanager
+    async def open(
+        self, session_id: str, start_after: int, *, drop: bool = False
+    ) -> AsyncIterator[Subscription]:
+        """A session's typed events after ``start_after``, then live: the
+        process's shared feed of the session while the server is open (with
+        ``drop`` a reader that lags past its ring is dropped), the store's own
+        feed otherwise."""
+        key = self.key(session_id)
+        nursery = self.background.nursery
+        if nursery is not None:
+            async with open_subscription(
+                self._hubs,
+                nursery,
+                self.store,
+                key,
+                session_id,
+                self.to_public,
+                start_after,
+                drop=drop,
+            ) as shared:
+                yield shared
+            return
+        async with open_store_subscription(self.store, key, self.to_public, start_after) as own:
+            yield own

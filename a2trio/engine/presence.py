@@ -37,6 +37,7 @@ from ..push import MAX_DATE_MS, RESERVED_PARTICIPANTS, PushedPresence, PushValid
 from ..stores.base import PresenceRow, PresenceStore, StoredPresencePatch
 from ..stores.feed import Feed, own_tasks
 from .context import Engine
+from .inputs import check_push
 
 __all__ = [
     "PresenceMap",
@@ -125,8 +126,8 @@ async def check_pushed_presence(
     _api(engine)
     # Copy before the hook: authorization must not rewrite what is stored.
     values = dict(pushed.values)
-    await engine.check_push(
-        PushValidation(session_id, (), msgspec.structs.replace(pushed, values=dict(values)))
+    await check_push(
+        engine, PushValidation(session_id, (), msgspec.structs.replace(pushed, values=dict(values)))
     )
     return validate_patch(engine, pushed.participant, values, pushed.seen, pushed.at, 0)
 
@@ -293,7 +294,7 @@ class _TwoPlaneFeed(Feed["Event[Any] | PresencePatch | PresenceSnapshot"]):
     async def _pump_events(self, start_after: int) -> None:
         try:
             # The session's shared event feed (see fanout.py), typed already.
-            async with self._engine.open_events(self._session_id, start_after) as events:
+            async with self._engine.feeds.open(self._session_id, start_after) as events:
                 async for event in events:
                     self._event = event
                     self._taken = trio.Event()

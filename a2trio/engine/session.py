@@ -24,6 +24,7 @@ from ..stores.base import EventCause, StateRead, StoredEvent
 from ..stores.feed import Feed
 from .context import Appends, Engine, WriteMode
 from .fanout import Subscription
+from .inputs import check_push, schedule
 from .presence import (
     PresenceMap,
     check_pushed_presence,
@@ -132,7 +133,7 @@ class SessionView:
         }
         with engine.telemetry.span("a2.state", attributes) as span:
             try:
-                read = await engine.read_state(key, reducer.name)
+                read = await engine.states.read(key, reducer.name)
             except Exception:
                 # The snapshot cache is not load-bearing: fall back to the log,
                 # which still reports a real outage.
@@ -160,9 +161,9 @@ class SessionView:
                 index = row.index
             span.set_attribute("a2.state.folded", len(rows))
             span.set_attribute("a2.state.index", index)
-            if rows and engine.is_open:
+            if rows and engine.background.is_open:
                 snapshot = msgspec.to_builtins(state)
-                engine.spawn(_put_snapshot, engine, key, reducer.name, index, snapshot)
+                engine.background.spawn(_put_snapshot, engine, key, reducer.name, index, snapshot)
             return state, index
 
     @asynccontextmanager
@@ -187,7 +188,7 @@ class SessionView:
             async with open_presence_feed(self._engine, self.id, start_after) as feed:
                 yield feed
             return
-        async with self._engine.open_events(self.id, start_after) as events:
+        async with self._engine.feeds.open(self.id, start_after) as events:
             yield events
 
     @asynccontextmanager
@@ -198,14 +199,14 @@ class SessionView:
         once for every reader of the session in this process).
 
         Unlike :meth:`stream`, a subscriber that falls more than
-        :data:`~a2trio.fanout.RING` events behind the session is dropped:
+        :data:`~a2trio.engine.fanout.RING` events behind the session is dropped:
         ``receive_run()`` raises :class:`~a2trio.Lapped` naming the
         last index it received, to resume from with a new subscription.
 
         Cancellation: as :meth:`stream`.
         """
         _check_index("start_after", start_after)
-        async with self._engine.open_events(self.id, start_after, drop=True) as subscription:
+        async with self._engine.feeds.open(self.id, start_after, drop=True) as subscription:
             yield subscription
 
     async def presence(self) -> PresenceMap:
@@ -301,7 +302,7 @@ class Session(SessionView):
         engine = self._engine
         pushed = tuple(events)
         if pushed:
-            await engine.check_push(PushValidation(self.id, pushed))
+            await check_push(engine, PushValidation(self.id, pushed))
         patch = (
             await check_pushed_presence(engine, self.id, presence) if presence is not None else None
         )
@@ -320,7 +321,7 @@ class Session(SessionView):
     ) -> list[Event[Any]]:
         pushed = tuple(e for e in events if isinstance(e, PushedEvent))
         if pushed:
-            await self._engine.check_push(PushValidation(self.id, pushed))
+            await check_push(self._engine, PushValidation(self.id, pushed))
         return await self._appends.append(self.id, events, source="external", mode=mode)
 
     async def schedule(self, name: str, timing: str | datetime, *events: AppendInput) -> None:
@@ -337,7 +338,7 @@ class Session(SessionView):
         Cancellation: a checkpoint; safe to retry (the schedule id makes a
         repeat a no-op).
         """
-        await self._engine.schedule(self.id, name, timing, events, trigger=None)
+        await schedule(self._engine, self.id, name, timing, events, trigger=None)
 
     async def set_presence(
         self,
@@ -428,7 +429,7 @@ class HandlerSession(SessionView):
         """Like :meth:`Session.schedule`, but the id includes the trigger's id and a
         delay counts from the trigger's ``created_at``, so a retry schedules the
         same thing once."""
-        await self._engine.schedule(self.id, name, timing, events, trigger=self._trigger)
+        await schedule(self._engine, self.id, name, timing, events, trigger=self._trigger)
 
     async def set_presence(
         self,

@@ -1,0 +1,140 @@
+"""What ``server.inspect`` answers with: an event's processing status, and
+the pages of sessions, events and dead letters (``inspection.py``).
+
+:func:`event_status` is the one reading of a stored row's bookkeeping as a
+status, for every store: the store keeps the bookkeeping, this says what it
+means.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from ..contract import Event
+from ..stores.base import OperatorAction, SessionSummary, SnapshotInfo, StoredEvent
+
+__all__ = [
+    "DeadLettersPage",
+    "EventStatus",
+    "InspectedEvent",
+    "SessionEventsPage",
+    "SessionsPage",
+    "State",
+    "event_status",
+]
+
+State = Literal["settled", "processed", "skipped", "pending", "claimed", "failed", "dead_lettered"]
+
+
+class EventStatus(msgspec.Struct, frozen=True):
+    """Where an event is in its processing.
+
+    ``state``: ``settled`` (stored with nothing to run), ``processed`` (a
+    handler completed it, by ``processed_by_attempt``), ``skipped`` (an
+    operator marked it processed without running it), ``pending`` (waiting
+    for a claim), ``claimed`` (``claim_holder`` runs attempt ``attempts``
+    until ``claim_expires_at``), ``failed`` (``failures`` so far, waiting for
+    a retry), ``dead_lettered`` (failed for good; its lane is blocked).
+
+    The store keeps the last failure only: ``last_error`` is the error of
+    attempt ``last_failed_attempt``, at ``last_failed_at_ms``. The other
+    times (epoch milliseconds, the store's clock) are when the event was
+    first and last claimed, processed, and dead-lettered; ``lane`` is its
+    handler's lane (None outside one).
+    """
+
+    state: State
+    attempts: int
+    failures: int
+    claim_holder: str | None = None
+    claim_expires_at_ms: int | None = None
+    processed_by_attempt: int | None = None
+    last_error: str | None = None
+    last_failed_attempt: int | None = None
+    last_failed_at_ms: int | None = None
+    first_claimed_at_ms: int | None = None
+    last_claimed_at_ms: int | None = None
+    processed_at_ms: int | None = None
+    dead_lettered_at_ms: int | None = None
+    lane: str | None = None
+
+
+class InspectedEvent(msgspec.Struct, frozen=True):
+    """A typed event, its status, and the operator actions recorded on it
+    (oldest first; their ``session_id`` without the namespace).
+
+    ``trace_id`` is the W3C trace id of the span that appended the event
+    (None when it was not traced): the same trace holds the request that
+    pushed it and its handler's spans, so it finds them in a tracing backend.
+    """
+
+    event: Event[Any]
+    status: EventStatus
+    actions: list[OperatorAction] = msgspec.field(default_factory=list)
+    trace_id: str | None = None
+
+
+class DeadLettersPage(msgspec.Struct, frozen=True):
+    """Dead letters of the contract, by (session, index), with the cursor
+    for the next page (None at the end)."""
+
+    dead_letters: list[InspectedEvent]
+    cursor: str | None
+
+
+class SessionsPage(msgspec.Struct, frozen=True):
+    """Sessions of the contract (ids without the namespace), and the cursor
+    for the next page (None at the end)."""
+
+    sessions: list[SessionSummary]
+    cursor: str | None
+
+
+class SessionEventsPage(msgspec.Struct, frozen=True):
+    """Events in ``(after_index, through_index]``; ``next_index`` is the
+    ``after_index`` of the next page, None when this one reached
+    ``through_index``. Snapshots come with the first page (``after_index=0``)."""
+
+    events: list[InspectedEvent]
+    snapshots: list[SnapshotInfo]
+    through_index: int
+    next_index: int | None
+
+
+def event_status(
+    row: StoredEvent, now_ms: int, actions: list[OperatorAction] | None = None
+) -> EventStatus:
+    """The status a stored row's bookkeeping (and the operator ``actions``
+    recorded on it) implies at ``now_ms``."""
+    state: State
+    if row.failed_at_ms is not None:
+        state = "dead_lettered"
+    elif row.processed_at_ms is not None and actions and actions[-1].action == "skip":
+        state = "skipped"
+    elif row.processed_at_ms is not None:
+        state = "settled" if row.attempt_count == 0 else "processed"
+    elif row.claim_expires_at_ms is not None and row.claim_expires_at_ms > now_ms:
+        state = "claimed"
+    elif row.failure_count > 0:
+        state = "failed"
+    else:
+        state = "pending"
+    claimed = state == "claimed"
+    return EventStatus(
+        state,
+        row.attempt_count,
+        row.failure_count,
+        row.claim_holder if claimed else None,
+        row.claim_expires_at_ms if claimed else None,
+        row.processed_by_attempt,
+        row.last_error,
+        row.last_failed_attempt,
+        row.last_failed_at_ms,
+        row.first_claimed_at_ms,
+        row.last_claimed_at_ms,
+        row.processed_at_ms,
+        row.failed_at_ms,
+        row.lane,
+    )

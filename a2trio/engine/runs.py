@@ -1,0 +1,345 @@
+"""Running attempts: a claimed event's handler under its scopes, its outcome stored.
+
+Theory of operation. A drain hands each event it claimed (or was handed) to
+its :class:`AttemptRunner`, in a task of the drain's nursery. The runner opens
+the event's ``a2.event`` span, enters the lease scope (and, for a handler with
+``abort_on``, registers an abort subscription before the handler starts, then
+catches up on the log: ``abort.py``), runs the handler with a
+:class:`~a2trio.HandlerContext`, and reads the scopes once the ``with``
+blocks have exited. What to store, and the outcome the store's answer
+implies, are pure functions of ``attempt.py``; this module calls the store
+and writes the log lines: failures, dead letters, lapsed and superseded
+leases on ``a2trio.drain``, and one line per attempt on ``a2trio.runs``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import trio
+
+from ..stores.base import AppendEvent, CompleteResult, FailResult, StoredEvent
+from ..telemetry import NOOP_TELEMETRY, Span
+from .abort import AbortHub, AbortSubscription
+from .attempt import (
+    SUPERSEDED,
+    SURRENDERED,
+    Lease,
+    Outcome,
+    Scopes,
+    completed,
+    decide,
+    failed,
+    stored_error,
+)
+from .context import Appends, Engine
+from .handlers import HandlerContext, HandlerSpec
+from .inputs import returned
+from .session import HandlerSession
+
+#: Handler failures (WARNING, with the traceback), dead letters (ERROR), lapsed
+#: and superseded leases (WARNING); each record carries ``a2_contract``,
+#: ``a2_session``, ``a2_event_type``, ``a2_index``, ``a2_attempt``, ``a2_holder``.
+logger = logging.getLogger("a2trio.drain")
+#: One INFO record per attempt: ``ran ordered #3 of session 'o-42' (attempt 1)
+#: in 2.1 ms: processed``, with the fields above and ``a2_outcome``,
+#: ``a2_duration_ms`` (the handler's own time). ``serve`` shows them; a library
+#: user sees them only with INFO logging on (silence this logger alone to keep
+#: the rest).
+runs_logger = logging.getLogger("a2trio.runs")
+
+__all__ = ["AttemptRunner"]
+
+
+class AttemptRunner:
+    """The attempts of one drain: each claimed event's handler, run to its
+    outcome, and that outcome stored.
+
+    Args:
+      appends: the write path the handlers' sessions append through.
+      nursery: the drain's, where the abort hub follows the session.
+
+    Attributes:
+      finishing: indexes whose handler has ended and whose outcome is being
+        stored. The drain's claims leave them alone meanwhile (once a failure
+        is stored the event is claimable again, and a drain's claim ignores
+        the retry backoff: woken then, it ran the failed event again at once).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        handlers: Mapping[str, HandlerSpec],
+        appends: Appends,
+        session_id: str,
+        nursery: trio.Nursery,
+    ) -> None:
+        self.engine = engine
+        self.handlers = handlers
+        self.appends = appends
+        self.session_id = session_id
+        self.key = engine.key(session_id)
+        self.finishing: set[int] = set()
+        self._nursery = nursery
+        self._hub: AbortHub | None = None
+
+    async def run(self, event: StoredEvent, lease: Lease) -> Outcome:
+        """Run one attempt of ``event`` under ``lease`` and store its outcome
+        (see the module docstring); one INFO line on ``a2trio.runs`` says how
+        it ended.
+
+        Cancellation: cancelled (the drain ended, the server closed), nothing
+        more is stored: the claim lapses and a later drain retries the event
+        with attempt + 1.
+        """
+        started = trio.current_time()
+        try:
+            outcome = await self._attempt(event, lease)
+        finally:
+            self.finishing.discard(lease.index)
+        if runs_logger.isEnabledFor(logging.INFO):
+            ended = lease.ended_at if lease.ended_at is not None else trio.current_time()
+            status = "aborted" if outcome.aborted else outcome.status
+            took_ms = (ended - started) * 1000
+            self._log(
+                logging.INFO,
+                event,
+                lease,
+                "ran %s in %.1f ms: %s",
+                took_ms,
+                status.replace("_", "-"),
+                to=runs_logger,
+                a2_outcome=status,
+                a2_duration_ms=round(took_ms, 3),
+            )
+        return outcome
+
+    async def _attempt(self, event: StoredEvent, lease: Lease) -> Outcome:
+        """The attempt: the handler under its scopes, the decision, the store's
+        answer, each in the ``a2.event`` span."""
+        engine = self.engine
+        registration = self.handlers.get(event.type)
+        # The default telemetry records nothing: skip building its attributes
+        # (a dict per event showed in the drain's profile).
+        attributes: dict[str, str | int | bool] = {}
+        if engine.telemetry is not NOOP_TELEMETRY:
+            attributes = {
+                "a2.contract": engine.contract.name,
+                "a2.session_id": self.session_id,
+                "a2.event.type": event.type,
+                "a2.event.index": event.index,
+                "a2.event.id": event.id,
+                "a2.event.attempt": event.attempt_count,
+                "a2.event.handled": registration is not None,
+            }
+            if event.lane is not None:
+                attributes["a2.event.lane"] = event.lane
+        with engine.telemetry.span("a2.event", attributes, parent=event.trace_context) as span:
+            # Only handlers with ``abort_on`` get an abort scope and an
+            # ``aborted`` event: each per event showed in the drain's profile.
+            abort_scope: trio.CancelScope | None = None
+            subscription: AbortSubscription | None = None
+            result: Any = None
+            error: Exception | None = None
+            try:
+                aborted: trio.Event | None = None
+                if registration is not None and registration.abort_on is not None:
+                    aborted = trio.Event()
+                    abort_scope = trio.CancelScope()
+                    subscription = self._abort_hub().subscribe(
+                        event, registration.abort_on, event.attempt_count, abort_scope, aborted
+                    )
+                with lease.scope:
+                    if subscription is not None:
+                        await subscription.catch_up()
+                    if registration is not None:
+                        result = await self._call(registration, event, aborted, abort_scope)
+                if subscription is not None and subscription.error is not None:
+                    raise subscription.error
+            except Exception as exc:
+                error = exc
+            finally:
+                if subscription is not None:
+                    subscription.close()
+            scopes = Scopes(
+                raised=error is not None,
+                fenced=lease.fenced,
+                lease_cancel_called=lease.scope.cancel_called,
+                lease_cancelled_caught=lease.scope.cancelled_caught,
+                abort_cancel_called=abort_scope is not None and abort_scope.cancel_called,
+                abort_cancelled_caught=abort_scope is not None and abort_scope.cancelled_caught,
+            )
+            decision = decide(scopes)
+            if decision == "superseded":
+                span.set_attribute("a2.event.outcome", "superseded")
+                self._log(
+                    logging.WARNING,
+                    event,
+                    lease,
+                    "%s was superseded: a newer attempt owns the event",
+                )
+                return SUPERSEDED
+            if decision == "surrendered":
+                span.set_attribute("a2.event.outcome", "surrendered")
+                self._log(
+                    logging.WARNING,
+                    event,
+                    lease,
+                    "%s surrendered: its lease lapsed (renewals failed); "
+                    "it is retried once the claim expires",
+                )
+                return SURRENDERED
+            events: list[AppendEvent] = []
+            if decision == "complete":
+                try:
+                    events = returned(engine, event, result)
+                except Exception as exc:
+                    error = exc
+            self._ended(lease)
+            if error is not None:
+                span.record_error(error)
+                return failed(await self._fail(event, lease, error, span))
+            answer = await self._complete(event, lease, events, span)
+            outcome = completed(
+                answer, laned=event.lane is not None, aborted=scopes.abort_cancel_called
+            )
+            if answer is not None:
+                span.set_attribute("a2.event.outcome", outcome.status)
+                if outcome.status == "superseded":
+                    self._log(
+                        logging.WARNING,
+                        event,
+                        lease,
+                        "%s ran but was superseded: its completion was refused",
+                    )
+                elif outcome.aborted:
+                    span.set_attribute("a2.event.aborted", True)
+            return outcome
+
+    def _ended(self, lease: Lease) -> None:
+        """The handler has ended and its outcome is about to be stored."""
+        lease.ended_at = trio.current_time()
+        self.finishing.add(lease.index)
+
+    async def _call(
+        self,
+        registration: HandlerSpec,
+        event: StoredEvent,
+        aborted: trio.Event | None,
+        abort_scope: trio.CancelScope | None,
+    ) -> Any:
+        """Run the handler. Its context lives in this frame only, so it is gone
+        before the completion's round trip: under load thousands of events wait
+        there, and what they still hold is what the garbage collector scans."""
+        session = HandlerSession(self.engine, self.appends, self.session_id, event)
+        ctx = HandlerContext(self.engine.to_public(event), event.attempt_count, session, aborted)
+        if abort_scope is None:
+            return await registration.fn(ctx)
+        with abort_scope:
+            return await registration.fn(ctx)
+
+    async def _complete(
+        self, event: StoredEvent, lease: Lease, events: list[AppendEvent], span: Span
+    ) -> CompleteResult | None:
+        """``complete_attempt``'s answer; None (logged) when the store failed."""
+        try:
+            return await self.engine.store.complete_attempt(
+                self.key, index=event.index, attempt=event.attempt_count, events=events
+            )
+        except Exception as exc:
+            span.record_error(exc)
+            span.set_attribute("a2.event.outcome", "surrendered")
+            self._log(
+                logging.WARNING,
+                event,
+                lease,
+                "%s ran but its completion could not be stored (%s); it is retried "
+                "once the claim expires",
+                exc,
+            )
+            return None
+
+    async def _fail(
+        self, event: StoredEvent, lease: Lease, error: BaseException, span: Span
+    ) -> FailResult | None:
+        """``fail_attempt``'s answer, logged; None when the store failed."""
+        max_failures = self.engine.timings.max_failures
+        try:
+            failure = await self.engine.store.fail_attempt(
+                self.key,
+                index=event.index,
+                attempt=event.attempt_count,
+                error=stored_error(error),
+                max_failures=max_failures,
+            )
+        except Exception as exc:
+            span.record_error(exc)
+            span.set_attribute("a2.event.outcome", "surrendered")
+            self._log(
+                logging.WARNING,
+                event,
+                lease,
+                "%s failed and the failure could not be stored (%s); it is retried "
+                "once the claim expires",
+                exc,
+                error=error,
+            )
+            return None
+        span.set_attribute("a2.event.outcome", failure.outcome)
+        if failure.outcome == "dead_lettered":
+            self._log(
+                logging.ERROR,
+                event,
+                lease,
+                "%s failed %d time%s: dead-lettered, and its lane is blocked behind it",
+                failure.failure_count,
+                "" if failure.failure_count == 1 else "s",
+                error=error,
+            )
+        elif failure.outcome == "failed":
+            self._log(
+                logging.WARNING,
+                event,
+                lease,
+                "%s failed (%d of %d): it is retried",
+                failure.failure_count,
+                max_failures,
+                error=error,
+            )
+        return failure
+
+    def _log(
+        self,
+        level: int,
+        event: StoredEvent,
+        lease: Lease,
+        message: str,
+        *args: object,
+        error: BaseException | None = None,
+        to: logging.Logger = logger,
+        **fields: object,
+    ) -> None:
+        """One record about an attempt on ``to``: ``message``'s ``%s`` names
+        it; ``fields`` are more ``a2_*`` fields."""
+        if not to.isEnabledFor(level):
+            return
+        name = (
+            f"{event.type} #{event.index} of session {self.session_id!r} (attempt {lease.attempt})"
+        )
+        extra = {
+            "a2_contract": self.engine.contract.name,
+            "a2_session": self.session_id,
+            "a2_event_type": event.type,
+            "a2_index": event.index,
+            "a2_attempt": lease.attempt,
+            "a2_holder": lease.holder,
+            **fields,
+        }
+        to.log(level, message, name, *args, exc_info=error, extra=extra)
+
+    def _abort_hub(self) -> AbortHub:
+        if self._hub is None:
+            self._hub = AbortHub(self.engine.store, self.key, self._nursery, self.engine.to_public)
+        return self._hub

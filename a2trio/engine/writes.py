@@ -1,0 +1,210 @@
+"""The write path: appends, and the reaction they get going.
+
+An append validates its events (``inputs.validate``), writes them, and hands
+what it left pending to the session's drain (``drains.py``): the running one
+is woken (or given the events the append claimed for it), never duplicated;
+if none runs, one starts in the server's nursery. A dispatch append arms a
+scheduler drain instead, and an external inline append arms a watchdog.
+:class:`Writes` is the :class:`~a2trio.engine.context.Appends` that sessions,
+handlers and actor calls write through.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+import trio
+
+from ..contract import AppendInput, Event
+from ..push import PushedEvent
+from ..stores.base import AppendEvent, AppendResult, ClaimRequest, EventCause, Store
+from .context import Engine, Source, WriteMode
+from .drains import DrainRegistry
+from .handlers import HandlerSpec
+from .inputs import validate
+from .watchdogs import LeaseWindow
+
+__all__ = ["Writes"]
+
+
+class Writes:
+    """The write path of one server, and the drains it feeds (its
+    :attr:`drains`, built here: their handlers append through this).
+
+    Args:
+      handlers: event type -> handler spec.
+      max_handlers: handlers running at once across the server's drains.
+    """
+
+    def __init__(
+        self, engine: Engine, handlers: Mapping[str, HandlerSpec], max_handlers: int
+    ) -> None:
+        self.engine = engine
+        self.drains = DrainRegistry(engine, handlers, max_handlers, self)
+
+    async def append(
+        self,
+        session_id: str,
+        events: Sequence[AppendInput | PushedEvent],
+        *,
+        source: Source,
+        mode: WriteMode,
+        causes: Sequence[EventCause] | None = None,
+        require_arm: bool = False,
+        expected_index: int | None = None,
+        trace_parent: str | None = None,
+    ) -> list[Event[Any]]:
+        """Validate and append ``events``, then get their reaction going.
+
+        ``mode="inline"`` wakes this process's drain (and arms a watchdog for
+        an external append); ``"dispatch"`` arms a scheduler drain instead.
+        ``require_arm`` (a scheduler-delivered append) raises if that arm fails.
+        ``expected_index`` makes the commit conditional (``Store.append``).
+        ``trace_parent`` (an HTTP push's trace headers) is the ``a2.append``
+        span's remote parent; each event stores that span's trace context.
+
+        Raises:
+          RuntimeError: the server is not open (checked before writing).
+          TypeError: dispatch without a scheduler; bad inputs.
+          A2Error: validation and store errors (nothing written).
+
+        Cancellation: a checkpoint. Cancelled midway, every event was written
+        or none was; retrying with the same ids replays. The drain it wakes
+        lives in the server's nursery, not in this task.
+        """
+        engine = self.engine
+        watchdogs = engine.watchdogs
+        attributes: dict[str, str | int] = {
+            "a2.contract": engine.contract.name,
+            "a2.session_id": session_id,
+            "a2.append.source": source,
+            "a2.append.mode": mode,
+            "a2.append.types": ",".join(str(getattr(e, "type", "?")) for e in events),
+            "a2.append.count": len(events),
+        }
+        telemetry = engine.telemetry
+        with telemetry.span("a2.append", attributes, parent=trace_parent) as span:
+            # Checked before writing: an append's drain needs the nursery.
+            engine.background.require_open()
+            if mode == "dispatch" and engine.scheduler is None:
+                raise TypeError("dispatch requires a scheduler: pass Server(scheduler=...)")
+            validated = validate(
+                engine, session_id, events, trace_context=telemetry.trace_context()
+            )
+            if causes is not None:
+                validated = [
+                    msgspec.structs.replace(event, cause=cause)
+                    for event, cause in zip(validated, causes, strict=True)
+                ]
+            window = watchdogs.window()
+            watchdog_at: int | None = None
+            if engine.scheduler is not None and source == "external" and mode == "inline":
+                watchdog_at = watchdogs.slot(window.watchdog_at_ms)
+            result = await self._store_append(
+                session_id, validated, mode, window, watchdog_at, expected_index
+            )
+            appended = [engine.to_public(row) for row in result.events]
+            if not result.has_pending:
+                return appended
+            if mode == "dispatch":
+                await watchdogs.arm_now(session_id, watchdogs.slot_floor(engine.clock.now_ms()))
+                return appended
+            # One arm per slot (the seed's startSchedulerArm), except that a
+            # scheduler-delivered append must see its own arm succeed.
+            if watchdog_at is not None and (
+                watchdogs.claim_slot(session_id, watchdog_at) or require_arm
+            ):
+                try:
+                    with trio.fail_after(engine.timings.scheduler_arm_timeout_s):
+                        await watchdogs.arm_now(session_id, watchdog_at)
+                except (Exception, trio.TooSlowError) as exc:
+                    watchdogs.forget_slot(session_id, watchdog_at)
+                    span.set_attribute("a2.append.armed", False)
+                    span.record_error(exc)
+                    if require_arm:
+                        raise
+            return appended
+
+    async def _store_append(
+        self,
+        session_id: str,
+        events: Sequence[AppendEvent],
+        mode: WriteMode,
+        window: LeaseWindow,
+        watchdog_at_ms: int | None,
+        expected_index: int | None = None,
+    ) -> AppendResult:
+        """Append, and get the pending work of an inline append running.
+
+        An inline append on a server that runs handlers writes its events
+        claimed for this process's drain (``ClaimRequest``): the handler starts
+        one round trip sooner than if the drain claimed, and the row is written
+        once. The drain is woken to claim only if the session held other
+        claimable events. The lease ``window`` is taken before the call, as
+        the drain does, so its estimate never outlives the store's stamp.
+        While the append is in flight the running drain knows an answer is
+        coming, so it does not end (or claim against its own holder's fresh
+        claims).
+        """
+        engine = self.engine
+        drains = self.drains
+        key = engine.key(session_id)
+        pending = sum(not e.settled for e in events)
+        # Claimed at insert only with a slot for each event (taken here, kept
+        # by each claimed event's attempt): past that the drain claims as
+        # slots free (backpressure on claims).
+        if (
+            mode != "inline"
+            or not engine.run_handlers
+            or not pending
+            or not drains.slots.take(pending)
+        ):
+            result = await _write(engine.store, key, events, None, expected_index)
+            if result.has_pending and mode == "inline" and engine.run_handlers:
+                drains.wake(session_id, watchdog_at_ms)
+            return result
+        signal = drains.mailbox(session_id)
+        if signal is None:
+            claim = ClaimRequest(str(uuid.uuid4()), window.ttl_ms)
+        else:
+            claim = ClaimRequest(signal.holder, window.ttl_ms)
+            signal.begin_append()
+        adopted = 0
+        try:
+            result = await _write(engine.store, key, events, claim, expected_index)
+            if result.claimed:
+                adopted = len(result.claimed)
+                drains.adopt(
+                    session_id,
+                    claim.holder,
+                    result.claimed,
+                    window.expires_at,
+                    window.watchdog_at_ms,
+                    watchdog_at_ms,
+                )
+            if result.others_claimable:
+                drains.wake(session_id, watchdog_at_ms)
+        finally:
+            # The slots of events written unclaimed (a lane's later events, a
+            # replay), or of a failed append.
+            drains.slots.give_back(pending - adopted)
+            if signal is not None:
+                signal.appended()
+        return result
+
+
+async def _write(
+    store: Store,
+    key: str,
+    events: Sequence[AppendEvent],
+    claim: ClaimRequest | None,
+    expected_index: int | None,
+) -> AppendResult:
+    """``store.append``, naming ``expected_index`` only for a conditional
+    append, so that stores written before it keep working for the rest."""
+    if expected_index is None:
+        return await store.append(key, events, claim=claim)
+    return await store.append(key, events, claim=claim, expected_index=expected_index)
