@@ -41,7 +41,7 @@ LAYERS: list[set[str]] = [
     {"engine.inputs"},
     {"engine.context"},
     {"engine.fanout", "engine.state", "engine.watchdogs"},
-    # Pure records and rules: they import nothing of the engine.
+    # The nursery, the mailbox and the outcome rules: they import nothing of the engine.
     {"engine.background", "engine.mailbox", "engine.attempt"},
     {"schedulers"},
     {"push", "scheduler"},
