@@ -22,8 +22,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "a2trio"
 #: module of a subpackage drawn module by module (``engine.drain``); the
 #: package itself (``a2trio/__init__.py``, the public face) may import any.
 LAYERS: list[set[str]] = [
-    {"__main__"},
-    {"serve", "inspect", "new", "testing", "otel"},
+    {"__main__", "serve", "inspect", "new"},
+    {"cli", "testing", "otel"},
     {"transport"},
     {"server"},
     # The engine's old paths: re-exports of the names the docs give them.

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 import a2trio
-import a2trio.serve
+import a2trio.cli.serve
 from a2trio.serve import lanes, main
 from a2trio.stores import memory
 from a2trio.transport import App
@@ -74,7 +74,7 @@ def test_reload_configures_hypercorns_reloader_and_the_store(
     status = main(["cli_target", "--reload", "--port", "8123", "--gc-threshold", "0"])
     assert status == 0
     [config] = reloader
-    assert config.application_path == "a2trio.serve:_from_environ()"
+    assert config.application_path == "a2trio.cli.serve:_from_environ()"
     assert config.use_reloader
     assert config.bind == ["127.0.0.1:8123"]
     assert os.environ["A2_SERVE_TARGET"] == "cli_target"
@@ -98,14 +98,14 @@ def test_the_reloaders_worker_loads_the_target_again(
     target: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tuned: list[int] = []
-    monkeypatch.setattr(a2trio.serve, "tune_gc", tuned.append)
+    monkeypatch.setattr(a2trio.cli.serve, "tune_gc", tuned.append)
     monkeypatch.setenv("A2_SERVE_TARGET", "cli_target")
-    app = a2trio.serve._from_environ()
+    app = a2trio.cli.serve._from_environ()
     assert isinstance(app, App)
     assert list(app.servers) == ["notes"]
     assert tuned == []  # no threshold given: Python's own settings
     monkeypatch.setenv("A2_SERVE_GC_THRESHOLD", "5000")
-    a2trio.serve._from_environ()
+    a2trio.cli.serve._from_environ()
     assert tuned == [5000]
 
 

@@ -1,0 +1,246 @@
+"""``python -m a2trio.inspect``: an operator's view of an app's sessions, and
+the actions that repair them.
+
+    python -m a2trio.inspect --app module:server [--store URL] [--json] sessions [--limit N]
+    python -m a2trio.inspect --app module:server events SESSION [--after N] [--limit N]
+    python -m a2trio.inspect --app module:server dead-letters [--limit N] [--cursor C]
+    python -m a2trio.inspect --app module:server redrive SESSION INDEX [--reason TEXT]
+    python -m a2trio.inspect --app module:server skip SESSION INDEX --reason TEXT
+    python -m a2trio.inspect --app module:server retry-now SESSION [--reason TEXT]
+
+``--app`` names the server as ``serve`` does (``module:attribute``, the
+attribute defaulting to ``server``; with a list of servers, ``--contract``
+picks one). ``--store`` sets ``A2_STORE`` before the module is imported, as in
+``serve``. Tables for people, ``--json`` for scripts (one JSON document).
+Exit status 0, 1 with one line on stderr when the store or the input refuses
+(an action on the wrong target names why: ``OperatorActionError``), 2 for bad
+arguments. Actions are recorded with ``--by`` (default: the login name).
+
+Only the store is opened, never the server: this process runs no handler and
+no sweep. The serving processes take an action up by themselves: at once on
+Postgres and Redis (the store wakes their drains), at their next sweep on
+SQLite (a redriven or skipped event; a retried one once its backoff ends).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+import trio
+
+from ..engine.inspection import InspectionUnsupportedError
+from ..engine.inspection_records import DeadLettersPage, SessionEventsPage, SessionsPage
+from ..errors import A2Error
+from ..server import Server
+from ..stores.base import OperatorAction
+from ..transport import App
+from .serve import TargetError, load_target
+
+__all__ = ["main"]
+
+
+def load_server(target: str, contract: str | None) -> Server:
+    """The server ``module:attribute`` names, read as ``serve`` reads it: a
+    server, a list of them, or the app :func:`a2trio.transport.asgi` built
+    over them (``--contract`` picks one of several).
+
+    Raises:
+      TargetError: nothing to inspect there (see :func:`a2trio.serve.load_target`),
+        an ASGI app a2trio did not build, or several servers and no ``contract``.
+    """
+    app = load_target(target)
+    if not isinstance(app, App):
+        raise TargetError(
+            f"{target} is an ASGI app that a2trio.transport.asgi did not build: "
+            "name the Server (or the list of them) it serves"
+        )
+    servers = list(app.servers.values())
+    if contract is not None:
+        servers = [s for s in servers if s.contract.name == contract]
+    if len(servers) != 1:
+        names = ", ".join(s.contract.name for s in app.servers.values())
+        raise TargetError(f"{target} holds servers for {names}: pick one with --contract")
+    return servers[0]
+
+
+class _NoSession(Exception):
+    """``events`` on a session that has none."""
+
+
+def _sessions_table(page: SessionsPage) -> list[str]:
+    rows = [("session", "events", "pending", "dead", "attempts", "failures")]
+    rows += [
+        (
+            s.session_id,
+            str(s.event_count),
+            str(s.pending_count),
+            str(s.failed_count),
+            str(s.attempt_count),
+            str(s.failure_count),
+        )
+        for s in page.sessions
+    ]
+    lines = _columns(rows)
+    if page.cursor is not None:
+        lines.append(f"(more: --cursor {page.cursor})")
+    return lines
+
+
+def _events_table(page: SessionEventsPage) -> list[str]:
+    rows = [("index", "type", "state", "attempts", "failures", "id", "trace")]
+    rows += [
+        (
+            str(e.event.index),
+            e.event.type,
+            e.status.state,
+            str(e.status.attempts),
+            str(e.status.failures),
+            e.event.id,
+            e.trace_id or "-",
+        )
+        for e in page.events
+    ]
+    lines = _columns(rows)
+    if page.next_index is not None:
+        lines.append(f"(more: --after {page.next_index}; through index {page.through_index})")
+    return lines
+
+
+def _dead_letters_table(page: DeadLettersPage) -> list[str]:
+    rows = [("session", "index", "type", "failures", "last error")]
+    rows += [
+        (
+            d.event.session_id,
+            str(d.event.index),
+            d.event.type,
+            str(d.status.failures),
+            _last_line(d.status.last_error),
+        )
+        for d in page.dead_letters
+    ]
+    lines = _columns(rows)
+    if page.cursor is not None:
+        lines.append(f"(more: --cursor {page.cursor})")
+    return lines
+
+
+def _last_line(error: str | None) -> str:
+    """A traceback's last line (the exception), cut to fit a table."""
+    lines = (error or "").strip().splitlines()
+    last = lines[-1] if lines else ""
+    return last if len(last) <= 80 else last[:79] + "…"
+
+
+def _actions_table(actions: Sequence[OperatorAction]) -> list[str]:
+    rows = [("action", "session", "index", "by", "reason")]
+    rows += [(a.action, a.session_id, str(a.index), a.by, a.reason) for a in actions]
+    return _columns(rows)
+
+
+def _columns(rows: Sequence[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[n]) for row in rows) for n in range(len(rows[0]))]
+    return [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+async def _run(server: Server, args: argparse.Namespace) -> str:
+    # The store only: an operator's process runs no handler and no sweep.
+    async with server.store:
+        inspect = server.inspect
+        if args.command == "sessions":
+            sessions = await inspect.list_sessions(limit=args.limit, cursor=args.cursor)
+            return _render(args, sessions, lambda: _sessions_table(sessions))
+        if args.command == "events":
+            events = await inspect.read_session_page(
+                args.session, after_index=args.after, limit=args.limit
+            )
+            if not events.events and events.through_index == 0:
+                raise _NoSession(
+                    f"no session {args.session!r} in {server.contract.name!r} (it has no events)"
+                )
+            return _render(args, events, lambda: _events_table(events))
+        if args.command == "dead-letters":
+            dead = await inspect.list_dead_letters(limit=args.limit, cursor=args.cursor)
+            return _render(args, dead, lambda: _dead_letters_table(dead))
+        if args.command == "retry-now":
+            actions = await inspect.retry_now(args.session, by=args.by, reason=args.reason)
+        elif args.command == "redrive":
+            actions = [
+                await inspect.redrive(args.session, args.index, by=args.by, reason=args.reason)
+            ]
+        else:
+            actions = [await inspect.skip(args.session, args.index, by=args.by, reason=args.reason)]
+        return _render(args, actions, lambda: _actions_table(actions))
+
+
+def _render(args: argparse.Namespace, value: object, table: Callable[[], list[str]]) -> str:
+    if args.json:
+        return msgspec.json.encode(msgspec.to_builtins(value)).decode()
+    return "\n".join(table())
+
+
+def _login() -> str:
+    """Who runs the command, for the action's record."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name in the environment or passwd
+        return "unknown"
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "python -m a2trio.inspect") -> int:
+    """The command line; returns the exit status (``prog`` names it in usage
+    lines: ``a2trio inspect`` runs this too)."""
+    parser = argparse.ArgumentParser(prog=prog, description="Inspect an a2trio app's sessions.")
+    parser.add_argument("--app", required=True, help="module:attribute naming the server")
+    parser.add_argument("--contract", help="which server, when the attribute is a list")
+    parser.add_argument("--store", help="store URL (sets A2_STORE before the import)")
+    parser.add_argument("--json", action="store_true", help="one JSON document, for scripts")
+    commands = parser.add_subparsers(dest="command", required=True)
+    sessions = commands.add_parser("sessions", help="the contract's sessions")
+    sessions.add_argument("--limit", type=int, default=100)
+    sessions.add_argument("--cursor")
+    events = commands.add_parser("events", help="a session's events with their status")
+    events.add_argument("session")
+    events.add_argument("--after", type=int, default=0, help="the index to start after")
+    events.add_argument("--limit", type=int, default=100)
+    dead = commands.add_parser("dead-letters", help="the contract's dead letters")
+    dead.add_argument("--limit", type=int, default=100)
+    dead.add_argument("--cursor", help="from the previous page: INDEX:SESSION")
+    for name, text in (
+        ("redrive", "put a dead letter back in line"),
+        ("skip", "mark an event processed without running it"),
+        ("retry-now", "wake a stalled session's drain now"),
+    ):
+        action = commands.add_parser(name, help=text)
+        action.add_argument("session")
+        if name != "retry-now":
+            action.add_argument("index", type=int)
+        action.add_argument("--reason", required=name == "skip", default="", help="why")
+        action.add_argument("--by", default=_login(), help="who acts (default: login name)")
+    args = parser.parse_args(argv)
+    if args.store:
+        os.environ["A2_STORE"] = args.store
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        server = load_server(args.app, args.contract)
+        output: Any = trio.run(_run, server, args)
+    except (A2Error, InspectionUnsupportedError, _NoSession, TypeError, ValueError) as exc:
+        # ValueError: TargetError, StoreURLError, a refused action
+        # (OperatorActionError), a bad argument value. An unreachable store
+        # says why (the driver's error is the A2Error's cause).
+        cause = ""
+        if isinstance(exc, A2Error) and exc.__cause__ is not None:
+            cause = " (" + " ".join(str(exc.__cause__).split()) + ")"
+        print(f"a2trio.inspect: {exc}{cause}", file=sys.stderr)
+        return 1
+    print(output)
+    return 0
