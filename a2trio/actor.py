@@ -14,7 +14,7 @@ An actor is a contract with two more declarations:
 Its events are a contract's events: ``a2trio.Server(vault, ...)`` binds it to
 a store like any contract, and handlers, lanes, ``abort_on`` and schedules
 work on them. Calls run through ``server.actor(id)`` (``engine/actor_calls.py``);
-the HTTP routes are ``transport/actor_routes.py``. Construction validates
+the HTTP routes are ``transport/server/actors.py``. Construction validates
 everything and does no I/O.
 """
 

@@ -1,4 +1,4 @@
-"""The Trio actor client (``transport/actor_client.py``) against a real hypercorn."""
+"""The Trio actor client (``transport/client/actor_client.py``) against a real hypercorn."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The actor lanes (``transport/actor_routes.py``) against a real hypercorn:
+"""The actor lanes (``transport/server/actors.py``) against a real hypercorn:
 calls, snapshots, SSE and socket state frames, authorize, views."""
 
 from __future__ import annotations
@@ -315,7 +315,7 @@ async def test_idle_lanes_send_heartbeats() -> None:
 
 
 async def test_a_socket_that_leaves_before_connecting_is_left_alone() -> None:
-    from a2trio.transport.actor_routes import serve_actor_socket
+    from a2trio.transport.server.actors import serve_actor_socket
 
     sent: list[Any] = []
 
@@ -329,7 +329,7 @@ async def test_a_socket_that_leaves_before_connecting_is_left_alone() -> None:
     request = Request("GET", "/vault/k/ws", {}, {})
     await serve_actor_socket(
         server,
-        "k",
+        server.actor("k"),
         request,
         receive,
         send,

@@ -14,8 +14,8 @@ import pytest
 import a2trio
 from a2trio.stores import memory
 from a2trio.transport import App, Static, asgi
-from a2trio.transport import static as static_module
-from a2trio.transport.static import StaticMounts, content_type, static_mounts
+from a2trio.transport.server import static as static_module
+from a2trio.transport.server.static import StaticMounts, content_type, static_mounts
 from examples.board import board
 
 Message = dict[str, Any]

@@ -25,7 +25,7 @@ from a2trio.transport import (
     open_http_client,
     wire,
 )
-from a2trio.transport.http_client import _frame
+from a2trio.transport.client.http_client import _frame
 from a2trio.transport.sse import SSEEvent
 from tests.test_transport import (  # the autouse collector keeps client garbage here
     collect_client_garbage,  # noqa: F401

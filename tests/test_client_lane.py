@@ -32,8 +32,8 @@ from a2trio.transport import (
     Paused,
     wire,
 )
-from a2trio.transport.connection import retrying
-from a2trio.transport.lane import LANE_BUFFER
+from a2trio.transport.client.connection import retrying
+from a2trio.transport.client.lane import LANE_BUFFER
 
 Live_ = Callable[[], None]
 Deliver = Callable[[LaneFrame], Awaitable[None]]

@@ -19,7 +19,7 @@ import trio_websocket
 import a2trio
 from a2trio.stores import memory
 from a2trio.transport import App, Cors, Request, asgi
-from a2trio.transport.cors import SocketOriginCheck, SocketOrigins, normalize_origin
+from a2trio.transport.server.cors import SocketOriginCheck, SocketOrigins, normalize_origin
 from examples.board import board
 
 from .test_browser_static import call

@@ -21,7 +21,8 @@ import trio.testing
 import a2trio
 from a2trio.engine import fanout
 from a2trio.stores import memory
-from a2trio.transport import App, Limits, asgi, sse, ws
+from a2trio.transport import App, Limits, asgi, sse
+from a2trio.transport.server import sockets
 
 from .test_transport import orders, rooms
 from .test_transport_asgi import QUIET, Message, Peer, http_scope, send_frame, socket, ws_scope
@@ -216,7 +217,7 @@ async def test_a_stalled_socket_loses_its_lapped_lanes_resumably_and_the_others_
     monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
 ) -> None:
     monkeypatch.setattr(fanout, "RING", SMALL_RING)
-    monkeypatch.setattr(ws, "OUTBOX_FRAMES", 1)
+    monkeypatch.setattr(sockets, "OUTBOX_FRAMES", 1)
     server = a2trio.Server(orders, store=memory())
     app = asgi(server, limits=QUIET)
     subscribe = {"kind": "subscribe", "sessions": [{"id": "s1", "index": 0}]}
@@ -256,7 +257,7 @@ async def test_a_lapped_single_session_socket_closes_with_try_again_later(
     monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
 ) -> None:
     monkeypatch.setattr(fanout, "RING", SMALL_RING)
-    monkeypatch.setattr(ws, "OUTBOX_FRAMES", 1)
+    monkeypatch.setattr(sockets, "OUTBOX_FRAMES", 1)
     server = a2trio.Server(orders, store=memory())
     app = asgi(server, limits=QUIET)
     async with server, serving(app, ws_scope("/orders/s1/ws"), StalledPeer()) as stalled:

@@ -24,7 +24,7 @@ from a2trio.transport import (
     SkipOperation,
     asgi,
 )
-from a2trio.transport.inspector import page
+from a2trio.transport.server.inspector import page
 from tests.test_transport import (
     Ordered,
     collect_client_garbage,

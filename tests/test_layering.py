@@ -137,7 +137,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_import_graph_has_no_cycle() -> None:
     graph, _ = _graph()
-    assert "a2trio.server" in graph["a2trio.transport.asgi"]
+    assert "a2trio.server" in graph["a2trio.transport.server.app"]
     assert _cycle(graph) is None
 
 
@@ -187,6 +187,40 @@ def test_the_layer_check_sees_an_upward_import() -> None:
     # A module of the engine must be drawn by name: it has no layer otherwise.
     with pytest.raises(AssertionError, match=r"^a2trio.engine.nowhere is in no layer"):
         _layer("a2trio.engine.nowhere")
+
+
+def _transport_part(module: str) -> str | None:
+    """``server``, ``client``, ``codecs`` (``wire``, ``sse``) or ``face`` (the
+    package and the modules kept at their first paths); None outside it."""
+    parts = module.split(".")
+    if parts[:2] != ["a2trio", "transport"]:
+        return None
+    if len(parts) > 2 and parts[2] in ("server", "client"):
+        return parts[2]
+    return "codecs" if len(parts) > 2 and parts[2] in ("wire", "sse") else "face"
+
+
+#: What each part of the transport may import of the others.
+TRANSPORT_PARTS: dict[str, set[str]] = {
+    "face": {"face", "server", "client", "codecs"},
+    "server": {"server", "codecs"},
+    "client": {"client", "codecs"},
+    "codecs": {"codecs"},
+}
+
+
+def test_the_transport_halves_meet_only_in_the_codecs() -> None:
+    """``transport/server`` and ``transport/client`` import neither each other
+    nor the package's face; ``wire`` and ``sse`` (sans-I/O) import neither."""
+    graph, _ = _graph()
+    crossings = [
+        f"{module} imports {imported}"
+        for module, imports in sorted(graph.items())
+        if (part := _transport_part(module)) is not None
+        for imported in sorted(imports)
+        if (other := _transport_part(imported)) is not None and other not in TRANSPORT_PARTS[part]
+    ]
+    assert crossings == []
 
 
 def test_no_module_imports_another_modules_private_name() -> None:

@@ -1,12 +1,12 @@
-"""The HTTP route table (``transport/routing.py``): patterns, order, 405s."""
+"""The route tables (``transport/server/routing.py``): patterns, order, 405s."""
 
 from __future__ import annotations
 
 import pytest
 
-from a2trio.transport._http import Receive, Refusal, Send
-from a2trio.transport.auth import Request
-from a2trio.transport.routing import Route, match
+from a2trio.transport.server.auth import Request
+from a2trio.transport.server.http import Receive, Refusal, Send
+from a2trio.transport.server.routing import Handler, Route, match
 
 
 async def nothing(request: Request, receive: Receive, send: Send, segments: list[str]) -> None:
@@ -33,7 +33,7 @@ TABLE = [HEALTH, INSPECT, STATIC, LANES]
         (["orders"], None),
     ],
 )
-def test_the_first_matching_row_answers(path: list[str], expected: Route | None) -> None:
+def test_the_first_matching_row_answers(path: list[str], expected: Route[Handler] | None) -> None:
     assert match(TABLE, path, "GET") is expected
 
 

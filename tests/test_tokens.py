@@ -43,7 +43,7 @@ from a2trio.transport import (
     token_authorize,
     verify_token,
 )
-from a2trio.transport.tokens import token_of
+from a2trio.transport.server.tokens import token_of
 from examples.board import board
 from tests.browser_kit import ROOT, serve
 

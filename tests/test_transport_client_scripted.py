@@ -337,7 +337,7 @@ async def test_refused_and_failed_connects_reach_the_policy() -> None:
 
 
 def test_a_close_reads_as_its_code_and_reason() -> None:
-    from a2trio.transport.client import _closed
+    from a2trio.transport.client.client import _closed
 
     assert _closed(None) == "closed"
     assert _closed(trio_websocket.CloseReason(1011, "boom")) == "1011 boom"

@@ -99,6 +99,9 @@ async def test_the_wheel_alone_serves_the_example_board(tmp_path: Path) -> None:
     # What `a2trio new` writes is package data the wheel holds.
     await run(python, "-m", "a2trio.new", "starter", cwd=site)
     assert (site / "starter" / "web" / "app.js").is_file()
+    # So is the inspector's page (a2trio/transport/server/inspector.html).
+    shown = "from a2trio.transport.server.inspector import page; print(b'<html' in page([]))"
+    assert await run(python, "-c", shown, cwd=site) == "True\n"
     started = await start_serve(
         "examples.board:server",
         "--port",

@@ -13,8 +13,9 @@ import pytest
 
 import a2trio
 from a2trio import A2Error, ErrorCode
-from a2trio.transport import scheduler_route, sse, wire
-from a2trio.transport._http import Refusal
+from a2trio.transport import sse, wire
+from a2trio.transport.server import scheduler
+from a2trio.transport.server.http import Refusal
 
 
 class Item(msgspec.Struct, frozen=True):
@@ -380,9 +381,9 @@ def test_sse_decoder_ignores_ids_with_nul_and_unknown_fields() -> None:
 @pytest.mark.parametrize("stamp", ["-5", "1.5", "１２３", "1234567890123"])
 def test_scheduler_signatures_need_an_epoch_seconds_stamp(stamp: str) -> None:
     body = b"{}"
-    headers = scheduler_route.sign_task("s3cret", body, timestamp=1_000)
-    headers[scheduler_route.TIMESTAMP_HEADER] = stamp
+    headers = scheduler.sign_task("s3cret", body, timestamp=1_000)
+    headers[scheduler.TIMESTAMP_HEADER] = stamp
     with pytest.raises(Refusal, match="must be epoch seconds") as refused:
-        scheduler_route.verify_signature("s3cret", body, headers, now_s=1_000)
+        scheduler.verify_signature("s3cret", body, headers, now_s=1_000)
     assert refused.value.status == 403
     assert refused.value.error.code is ErrorCode.FORBIDDEN

@@ -9,6 +9,10 @@ is one of an actor's lanes (``docs/actors.md``). For browsers: :class:`Static`
 pages, :class:`Cors`, the sockets' ``Origin`` check, and signed tokens
 (:func:`issue_token`, :func:`token_authorize`).
 
+The package has two halves over the sans-I/O codecs (:mod:`.wire`, every
+frame and body; :mod:`.sse`): :mod:`.server`, the app and its lanes, and
+:mod:`.client`, the clients. The public names are this module's.
+
 The two HTTP clients need httpx, the ``client`` extra (``pip install
 'a2trio[client]'``); they are imported on first use, so serving, pushing,
 streaming and the socket client need only the core install, and using one
@@ -20,10 +24,25 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .access import RevokePredicate
-from .actor_routes import View
 from .asgi import App, asgi
-from .auth import (
+from .client import Client, open_client
+from .client.connection import (
+    DEFAULT_RECONNECT,
+    Backoff,
+    Closed,
+    Connecting,
+    ConnectionState,
+    ConnectionWatch,
+    Idle,
+    Live,
+    Paused,
+    ReconnectPolicy,
+)
+from .client.history import Backscroll, History
+from .client.lane import Fold, Folded, Lane, LaneFrame
+from .server.access import RevokePredicate
+from .server.actors import View
+from .server.auth import (
     Authorize,
     CallOperation,
     HistoryOperation,
@@ -38,40 +57,30 @@ from .auth import (
     StreamOperation,
     SubscribeOperation,
 )
-from .client import Client, open_client
-from .connection import (
-    DEFAULT_RECONNECT,
-    Backoff,
-    Closed,
-    Connecting,
-    ConnectionState,
-    ConnectionWatch,
-    Idle,
-    Live,
-    Paused,
-    ReconnectPolicy,
-)
-from .cors import Cors, SocketOrigins
-from .history import Backscroll, History
-from .lane import Fold, Folded, Lane, LaneFrame
-from .limits import DEFAULT_LIMITS, Limits
-from .scheduler_route import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign_task
-from .static import Static
-from .tokens import TokenClaims, issue_token, token_authorize, verify_token
+from .server.cors import Cors, SocketOrigins
+from .server.limits import DEFAULT_LIMITS, Limits
+from .server.scheduler import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign_task
+from .server.static import Static
+from .server.tokens import TokenClaims, issue_token, token_authorize, verify_token
 from .wire import EventFrame, PresenceFrame, PresenceSnapshotFrame
 
 if TYPE_CHECKING:
-    from .actor_client import ActorClient, ActorRequestError, ActorStates, open_actor_client
-    from .http_client import HttpClient, open_http_client
+    from .client.actor_client import (
+        ActorClient,
+        ActorRequestError,
+        ActorStates,
+        open_actor_client,
+    )
+    from .client.http_client import HttpClient, open_http_client
 else:
     #: The names of the httpx clients, by module: imported on first use.
     _HTTPX_CLIENTS = {
-        "ActorClient": "actor_client",
-        "ActorRequestError": "actor_client",
-        "ActorStates": "actor_client",
-        "open_actor_client": "actor_client",
-        "HttpClient": "http_client",
-        "open_http_client": "http_client",
+        "ActorClient": "client.actor_client",
+        "ActorRequestError": "client.actor_client",
+        "ActorStates": "client.actor_client",
+        "open_actor_client": "client.actor_client",
+        "HttpClient": "client.http_client",
+        "open_http_client": "client.http_client",
     }
 
     def __getattr__(name: str) -> Any:

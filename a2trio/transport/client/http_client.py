@@ -29,8 +29,9 @@ from urllib.parse import quote
 import msgspec
 import trio
 
-from ..errors import A2Error, ErrorCode
-from . import wire
+from ...errors import A2Error, ErrorCode
+from .. import wire
+from ..sse import SSEDecoder, SSEEvent
 from ._httpx import httpx
 from .client import with_ids
 from .connection import (
@@ -43,13 +44,12 @@ from .connection import (
 )
 from .history import DEFAULT_HISTORY_LIMIT, Backscroll, History
 from .lane import Fold, Lane, LaneFrame
-from .sse import SSEDecoder, SSEEvent
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from ..contract import Contract, Reducer
-    from ..telemetry import Telemetry
+    from ...contract import Contract, Reducer
+    from ...telemetry import Telemetry
 
 __all__ = ["REQUEST_TIMEOUT_S", "HttpClient", "open_http_client"]
 

@@ -1,4 +1,5 @@
-"""Plumbing shared by the lanes: ASGI types, refusals, query and path parsing."""
+"""Plumbing shared by the lanes: ASGI types, refusals, the request body,
+query and path parsing."""
 
 from __future__ import annotations
 
@@ -6,20 +7,19 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 from urllib.parse import parse_qsl, unquote
 
 import trio
 
-from ..errors import A2Error, ErrorCode
-from ..identifiers import MAX_SAFE_INTEGER
-from . import wire
+from ...errors import A2Error, ErrorCode
+from ...identifiers import MAX_SAFE_INTEGER
+from .. import wire
 from .auth import Request
-
-if TYPE_CHECKING:
-    pass
+from .limits import Limits
 
 __all__ = [
+    "Disconnected",
     "Message",
     "Receive",
     "Refusal",
@@ -30,6 +30,7 @@ __all__ = [
     "index_param",
     "logger",
     "path_segments",
+    "read_body",
     "report",
     "request_of",
     "respond",
@@ -44,6 +45,10 @@ logger: Final = logging.getLogger("a2trio.transport")
 
 _INDEX: Final = re.compile(r"(?:0|[1-9][0-9]{0,15})")
 _MALFORMED_ESCAPE: Final = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+class Disconnected(Exception):
+    """The client left before its request body arrived."""
 
 
 class Refusal(Exception):
@@ -79,6 +84,32 @@ def failure(exc: Exception) -> tuple[int, bytes]:
     report(exc)
     error = wire.as_a2_error(exc)
     return wire.error_status(error.code), wire.encode_error(error)
+
+
+async def read_body(request: Request, receive: Receive, limits: Limits) -> bytes:
+    """The request body, refused (413) as soon as it passes ``max_body_bytes``
+    and (408) when it has not arrived within ``body_timeout_s``.
+
+    Raises:
+      Refusal: 413 or 408.
+      Disconnected: the client left first (nothing is answered).
+    """
+    limit = limits.max_body_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise Refusal(413, f"request bodies are limited to {limit} bytes")
+    body = bytearray()
+    with trio.move_on_after(limits.body_timeout_s):
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise Disconnected
+            body += message.get("body", b"")
+            if len(body) > limit:
+                raise Refusal(413, f"request bodies are limited to {limit} bytes")
+            if not message.get("more_body", False):
+                return bytes(body)
+    raise Refusal(408, f"the request body did not arrive within {limits.body_timeout_s:g} s")
 
 
 def index_param(name: str, raw: str | None) -> int | None:

@@ -28,8 +28,8 @@ from typing import Final
 
 import trio
 
-from ._http import Refusal, Send
 from .auth import Request
+from .http import Refusal, Send
 
 __all__ = [
     "MAX_STATIC_FILE_BYTES",

@@ -27,10 +27,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Final, Literal
 from urllib.parse import urlsplit
 
-from ..errors import A2Error, ErrorCode
-from . import wire
-from ._http import Message, Send
+from ...errors import A2Error, ErrorCode
+from .. import wire
 from .auth import Request
+from .http import Message, Send
 
 __all__ = [
     "DEFAULT_ALLOW_HEADERS",

@@ -32,8 +32,8 @@ from typing import Any, Final
 
 import msgspec
 
-from ..errors import A2Error, ErrorCode
-from ..push import PushedEvent, PushedPresence
+from ...errors import A2Error, ErrorCode
+from ...push import PushedEvent, PushedPresence
 
 __all__ = [
     "Authorize",
@@ -52,7 +52,7 @@ __all__ = [
     "check_authorized",
 ]
 
-#: Hidden from :class:`Request`'s repr: credentials (``a2trio.transport.tokens``).
+#: Hidden from :class:`Request`'s repr: credentials (``a2trio.transport.server.tokens``).
 _SECRET_HEADERS: Final = frozenset({"authorization", "cookie", "proxy-authorization"})
 _SECRET_PARAMS: Final = frozenset({"token"})
 

@@ -41,12 +41,11 @@ from typing import Final
 
 import msgspec
 
-from ..engine.inspection import InspectionUnsupportedError
-from ..errors import A2Error, ErrorCode
-from ..server import Server
-from ..stores.base import OperatorAction, OperatorActionError
-from . import wire
-from ._http import Refusal, Send, bad_input, index_param, respond
+from ...engine.inspection import InspectionUnsupportedError
+from ...errors import A2Error, ErrorCode
+from ...server import Server
+from ...stores.base import OperatorAction, OperatorActionError
+from .. import wire
 from .auth import (
     Authorize,
     InspectOperation,
@@ -56,6 +55,7 @@ from .auth import (
     SkipOperation,
     check_authorized,
 )
+from .http import Refusal, Send, bad_input, index_param, respond
 
 __all__ = ["serve_inspector"]
 

@@ -30,11 +30,11 @@ from typing import Final
 
 import trio
 
-from ..engine.fanout import Lapped
-from . import sse
-from ._http import Receive, Send, logger, report, watch_disconnect
+from ...engine.fanout import Lapped
+from .. import sse
 from .access import Grants, Withdrawal, under_review
 from .auth import Authorize, Operation, Request
+from .http import Receive, Send, logger, report, watch_disconnect
 
 __all__ = ["PING", "Heartbeat", "SSESource", "write_sse"]
 

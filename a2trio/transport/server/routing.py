@@ -1,31 +1,44 @@
-"""The HTTP route table: rows matched in order against the path's segments.
+"""The route tables: rows matched in order against the path's segments.
 
 A row names a path pattern, the methods it takes and its handler; the app
-builds its table once (``asgi.App``), with the optional routes (scheduler,
-inspector, static files) present only when enabled, and answers a request
-with the first row that matches. Adding a route is one handler and one row.
+builds its tables once (:class:`~.app.App`), one for HTTP requests, with the
+optional routes (scheduler, inspector, static files) present only when
+enabled, and one for socket handshakes. It answers a request with the first
+row that matches. Adding a route is one handler and one row.
 
 Patterns are segment tuples: a literal matches itself, ``*`` any one segment,
 and a last ``**`` any rest (none included). A row may add a ``when``
 predicate over the segments. A matched row with ``methods`` refuses any other
 method with 405 and its ``refusal`` text before its handler runs; a row
 without them lets its handler answer every method.
+
+An HTTP row's handler (:data:`Handler`) answers the request. A socket row's
+(:data:`SocketHandler`) reads the handshake and returns what serves the
+socket, or raises: the app then refuses the upgrade with the error envelope,
+so every refusal happens before the socket is accepted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
 
-from ._http import Receive, Refusal, Send
 from .auth import Request
+from .http import Receive, Refusal, Send
 
-__all__ = ["Handler", "Route", "match"]
+__all__ = ["Handler", "Route", "SocketHandler", "SocketServe", "match"]
 
 #: ``handler(request, receive, send, segments)``: answers one request.
 Handler = Callable[[Request, Receive, Send, list[str]], Awaitable[None]]
+#: ``serve(receive, send)``: serves one socket, from its handshake on.
+SocketServe = Callable[[Receive, Send], Awaitable[None]]
+#: ``handler(request, segments)``: checks a handshake and returns what serves it.
+SocketHandler = Callable[[Request, list[str]], SocketServe]
+#: A row's handler: a :data:`Handler` or a :data:`SocketHandler`.
+H = TypeVar("H")
 
 
-class Route:
+class Route(Generic[H]):
     """One row of the table.
 
     Args:
@@ -41,7 +54,7 @@ class Route:
     def __init__(
         self,
         path: tuple[str, ...],
-        handler: Handler,
+        handler: H,
         *,
         methods: frozenset[str] | None = None,
         refusal: str = "",
@@ -69,7 +82,7 @@ class Route:
         return self.when is None or self.when(segments)
 
 
-def match(routes: Sequence[Route], segments: list[str], method: str) -> Route | None:
+def match(routes: Sequence[Route[H]], segments: list[str], method: str) -> Route[H] | None:
     """The first row that matches ``segments``, or ``None``.
 
     Raises:

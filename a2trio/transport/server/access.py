@@ -24,10 +24,10 @@ from contextlib import contextmanager
 
 import trio
 
-from ..errors import A2Error, ErrorCode
-from . import wire
-from ._http import report
+from ...errors import A2Error, ErrorCode
+from .. import wire
 from .auth import Authorize, Operation, Request, check_authorized
+from .http import report
 
 __all__ = ["Grants", "RevokePredicate", "Withdrawal", "reauthorize", "under_review"]
 

@@ -12,7 +12,7 @@ Theory of operation. The client owns one socket at a time, opened on first
 use and reopened on demand after it is lost; its reader task routes acks to
 their waiting :meth:`Client.push` by ``req`` and frames to their lane, and
 treats a silence longer than ``watchdog_s`` (the server pings every
-``ping_s``) as a lost socket. Each :class:`~a2trio.transport.lane.Lane` runs
+``ping_s``) as a lost socket. Each :class:`~a2trio.transport.client.lane.Lane` runs
 its own task that subscribes from its index, so after a lost socket every lane
 resubscribes where it was, and after a lost *lane* (the server ended or
 refused it) only that lane does, on the same socket. Pushes carry client ids
@@ -37,9 +37,9 @@ import trio
 import trio_websocket
 from msgspec import UNSET
 
-from ..errors import A2Error, ErrorCode
-from ..ids import random_id
-from . import wire
+from ...errors import A2Error, ErrorCode
+from ...ids import random_id
+from .. import wire
 from .connection import (
     DEFAULT_RECONNECT,
     Closed,
@@ -51,8 +51,8 @@ from .connection import (
 from .lane import LANE_BUFFER, Fold, Lane, LaneFrame
 
 if TYPE_CHECKING:
-    from ..contract import Contract, Reducer
-    from ..telemetry import Telemetry
+    from ...contract import Contract, Reducer
+    from ...telemetry import Telemetry
 
 __all__ = ["CONNECT_TIMEOUT_S", "Client", "open_client", "with_ids"]
 
@@ -392,7 +392,7 @@ class Client:
         state: S | None = None,
     ) -> AsyncIterator[Fold[S]]:
         """Follow a session folded locally by ``reducer``: iterate the
-        :class:`~a2trio.transport.lane.Fold` for ``(state, index)`` updates.
+        :class:`~a2trio.transport.client.lane.Fold` for ``(state, index)`` updates.
 
         ``state`` is the state at ``start_after`` (the reducer's fresh state by
         default, right for ``start_after=0``); ``contract`` types the payloads.

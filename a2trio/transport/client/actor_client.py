@@ -23,7 +23,7 @@ What it promises:
   frame or an older answer never replaces a newer state. ``follow()`` yields
   only states newer than the last adopted one.
 * **The live view reconnects**: ``follow()`` runs on the session client's
-  machinery (:class:`~a2trio.transport.lane.Resuming`): the same connection
+  machinery (:class:`~a2trio.transport.client.lane.Resuming`): the same connection
   states, reconnect policy and ``reconnect()``, each try resuming after
   :attr:`ActorClient.latest`.
 
@@ -44,14 +44,14 @@ import msgspec
 import trio
 from msgspec import UNSET
 
-from ..engine.actor_calls import ActorState
-from ..errors import A2Error, ErrorCode
-from ..stores.feed import own_tasks
-from . import wire
+from ...engine.actor_calls import ActorState
+from ...errors import A2Error, ErrorCode
+from ...stores.feed import own_tasks
+from .. import wire
+from ..sse import SSEDecoder
 from ._httpx import httpx
 from .connection import DEFAULT_RECONNECT, ReconnectPolicy
 from .lane import Resuming
-from .sse import SSEDecoder
 
 __all__ = ["ActorClient", "ActorRequestError", "ActorStates", "open_actor_client"]
 

@@ -49,7 +49,7 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
         ``keep_alive_timeout`` (``python -m a2trio.serve --keep-alive-timeout``).
       reauthorize_s: how often an open SSE stream or socket lane asks
         ``authorize`` again, ending it when refused (``None``: only at open;
-        see ``transport/access.py``). A minute bounds how long withdrawn access
+        see ``transport/server/access.py``). A minute bounds how long withdrawn access
         keeps reading; ``App.revoke`` ends lanes at once.
     """
 

@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, Self, TypeVar
 import msgspec
 import trio
 
-from ..contract import Event, Reducer
-from ..errors import A2Error, ErrorCode
-from . import wire
+from ...contract import Event, Reducer
+from ...errors import A2Error, ErrorCode
+from .. import wire
 from .connection import (
     DEFAULT_RECONNECT,
     Closed,
@@ -49,7 +49,7 @@ from .connection import (
 )
 
 if TYPE_CHECKING:
-    from ..contract import Contract
+    from ...contract import Contract
 
 __all__ = [
     "LANE_BUFFER",

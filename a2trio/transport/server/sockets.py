@@ -28,24 +28,14 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
-from ..engine.fanout import Lapped
-from ..errors import A2Error, ErrorCode
-from ..identifiers import MAX_SAFE_INTEGER
-from ..push import PushedEvent, PushedPresence
-from ..server import Server
-from ..stores.feed import own_tasks
-from ..telemetry import encode_trace_context
-from . import wire
-from ._http import (
-    Message,
-    Receive,
-    Send,
-    bad_input,
-    failure,
-    logger,
-    refuse_handshake,
-    report,
-)
+from ...engine.fanout import Lapped
+from ...errors import A2Error, ErrorCode
+from ...identifiers import MAX_SAFE_INTEGER
+from ...push import PushedEvent, PushedPresence
+from ...server import Server
+from ...stores.feed import own_tasks
+from ...telemetry import encode_trace_context
+from .. import wire
 from .access import Grants, Withdrawal, under_review
 from .auth import (
     Authorize,
@@ -56,10 +46,20 @@ from .auth import (
     SubscribeOperation,
     check_authorized,
 )
+from .http import (
+    Message,
+    Receive,
+    Send,
+    bad_input,
+    failure,
+    logger,
+    refuse_handshake,
+    report,
+)
 from .limits import Limits
 
 if TYPE_CHECKING:
-    from ..engine.session import Session
+    from ...engine.session import Session
 
 __all__ = ["CLOSE_GRACE_S", "OUTBOX_FRAMES", "serve_multiplexed_socket", "serve_session_socket"]
 
@@ -89,7 +89,7 @@ class _Socket:
         authorize: Authorize | None,
         limits: Limits,
         presence: bool,
-        session_id: str | None,
+        session: Session | None,
         grants: Grants,
     ) -> None:
         self.server = server
@@ -100,8 +100,8 @@ class _Socket:
         self.limits = limits
         self.presence = presence
         # A single-session socket is bound to one session; a multiplexed one is not.
-        self.session_id = session_id
-        self.multiplexed = session_id is None
+        self.session = session
+        self.multiplexed = session is None
         self.outbox, self._outbox_receive = trio.open_memory_channel[Message](OUTBOX_FRAMES)
         self.lanes: dict[str, trio.CancelScope] = {}
         self.closing = False
@@ -117,7 +117,7 @@ class _Socket:
         self.closing = True
         await self.outbox.send({"type": "websocket.close", "code": code, "reason": reason[:120]})
 
-    async def run(self, send: Send, first_lane: tuple[str, int] | None) -> None:
+    async def run(self, send: Send, first_lane: tuple[Session, int] | None) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._write, send, nursery.cancel_scope)
             nursery.start_soon(self._ping)
@@ -149,11 +149,12 @@ class _Socket:
 
     async def _lane(
         self,
-        session_id: str,
+        session: Session,
         start_after: int,
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
+        session_id = session.id
         tag = session_id if self.multiplexed else None
         contract = self.server.contract.name
         operation: Operation = (
@@ -176,7 +177,7 @@ class _Socket:
                         self.limits.reauthorize_s,
                         withdrawn,
                     ):
-                        await self._follow(session_id, start_after, tag)
+                        await self._follow(session, start_after, tag)
             except Lapped as exc:
                 # The resumable end of a lane too slow for its session.
                 logger.info("dropped a lagging socket lane: %s", exc)
@@ -194,14 +195,14 @@ class _Socket:
                 if self.lanes.get(session_id) is scope:
                     del self.lanes[session_id]
         if withdrawn.error is not None:
-            # The resumable end (transport/access.py).
+            # The resumable end (transport/server/access.py).
             if self.multiplexed:
                 await self.put(wire.encode_unsubscribed(session_id, "forbidden", withdrawn.error))
             else:
                 await self.close(_POLICY, f"forbidden: {withdrawn.error.message}")
 
-    async def _follow(self, session_id: str, start_after: int, tag: str | None) -> None:
-        session = self.server.session(session_id)
+    async def _follow(self, session: Session, start_after: int, tag: str | None) -> None:
+        session_id = session.id
         if self.presence:
             async with session.stream(start_after, presence=True) as feed:
                 if self.multiplexed:
@@ -249,7 +250,7 @@ class _Socket:
                         f"subscribe index must be a non-negative integer, got {start_after}",
                     )
                 with bad_input():
-                    self.server.session(entry.id)
+                    session = self.server.session(entry.id)
                 if len(self.lanes) >= self.limits.max_socket_sessions:
                     raise A2Error(
                         ErrorCode.INVALID_PAYLOAD,
@@ -265,7 +266,7 @@ class _Socket:
                 report(exc)
                 await self.put(wire.encode_unsubscribed(entry.id, reason, exc))
                 continue
-            await nursery.start(self._lane, entry.id, start_after)
+            await nursery.start(self._lane, session, start_after)
         return True
 
     async def _unsubscribe(self, frame: wire.UnsubscribeFrame) -> None:
@@ -316,28 +317,28 @@ class _Socket:
                 case wire.UnsubscribeFrame() if self.multiplexed:
                     await self._unsubscribe(frame)
 
-    def _target(self, tagged: str | Any) -> str:
-        """The session a push or presence frame addresses."""
+    def _target(self, tagged: str | Any) -> Session:
+        """The session a push or presence frame addresses (its id checked once, here)."""
         if self.multiplexed:
             if not isinstance(tagged, str):
                 raise A2Error(
                     ErrorCode.INVALID_PAYLOAD, "frames on a multiplexed socket need a sessionId"
                 )
             with bad_input():
-                return self.server.session(tagged).id
-        single = self.session_id
+                return self.server.session(tagged)
+        single = self.session
         assert single is not None
-        if isinstance(tagged, str) and tagged != single:
+        if isinstance(tagged, str) and tagged != single.id:
             raise A2Error(
                 ErrorCode.INVALID_PAYLOAD,
-                f"this socket follows {single!r}, not {tagged!r}",
+                f"this socket follows {single.id!r}, not {tagged!r}",
             )
         return single
 
     async def _push(self, frame: wire.PushFrame) -> None:
         tag = frame.session_id if isinstance(frame.session_id, str) else None
         try:
-            session_id = self._target(frame.session_id)
+            session = self._target(frame.session_id)
             if not frame.events:
                 raise A2Error(ErrorCode.INVALID_PAYLOAD, "a push frame needs at least one event")
             if len(frame.events) > self.limits.max_push_events:
@@ -349,10 +350,10 @@ class _Socket:
             await check_authorized(
                 self.authorize,
                 self.request,
-                PushOperation(self.server.contract.name, session_id, pushed),
+                PushOperation(self.server.contract.name, session.id, pushed),
             )
             with bad_input():
-                events = await self.server.session(session_id).push(
+                events = await session.push(
                     pushed, trace_parent=encode_trace_context(frame.trace_headers())
                 )
         except Exception as exc:
@@ -364,7 +365,7 @@ class _Socket:
     async def _presence(self, frame: wire.PresenceUpFrame) -> None:
         """Presence has no correlator: a refused patch is dropped, as in the seed."""
         try:
-            session_id = self._target(frame.session_id)
+            session = self._target(frame.session_id)
             pushed = PushedPresence(
                 frame.participant,
                 frame.values,
@@ -374,10 +375,10 @@ class _Socket:
             await check_authorized(
                 self.authorize,
                 self.request,
-                PushOperation(self.server.contract.name, session_id, presence=pushed),
+                PushOperation(self.server.contract.name, session.id, presence=pushed),
             )
             with bad_input():
-                await self.server.session(session_id).set_presence(pushed, {})
+                await session.set_presence(pushed, {})
         except Exception as exc:
             report(exc)
             logger.debug("presence frame dropped: %r", exc)
@@ -405,9 +406,10 @@ async def serve_session_socket(
     presence: bool,
     grants: Grants,
 ) -> None:
-    """Serve ``GET /{contract}/{session}/ws`` until the client leaves.
+    """Serve ``GET /{contract}/{session}/ws`` for ``session`` (the app
+    checked its id) until the client leaves.
 
-    The handshake is authorized as a :class:`~a2trio.transport.auth.StreamOperation`;
+    The handshake is authorized as a :class:`~.auth.StreamOperation`;
     a refusal answers the upgrade with the envelope (403).
 
     Cancellation: cancelling closes the feed and releases its listener; a push
@@ -426,8 +428,8 @@ async def serve_session_socket(
         await refuse_handshake(send, exc)
         return
     await send({"type": "websocket.accept"})
-    socket = _Socket(server, request, receive, authorize, limits, presence, session.id, grants)
-    await socket.run(send, (session.id, start_after))
+    socket = _Socket(server, request, receive, authorize, limits, presence, session, grants)
+    await socket.run(send, (session, start_after))
 
 
 async def serve_multiplexed_socket(
@@ -443,7 +445,7 @@ async def serve_multiplexed_socket(
 ) -> None:
     """Serve ``GET /{contract}/ws``: lanes open and close with ``subscribe`` /
     ``unsubscribe`` frames; each is authorized as a
-    :class:`~a2trio.transport.auth.SubscribeOperation`.
+    :class:`~.auth.SubscribeOperation`.
 
     Cancellation: as :func:`serve_session_socket`, for every lane.
     """

@@ -34,7 +34,7 @@ from typing import Final, get_args
 
 import msgspec
 
-from ..errors import A2Error, ErrorCode
+from ...errors import A2Error, ErrorCode
 from .auth import Authorize, Operation, PushOperation, Request
 
 __all__ = [

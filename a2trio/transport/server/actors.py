@@ -33,21 +33,12 @@ from typing import Any, Final
 import msgspec
 import trio
 
-from ..engine.actor_calls import ActorState
-from ..identifiers import check_message_id
-from ..server import Server
-from ..telemetry import encode_trace_context
-from . import sse, wire
-from ._http import (
-    Receive,
-    Refusal,
-    Send,
-    bad_input,
-    index_param,
-    refuse_handshake,
-    report,
-    watch_disconnect,
-)
+from ...engine.actor_calls import ActorHandle, ActorState
+from ...identifiers import check_message_id
+from ...server import Server
+from ...telemetry import encode_trace_context
+from .. import sse, wire
+from ..wire import CallBody, StateFrame, decode_call_body
 from .access import Grants, Withdrawal, under_review
 from .auth import (
     Authorize,
@@ -57,9 +48,18 @@ from .auth import (
     StreamOperation,
     check_authorized,
 )
+from .http import (
+    Receive,
+    Refusal,
+    Send,
+    bad_input,
+    index_param,
+    refuse_handshake,
+    report,
+    watch_disconnect,
+)
 from .limits import Limits
 from .streams import PING, SSESource, write_sse
-from .wire import CallBody, StateFrame, decode_call_body
 
 __all__ = [
     "ANSWER_HEADERS",
@@ -126,7 +126,7 @@ def _start_after(request: Request) -> int | None:
 
 async def serve_actor_http(
     server: Server,
-    actor_id: str,
+    actor: ActorHandle,
     request: Request,
     receive: Receive,
     send: Send,
@@ -140,6 +140,7 @@ async def serve_actor_http(
     """Answer one HTTP request on an actor mount (the table above).
 
     Args:
+      actor: the actor of the request's path (the app checked its id).
       body: reads the request body within the app's limits.
 
     Raises:
@@ -156,9 +157,9 @@ async def serve_actor_http(
             with bad_input():
                 check_message_id(call.id)
         await check_authorized(
-            authorize, request, CallOperation(name, actor_id, call.event, call.input, call.id)
+            authorize, request, CallOperation(name, actor.id, call.event, call.input, call.id)
         )
-        answer = await server.actor(actor_id).call(
+        answer = await actor.call(
             call.event,
             call.input,
             message_id=call.id,
@@ -168,10 +169,10 @@ async def serve_actor_http(
     elif method not in ("GET", "HEAD"):
         raise Refusal(405, f"{method} is not allowed: use GET or POST")
     elif "text/event-stream" in request.headers.get("accept", ""):
-        await _stream(server, actor_id, request, receive, send, authorize, limits, view, grants)
+        await _stream(server, actor, request, receive, send, authorize, limits, view, grants)
     elif request.query.get("snapshot", "") in _TRUE:
-        await check_authorized(authorize, request, StateOperation(name, actor_id))
-        state = await server.actor(actor_id).state()
+        await check_authorized(authorize, request, StateOperation(name, actor.id))
+        state = await actor.state()
         await _answer(send, await encode_state(state, view, request))
     else:
         raise Refusal(
@@ -183,7 +184,7 @@ async def serve_actor_http(
 
 async def _stream(
     server: Server,
-    actor_id: str,
+    actor: ActorHandle,
     request: Request,
     receive: Receive,
     send: Send,
@@ -193,12 +194,12 @@ async def _stream(
     grants: Grants,
 ) -> None:
     start_after = _start_after(request)
-    operation = StreamOperation(server.contract.name, actor_id, start_after or 0)
+    operation = StreamOperation(server.contract.name, actor.id, start_after or 0)
     await check_authorized(authorize, request, operation)
     await write_sse(
         send,
         receive,
-        _state_source(server, actor_id, start_after, view, request, limits.heartbeat_s),
+        _state_source(actor, start_after, view, request, limits.heartbeat_s),
         headers=_SSE_HEADERS,
         grants=grants,
         authorize=authorize,
@@ -210,15 +211,14 @@ async def _stream(
 
 @asynccontextmanager
 async def _state_source(
-    server: Server,
-    actor_id: str,
+    actor: ActorHandle,
     start_after: int | None,
     view: View | None,
     request: Request,
     heartbeat_s: float,
 ) -> AsyncIterator[SSESource]:
     """An actor stream's source: ``state`` frames (``id:`` the index) after ``start_after``."""
-    async with server.actor(actor_id).states(start_after) as feed:
+    async with actor.states(start_after) as feed:
 
         async def next_state() -> bytes:
             with trio.move_on_after(heartbeat_s) as idle:
@@ -234,7 +234,7 @@ async def _state_source(
 
 async def serve_actor_socket(
     server: Server,
-    actor_id: str,
+    actor: ActorHandle,
     request: Request,
     receive: Receive,
     send: Send,
@@ -244,7 +244,8 @@ async def serve_actor_socket(
     view: View | None,
     grants: Grants,
 ) -> None:
-    """Serve ``GET /{actor}/{id}/ws``: state frames, pings every ``ping_s``.
+    """Serve ``GET /{actor}/{id}/ws`` for ``actor`` (the app checked its id):
+    state frames, pings every ``ping_s``.
 
     The handshake is authorized as a :class:`~.auth.StreamOperation`
     (``startAfter`` from the query); a refusal answers the upgrade with the
@@ -257,14 +258,14 @@ async def serve_actor_socket(
         return
     try:
         start_after = index_param("startAfter", request.query.get("startAfter"))
-        operation = StreamOperation(server.contract.name, actor_id, start_after or 0)
+        operation = StreamOperation(server.contract.name, actor.id, start_after or 0)
         await check_authorized(authorize, request, operation)
     except Exception as exc:
         await refuse_handshake(send, exc)
         return
     await send({"type": "websocket.accept"})
     failed: tuple[int, str] | None = None
-    async with server.actor(actor_id).states(start_after) as feed, trio.open_nursery() as nursery:
+    async with actor.states(start_after) as feed, trio.open_nursery() as nursery:
         withdrawn = Withdrawal(nursery.cancel_scope)
         nursery.start_soon(watch_disconnect, receive, nursery.cancel_scope)
         with under_review(

@@ -22,7 +22,7 @@ from typing import Final
 import msgspec
 import trio
 
-from . import wire
+from .. import wire
 
 __all__ = ["DEFAULT_HISTORY_LIMIT", "Backscroll", "History"]
 
