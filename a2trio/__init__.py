@@ -18,7 +18,7 @@ from .contract import AppendInput, Contract, Event, EventType, Reducer, contract
 from .engine.actor_calls import ActorHandle, ActorState
 from .engine.drain import DrainResult
 from .engine.fanout import FeedEntry, Lapped, Subscription
-from .engine.handlers import HandlerContext, HandlerSpec, Returned, handler, on
+from .engine.handlers import HandlerContext, HandlerSpec, Retry, Returned, handler, on
 from .engine.inspection import InspectionUnsupportedError
 from .engine.presence import PresenceMap, PresencePatch, PresenceSnapshot, PresenceValue
 from .engine.session import HandlerSession, Session
@@ -84,6 +84,7 @@ __all__ = [
     "PushedPresence",
     "Reducer",
     "Refused",
+    "Retry",
     "Returned",
     "ScheduledEvent",
     "Scheduler",

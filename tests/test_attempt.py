@@ -21,6 +21,8 @@ from a2trio.engine.attempt import (
     completed,
     decide,
     failed,
+    stored_error,
+    timed_out,
 )
 from a2trio.stores.base import CompleteResult, FailResult, StoredEvent
 
@@ -88,6 +90,28 @@ DECISIONS: list[tuple[str, Scopes, Decision]] = [
         Scopes(lease_cancel_called=True, abort_cancel_called=True, abort_cancelled_caught=True),
         "surrendered",
     ),
+    # A timeout that ended the handler is a failure (issue 33).
+    ("timed out", Scopes(timeout_cancelled_caught=True), "timed_out"),
+    # It raised something else while its timeout was landing: that error is stored.
+    ("raised as it timed out", Scopes(raised=True, timeout_cancelled_caught=True), "fail"),
+    # An abort requested once the timeout had landed cannot undo it.
+    (
+        "timed out, abort requested",
+        Scopes(abort_cancel_called=True, timeout_cancelled_caught=True),
+        "timed_out",
+    ),
+    # Timed out and fenced, or with the lease gone by the time the scopes are
+    # read: no failure is spent (as for an abort).
+    (
+        "timed out while fenced",
+        Scopes(fenced=True, lease_cancel_called=True, timeout_cancelled_caught=True),
+        "superseded",
+    ),
+    (
+        "timed out, then the lease lapsed",
+        Scopes(lease_cancel_called=True, timeout_cancelled_caught=True),
+        "surrendered",
+    ),
 ]
 
 
@@ -132,6 +156,19 @@ def test_a_failure_s_answer_is_its_outcome() -> None:
     assert failed(FailResult("failed", 1)) == Outcome("failed")
     assert failed(FailResult("dead_lettered", 10)) == Outcome("dead_lettered")
     assert failed(FailResult("superseded", 1)) == SUPERSEDED
+    # A timeout is told apart on a recorded failure only.
+    assert failed(None, timed_out=True) is SURRENDERED
+    assert failed(FailResult("failed", 1), timed_out=True) == Outcome("failed", timed_out=True)
+    assert failed(FailResult("dead_lettered", 3), timed_out=True) == Outcome(
+        "dead_lettered", timed_out=True
+    )
+    assert failed(FailResult("superseded", 1), timed_out=True) == SUPERSEDED
+
+
+def test_a_timed_out_attempt_s_error_names_the_handler_and_the_timeout() -> None:
+    error = timed_out("ship", 2.0)
+    assert isinstance(error, TimeoutError)
+    assert stored_error(error) == "TimeoutError: handler 'ship' timed out after 2.0 s\n"
 
 
 async def test_fencing_a_lease_cancels_its_scope() -> None:
@@ -146,7 +183,9 @@ async def test_fencing_a_lease_cancels_its_scope() -> None:
     assert (lease.fenced, lease.scope.cancel_called) == (True, True)
 
 
-def _scopes_of(lease: Lease, abort_scope: trio.CancelScope) -> Scopes:
+def _scopes_of(
+    lease: Lease, abort_scope: trio.CancelScope, timeout_scope: trio.CancelScope | None = None
+) -> Scopes:
     """The scopes' state, read as the attempt reads it after the ``with`` blocks."""
     return Scopes(
         fenced=lease.fenced,
@@ -154,6 +193,7 @@ def _scopes_of(lease: Lease, abort_scope: trio.CancelScope) -> Scopes:
         lease_cancelled_caught=lease.scope.cancelled_caught,
         abort_cancel_called=abort_scope.cancel_called,
         abort_cancelled_caught=abort_scope.cancelled_caught,
+        timeout_cancelled_caught=timeout_scope is not None and timeout_scope.cancelled_caught,
     )
 
 
@@ -216,4 +256,71 @@ async def test_a_shielded_handler_returns_after_its_abort_and_completes(
     scopes = _scopes_of(lease, abort_scope)
     assert scopes == Scopes(abort_cancel_called=True)
     assert decide(scopes) == "complete"
+    assert trio.current_time() == 1
+
+
+async def test_a_timeout_ends_the_handler_at_its_deadline_and_times_out(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    lease = Lease(1, 1, "holder", expires_at=trio.current_time() + 30)
+    abort_scope = trio.CancelScope()
+    timeout_scope = trio.CancelScope(relative_deadline=2)
+    with lease.scope, abort_scope, timeout_scope:
+        await trio.sleep(45)
+    assert trio.current_time() == 2
+    scopes = _scopes_of(lease, abort_scope, timeout_scope)
+    assert scopes == Scopes(timeout_cancelled_caught=True)
+    assert decide(scopes) == "timed_out"
+
+
+async def test_an_abort_landing_with_the_timeout_is_caught_by_the_abort_scope(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    lease = Lease(1, 1, "holder", expires_at=trio.current_time() + 30)
+    abort_scope = trio.CancelScope()
+    timeout_scope = trio.CancelScope(relative_deadline=2)
+    with lease.scope, abort_scope, timeout_scope:
+        await trio.sleep(1)
+        # Both before the handler's next checkpoint.
+        abort_scope.cancel(reason="aborted by e2")
+        timeout_scope.deadline = trio.current_time()
+        await trio.sleep(1)
+    scopes = _scopes_of(lease, abort_scope, timeout_scope)
+    # The timeout passed too, but Trio's one Cancelled goes to the outer scope.
+    assert timeout_scope.cancel_called
+    assert scopes == Scopes(abort_cancel_called=True, abort_cancelled_caught=True)
+    assert decide(scopes) == "complete_empty"
+    assert trio.current_time() == 1
+
+
+async def test_a_lease_lapsing_with_the_timeout_surrenders(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    lease = Lease(1, 1, "holder", expires_at=trio.current_time() + 30)
+    abort_scope = trio.CancelScope()
+    timeout_scope = trio.CancelScope(relative_deadline=30)
+    with lease.scope, abort_scope, timeout_scope:
+        await trio.sleep(45)
+    assert trio.current_time() == 30
+    assert decide(_scopes_of(lease, abort_scope, timeout_scope)) == "surrendered"
+
+
+async def test_a_shutdown_is_caught_by_no_attempt_scope(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    lease = Lease(1, 1, "holder", expires_at=trio.current_time() + 30)
+    abort_scope = trio.CancelScope()
+    timeout_scope = trio.CancelScope(relative_deadline=2)
+    with trio.CancelScope() as server:
+        with lease.scope, abort_scope, timeout_scope:
+            await trio.sleep(1)
+            server.cancel(reason="server closing")
+            await trio.sleep(45)
+    # The Cancelled left every attempt scope: the attempt stores nothing.
+    assert server.cancelled_caught
+    assert not (
+        lease.scope.cancelled_caught
+        or abort_scope.cancelled_caught
+        or timeout_scope.cancelled_caught
+    )
     assert trio.current_time() == 1

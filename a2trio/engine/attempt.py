@@ -6,9 +6,11 @@ Theory of operation
 A drain (``drain.py``) claims events and runs one attempt per claimed event
 (``runs.py``), with the event's :class:`Lease`. The handler runs inside the
 lease scope and, when it has ``abort_on``, inside an abort scope (both
-described in ``drain.py``). Whatever happens, the attempt ends in one of
-five statuses (:data:`EventStatus`): processed, failed, dead-lettered,
-superseded or surrendered.
+described in ``drain.py``); innermost, when it has a ``timeout``, inside a
+*timeout scope* whose deadline is the handler's start + ``timeout``.
+Whatever happens, the attempt ends in one of five statuses
+(:data:`EventStatus`): processed, failed, dead-lettered, superseded or
+surrendered.
 
 Outcomes are decided from the scopes after the ``with`` blocks, never from a
 bare ``except Cancelled``, in two pure steps tested without a store
@@ -17,8 +19,10 @@ bare ``except Cancelled``, in two pure steps tested without a store
 and :func:`failed` read the store's answer. The rules:
 
 * Any exception is a failure, recorded by ``fail_attempt``, whatever the
-  scopes say; after ``max_failures`` the event is dead-lettered and its lane
-  stays blocked.
+  scopes say; after ``max_failures`` (the handler's ``Retry.max_attempts``,
+  else ``Timings.max_failures``) the event is dead-lettered and its lane
+  stays blocked. An exception of a ``non_retryable`` type dead-letters on
+  this failure.
 * A fenced attempt (a renewal reported a newer attempt, or this drain
   re-claimed the index) is superseded: nothing is stored.
 * A lease whose cancellation ended the handler is surrendered: no completion
@@ -38,6 +42,16 @@ and :func:`failed` read the store's answer. The rules:
   (it shielded itself and watched ``ctx.aborted``, or it was returning
   anyway) completes with the events it returned. Either way the attempt
   counts as aborted (the span's ``a2.event.aborted``, the run's log line).
+* A timeout that ended the handler (``timeout_cancelled_caught``) is a
+  failure, *timed out*: ``fail_attempt`` records a :class:`TimeoutError`
+  naming the timeout, and ``retry=`` decides as for any failure. Being the
+  innermost scope, the timeout scope catches its ``Cancelled`` only when
+  neither the abort nor the lease was cancelled by then: an abort landing
+  with the timeout is an abort, a fenced attempt is superseded, and a lease
+  cancelled by the time the scopes are read surrenders (as for an abort). A
+  handler that returned past its timeout (it shielded itself) completes. A
+  server shutdown cancels outside every scope, so none catches it: the
+  ``Cancelled`` leaves the attempt, nothing is stored, and the claim lapses.
 
 A store failure while completing or failing leaves the claim to lapse
 (surrendered): the event is retried, and the store's idempotency makes the
@@ -67,6 +81,7 @@ __all__ = [
     "decide",
     "failed",
     "stored_error",
+    "timed_out",
 ]
 
 EventStatus = Literal["processed", "failed", "dead_lettered", "superseded", "surrendered"]
@@ -113,6 +128,8 @@ class Scopes(msgspec.Struct, frozen=True, kw_only=True):
         cancellation ended the handler.
       abort_cancel_called / abort_cancelled_caught: the same for the abort
         scope (an ``abort_on`` match, or the abort hub failed).
+      timeout_cancelled_caught: the handler's ``timeout`` passed and its
+        cancellation ended the handler.
     """
 
     raised: bool = False
@@ -121,12 +138,14 @@ class Scopes(msgspec.Struct, frozen=True, kw_only=True):
     lease_cancelled_caught: bool = False
     abort_cancel_called: bool = False
     abort_cancelled_caught: bool = False
+    timeout_cancelled_caught: bool = False
 
 
-#: What to ask the store once the handler has ended: ``fail``; nothing
+#: What to ask the store once the handler has ended: ``fail`` (it raised) or
+#: ``timed_out`` (a failure too, with a :class:`TimeoutError`); nothing
 #: (``superseded``, ``surrendered``); ``complete`` with the returned events,
 #: or ``complete_empty`` with none (an abort landed).
-Decision = Literal["fail", "superseded", "surrendered", "complete", "complete_empty"]
+Decision = Literal["fail", "timed_out", "superseded", "surrendered", "complete", "complete_empty"]
 
 
 def decide(scopes: Scopes) -> Decision:
@@ -137,11 +156,14 @@ def decide(scopes: Scopes) -> Decision:
     if scopes.fenced:
         return "superseded"
     if scopes.lease_cancelled_caught or (
-        scopes.abort_cancelled_caught and scopes.lease_cancel_called
+        (scopes.abort_cancelled_caught or scopes.timeout_cancelled_caught)
+        and scopes.lease_cancel_called
     ):
         return "surrendered"
     if scopes.abort_cancelled_caught:
         return "complete_empty"
+    if scopes.timeout_cancelled_caught:
+        return "timed_out"
     return "complete"
 
 
@@ -157,6 +179,8 @@ class Outcome(msgspec.Struct, frozen=True):
     drained: bool = False
     #: Completed after an ``abort_on`` match.
     aborted: bool = False
+    #: Failed because the handler ran past its ``timeout``.
+    timed_out: bool = False
 
 
 SURRENDERED = Outcome("surrendered")
@@ -180,16 +204,25 @@ def completed(answer: CompleteResult | None, *, laned: bool, aborted: bool) -> O
     )
 
 
-def failed(answer: FailResult | None) -> Outcome:
+def failed(answer: FailResult | None, *, timed_out: bool = False) -> Outcome:
     """The outcome of a recorded failure: ``answer`` is the store's, None when
-    the store failed (the claim lapses: surrendered)."""
-    return SURRENDERED if answer is None else Outcome(answer.outcome)
+    the store failed (the claim lapses: surrendered). ``timed_out``: the
+    failure was the handler's timeout (kept on a recorded failure only)."""
+    if answer is None:
+        return SURRENDERED
+    return Outcome(answer.outcome, timed_out=timed_out and answer.outcome != "superseded")
 
 
 #: The most characters of a traceback a failure stores (``last_error``). The
 #: tail is kept: it holds the exception and the frames nearest to it; a deep
 #: recursion's traceback would otherwise be megabytes per attempt.
 MAX_ERROR_CHARS = 8_192
+
+
+def timed_out(name: str, timeout: float) -> TimeoutError:
+    """The error a timed-out attempt fails with (its message is the stored
+    ``last_error``): ``handler 'ship' timed out after 2.0 s``."""
+    return TimeoutError(f"handler {name!r} timed out after {timeout} s")
 
 
 def stored_error(error: BaseException) -> str:

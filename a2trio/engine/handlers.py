@@ -7,10 +7,16 @@ registered under a string key in ``Server(handlers={...})``. Either way the
 server checks at construction what it can: the event type is declared, and a
 handler annotated ``HandlerContext[X]`` is registered for an event whose
 payload is an ``X`` (:mod:`a2trio.signatures`).
+
+Both take the handler's flow options (issue 33): ``retry=`` (a :class:`Retry`:
+how many failed attempts before a dead letter, and which exceptions
+dead-letter at once) and ``timeout=`` (seconds an attempt may run before it is
+cancelled and counted as a failure).
 """
 
 from __future__ import annotations
 
+import math
 import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -29,6 +35,7 @@ __all__ = [
     "HandlerContext",
     "HandlerSpec",
     "Handlers",
+    "Retry",
     "Returned",
     "handler",
     "on",
@@ -89,6 +96,77 @@ class HandlerContext(Generic[P_co]):
         return f"HandlerContext(event={self.event.type}#{self.event.index}, attempt={self.attempt})"
 
 
+class Retry:
+    """A handler's retry policy: ``a2trio.handler(fn, retry=a2trio.Retry(3))``.
+
+    A failed attempt (the handler raised, or ran past its ``timeout``) is
+    retried until ``max_attempts`` attempts have failed; that failure
+    dead-letters the event, and its lane stays blocked behind it until
+    redriven. An attempt that did not fail (its lease lapsed, it was
+    superseded, the server shut down) spends none. A handler without
+    ``retry=`` dead-letters at the server's ``Timings.max_failures``.
+
+    Retries wait out the seed's backoff schedule
+    (:data:`a2trio.stores.rules.EVENT_RETRY`), the stores' rule for every
+    handler: a per-handler backoff needs a stored retry-at, which the stores
+    do not keep yet.
+
+    Args:
+      max_attempts: failed attempts before the event is dead-lettered (1: no
+        retry).
+      non_retryable: exception classes that dead-letter the event on its first
+        failure (``isinstance``; an exception group does when every exception
+        in it is one). Timeouts raise :class:`TimeoutError`, so
+        ``non_retryable=(TimeoutError,)`` gives a timed-out event up at once.
+
+    Raises:
+      ValueError: ``max_attempts`` is below 1.
+      TypeError: ``max_attempts`` is not an int, or ``non_retryable`` is not a
+        tuple of exception classes.
+    """
+
+    __slots__ = ("max_attempts", "non_retryable")
+
+    def __init__(
+        self, max_attempts: int = 10, *, non_retryable: tuple[type[BaseException], ...] = ()
+    ) -> None:
+        if not isinstance(max_attempts, int) or isinstance(max_attempts, bool):
+            raise TypeError(f"Retry(max_attempts=...) must be an int, got {max_attempts!r}")
+        if max_attempts < 1:
+            raise ValueError(f"Retry(max_attempts=...) must be at least 1, got {max_attempts!r}")
+        if not isinstance(non_retryable, tuple) or not all(
+            isinstance(kind, type) and issubclass(kind, BaseException) for kind in non_retryable
+        ):
+            raise TypeError(
+                "Retry(non_retryable=...) must be a tuple of exception classes, "
+                f"got {non_retryable!r}"
+            )
+        self.max_attempts = max_attempts
+        self.non_retryable = non_retryable
+
+    def retryable(self, error: BaseException) -> bool:
+        """False if ``error`` dead-letters at once (see ``non_retryable``)."""
+        if not self.non_retryable:
+            return True
+        if isinstance(error, BaseExceptionGroup):
+            _, rest = error.split(self.non_retryable)
+            return rest is not None
+        return not isinstance(error, self.non_retryable)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Retry):
+            return NotImplemented
+        return (self.max_attempts, self.non_retryable) == (other.max_attempts, other.non_retryable)
+
+    def __hash__(self) -> int:
+        return hash((self.max_attempts, self.non_retryable))
+
+    def __repr__(self) -> str:
+        kinds = ", ".join(kind.__name__ for kind in self.non_retryable)
+        more = f", non_retryable=({kinds}{',' if len(self.non_retryable) == 1 else ''})"
+        return f"Retry({self.max_attempts}{more if self.non_retryable else ''})"
+
+
 class HandlerSpec:
     """A handler with its options; build it with :func:`on` or :func:`handler`.
 
@@ -98,9 +176,12 @@ class HandlerSpec:
       lane: the lane, a string or a function, or None.
       event: the event type it is registered for when built with :func:`on`;
         None for a spec registered under a key of ``Server(handlers={...})``.
+      retry: the :class:`Retry` policy, or None (the server's
+        ``Timings.max_failures``).
+      timeout: seconds an attempt may run, or None (no limit).
     """
 
-    __slots__ = ("abort_on", "event", "fn", "lane")
+    __slots__ = ("abort_on", "event", "fn", "lane", "retry", "timeout")
 
     def __init__(
         self,
@@ -108,11 +189,16 @@ class HandlerSpec:
         abort_on: Mapping[str, bool | AbortPredicate] | None,
         lane: str | LaneFn | None,
         event: EventType[Any] | None = None,
+        *,
+        retry: Retry | None = None,
+        timeout: float | None = None,
     ) -> None:
         self.fn = fn
         self.abort_on: AbortMatcher | None = abort_on
         self.lane = lane
         self.event = event
+        self.retry = retry
+        self.timeout = timeout
 
     def check(self, contract: Contract, type: str) -> None:
         """Raise TypeError/ValueError if this spec does not fit ``contract``'s
@@ -227,15 +313,32 @@ def _abort_matcher(abort_on: AbortOn) -> dict[str, bool | AbortPredicate] | None
     )
 
 
+def _timeout(timeout: float | None) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
+    return float(timeout)
+
+
 def _spec(
-    fn: HandlerFn, abort_on: AbortOn, lane: str | LaneFn | None, event: EventType[Any] | None
+    fn: HandlerFn,
+    abort_on: AbortOn,
+    lane: str | LaneFn | None,
+    event: EventType[Any] | None,
+    retry: Retry | None,
+    timeout: float | None,
 ) -> HandlerSpec:
     if not callable(fn):
         raise TypeError(f"handler must be an async function, got {fn!r}")
     matcher = _abort_matcher(abort_on)
     if lane is not None and not callable(lane) and (not isinstance(lane, str) or not lane):
         raise TypeError(f"lane must be a non-empty string or a function, got {lane!r}")
-    return HandlerSpec(fn, matcher, lane, event)
+    if retry is not None and not isinstance(retry, Retry):
+        raise TypeError(f"retry must be an a2trio.Retry(...), got {retry!r}")
+    return HandlerSpec(fn, matcher, lane, event, retry=retry, timeout=_timeout(timeout))
 
 
 def handler(
@@ -243,6 +346,8 @@ def handler(
     *,
     abort_on: AbortOn = None,
     lane: str | LaneFn | None = None,
+    retry: Retry | None = None,
+    timeout: float | None = None,
 ) -> HandlerSpec:
     """Wrap a handler with options, for a key of ``Server(handlers={...})``
     (:func:`on` is the typed form).
@@ -256,12 +361,21 @@ def handler(
       lane: a FIFO key: events of one lane run strictly one at a time, in order.
         A string, or ``lane(session_id, event) -> str`` resolved and stored when
         the event is appended.
+      retry: a :class:`Retry`: failed attempts before a dead letter, and the
+        exceptions that dead-letter at once. None: the server's
+        ``Timings.max_failures``, every exception retried.
+      timeout: seconds an attempt's handler may run. Past it the handler is
+        cancelled (its lease and abort scopes aside) and the attempt fails
+        with a :class:`TimeoutError` naming the timeout, retried or
+        dead-lettered as ``retry`` says. None: no limit.
 
     Raises:
-      TypeError: ``fn`` is not callable, a bad ``abort_on`` shape, or a lane that
-        is neither a non-empty string nor a function.
+      TypeError: ``fn`` is not callable, a bad ``abort_on`` shape, a lane that
+        is neither a non-empty string nor a function, a ``retry`` that is no
+        :class:`Retry`, or a ``timeout`` that is no number.
+      ValueError: a ``timeout`` that is not positive and finite.
     """
-    return _spec(fn, abort_on, lane, None)
+    return _spec(fn, abort_on, lane, None, retry, timeout)
 
 
 def on(
@@ -270,6 +384,8 @@ def on(
     *,
     abort_on: AbortOn = None,
     lane: str | LaneFn | None = None,
+    retry: Retry | None = None,
+    timeout: float | None = None,
 ) -> HandlerSpec:
     """Register ``fn`` for the event type ``event``, for ``Server(handlers=[...])``.
 
@@ -283,17 +399,22 @@ def on(
       fn: ``async def fn(ctx: HandlerContext[P]) -> Returned``.
       abort_on: as for :func:`handler`.
       lane: as for :func:`handler`.
+      retry: as for :func:`handler`.
+      timeout: as for :func:`handler`.
 
     Raises:
       TypeError: ``event`` is not a handle, ``fn`` is not callable or is
-        annotated for another payload type, a bad ``abort_on`` or lane.
+        annotated for another payload type, a bad ``abort_on``, lane, retry or
+        timeout.
+      ValueError: as for :func:`handler`.
     """
     if not isinstance(event, EventType):
         raise TypeError(f"on() takes an a2trio.event_type(...) handle, got {event!r}")
-    spec = _spec(fn, abort_on, lane, event)
+    spec = _spec(fn, abort_on, lane, event, retry, timeout)
     _check_payload(fn, event.name, event.payload_type, "")
     return spec
 
 
 HandlerSpec.__module__ = "a2trio"
+Retry.__module__ = "a2trio"
 HandlerContext.__module__ = "a2trio"

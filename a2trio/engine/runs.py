@@ -5,15 +5,17 @@ its :class:`AttemptRunner`, in a task of the drain's nursery. The runner opens
 the event's ``a2.event`` span, enters the lease scope (and, for a handler with
 ``abort_on``, registers an abort subscription before the handler starts, then
 catches up on the log: ``abort.py``), runs the handler with a
-:class:`~a2trio.HandlerContext`, and reads the scopes once the ``with``
-blocks have exited. What to store, and the outcome the store's answer
-implies, are pure functions of ``attempt.py``; this module calls the store
-and writes the log lines: failures, dead letters, lapsed and superseded
+:class:`~a2trio.HandlerContext` (inside a timeout scope, for a handler with
+``timeout``), and reads the scopes once the ``with`` blocks have exited.
+What to store, and the outcome the store's answer implies, are pure
+functions of ``attempt.py``; this module calls the store and writes the log
+lines: failures (timeouts among them), dead letters, lapsed and superseded
 leases on ``a2trio.drain``, and one line per attempt on ``a2trio.runs``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -33,6 +35,7 @@ from .attempt import (
     decide,
     failed,
     stored_error,
+    timed_out,
 )
 from .context import Appends, Engine
 from .handlers import HandlerContext, HandlerSpec
@@ -44,8 +47,9 @@ from .session import HandlerSession
 #: ``a2_session``, ``a2_event_type``, ``a2_index``, ``a2_attempt``, ``a2_holder``.
 logger = logging.getLogger("a2trio.drain")
 #: One INFO record per attempt: ``ran ordered #3 of session 'o-42' (attempt 1)
-#: in 2.1 ms: processed``, with the fields above and ``a2_outcome``,
-#: ``a2_duration_ms`` (the handler's own time). ``serve`` shows them; a library
+#: in 2.1 ms: processed`` (``timed out, failed`` for a timeout), with the
+#: fields above and ``a2_outcome``, ``a2_duration_ms`` (the handler's own
+#: time), ``a2_timed_out``. ``serve`` shows them; a library
 #: user sees them only with INFO logging on (silence this logger alone to keep
 #: the rest).
 runs_logger = logging.getLogger("a2trio.runs")
@@ -102,6 +106,7 @@ class AttemptRunner:
         if runs_logger.isEnabledFor(logging.INFO):
             ended = lease.ended_at if lease.ended_at is not None else trio.current_time()
             status = "aborted" if outcome.aborted else outcome.status
+            said = status.replace("_", "-")
             took_ms = (ended - started) * 1000
             self._log(
                 logging.INFO,
@@ -109,10 +114,11 @@ class AttemptRunner:
                 lease,
                 "ran %s in %.1f ms: %s",
                 took_ms,
-                status.replace("_", "-"),
+                f"timed out, {said}" if outcome.timed_out else said,
                 to=runs_logger,
                 a2_outcome=status,
                 a2_duration_ms=round(took_ms, 3),
+                a2_timed_out=outcome.timed_out,
             )
         return outcome
 
@@ -140,6 +146,7 @@ class AttemptRunner:
             # Only handlers with ``abort_on`` get an abort scope and an
             # ``aborted`` event: each per event showed in the drain's profile.
             abort_scope: trio.CancelScope | None = None
+            timeout_scope: trio.CancelScope | None = None
             subscription: AbortSubscription | None = None
             result: Any = None
             error: Exception | None = None
@@ -151,11 +158,16 @@ class AttemptRunner:
                     subscription = self._abort_hub().subscribe(
                         event, registration.abort_on, event.attempt_count, abort_scope, aborted
                     )
+                if registration is not None and registration.timeout is not None:
+                    # Its deadline counts from the handler's start (entering it).
+                    timeout_scope = trio.CancelScope(relative_deadline=registration.timeout)
                 with lease.scope:
                     if subscription is not None:
                         await subscription.catch_up()
                     if registration is not None:
-                        result = await self._call(registration, event, aborted, abort_scope)
+                        result = await self._call(
+                            registration, event, aborted, abort_scope, timeout_scope
+                        )
                 if subscription is not None and subscription.error is not None:
                     raise subscription.error
             except Exception as exc:
@@ -170,6 +182,9 @@ class AttemptRunner:
                 lease_cancelled_caught=lease.scope.cancelled_caught,
                 abort_cancel_called=abort_scope is not None and abort_scope.cancel_called,
                 abort_cancelled_caught=abort_scope is not None and abort_scope.cancelled_caught,
+                timeout_cancelled_caught=(
+                    timeout_scope is not None and timeout_scope.cancelled_caught
+                ),
             )
             decision = decide(scopes)
             if decision == "superseded":
@@ -197,10 +212,18 @@ class AttemptRunner:
                     events = returned(engine, event, result)
                 except Exception as exc:
                     error = exc
+            elif decision == "timed_out":
+                assert registration is not None
+                assert registration.timeout is not None
+                error = timed_out(registration.name, registration.timeout)
+                span.set_attribute("a2.event.timed_out", True)
             self._ended(lease)
             if error is not None:
                 span.record_error(error)
-                return failed(await self._fail(event, lease, error, span))
+                failure = await self._fail(
+                    event, lease, registration, error, span, timed_out=decision == "timed_out"
+                )
+                return failed(failure, timed_out=decision == "timed_out")
             answer = await self._complete(event, lease, events, span)
             outcome = completed(
                 answer, laned=event.lane is not None, aborted=scopes.abort_cancel_called
@@ -229,15 +252,17 @@ class AttemptRunner:
         event: StoredEvent,
         aborted: trio.Event | None,
         abort_scope: trio.CancelScope | None,
+        timeout_scope: trio.CancelScope | None,
     ) -> Any:
-        """Run the handler. Its context lives in this frame only, so it is gone
-        before the completion's round trip: under load thousands of events wait
-        there, and what they still hold is what the garbage collector scans."""
+        """Run the handler, the timeout scope innermost. Its context lives in
+        this frame only, so it is gone before the completion's round trip:
+        under load thousands of events wait there, and what they still hold is
+        what the garbage collector scans."""
         session = HandlerSession(self.engine, self.appends, self.session_id, event)
         ctx = HandlerContext(self.engine.to_public(event), event.attempt_count, session, aborted)
-        if abort_scope is None:
+        if abort_scope is None and timeout_scope is None:
             return await registration.fn(ctx)
-        with abort_scope:
+        with abort_scope or contextlib.nullcontext(), timeout_scope or contextlib.nullcontext():
             return await registration.fn(ctx)
 
     async def _complete(
@@ -262,10 +287,25 @@ class AttemptRunner:
             return None
 
     async def _fail(
-        self, event: StoredEvent, lease: Lease, error: BaseException, span: Span
+        self,
+        event: StoredEvent,
+        lease: Lease,
+        registration: HandlerSpec | None,
+        error: BaseException,
+        span: Span,
+        *,
+        timed_out: bool,
     ) -> FailResult | None:
-        """``fail_attempt``'s answer, logged; None when the store failed."""
-        max_failures = self.engine.timings.max_failures
+        """``fail_attempt``'s answer, logged; None when the store failed.
+
+        The handler's ``retry=`` sets ``max_failures``; a non-retryable error
+        passes 1, so the store dead-letters on this failure
+        (:func:`a2trio.stores.rules.fail_verdict`)."""
+        retry = registration.retry if registration is not None else None
+        max_attempts = retry.max_attempts if retry is not None else self.engine.timings.max_failures
+        retryable = retry is None or retry.retryable(error)
+        max_failures = max_attempts if retryable else 1
+        verb = "timed out" if timed_out else "failed"
         try:
             failure = await self.engine.store.fail_attempt(
                 self.key,
@@ -288,12 +328,23 @@ class AttemptRunner:
             )
             return None
         span.set_attribute("a2.event.outcome", failure.outcome)
-        if failure.outcome == "dead_lettered":
+        if failure.outcome == "dead_lettered" and not retryable:
             self._log(
                 logging.ERROR,
                 event,
                 lease,
-                "%s failed %d time%s: dead-lettered, and its lane is blocked behind it",
+                "%s %s with a non-retryable %s: dead-lettered, and its lane is blocked behind it",
+                verb,
+                type(error).__name__,
+                error=error,
+            )
+        elif failure.outcome == "dead_lettered":
+            self._log(
+                logging.ERROR,
+                event,
+                lease,
+                "%s %s %d time%s: dead-lettered, and its lane is blocked behind it",
+                verb,
                 failure.failure_count,
                 "" if failure.failure_count == 1 else "s",
                 error=error,
@@ -303,7 +354,8 @@ class AttemptRunner:
                 logging.WARNING,
                 event,
                 lease,
-                "%s failed (%d of %d): it is retried",
+                "%s %s (%d of %d): it is retried",
+                verb,
                 failure.failure_count,
                 max_failures,
                 error=error,
