@@ -16,6 +16,7 @@ from .actor import Actor, ActorCall, Refused, actor, call
 from .clock import SYSTEM_CLOCK, Clock, SystemClock, TrioClock
 from .contract import AppendInput, Contract, Event, EventType, Reducer, contract, event_type
 from .engine.actor_calls import ActorHandle, ActorState
+from .engine.crons import Cron, CronInfo, cron
 from .engine.drain import DrainResult
 from .engine.fanout import FeedEntry, Lapped, Subscription
 from .engine.handlers import HandlerContext, HandlerSpec, Retry, Returned, handler, on
@@ -60,6 +61,8 @@ __all__ = [
     "AppendTask",
     "Clock",
     "Contract",
+    "Cron",
+    "CronInfo",
     "DrainResult",
     "DrainTask",
     "DurableScheduler",
@@ -102,6 +105,7 @@ __all__ = [
     "actor",
     "call",
     "contract",
+    "cron",
     "decode_trace_context",
     "encode_trace_context",
     "event_type",

@@ -19,6 +19,7 @@ import re
 __all__ = [
     "MAX_ID_LENGTH",
     "MAX_SAFE_INTEGER",
+    "check_cron_name",
     "check_event_id",
     "check_message_id",
     "check_participant",
@@ -77,6 +78,17 @@ def check_message_id(message_id: object) -> str:
       ValueError: too long, or holds a control character or a lone surrogate.
     """
     return _check("message id", message_id)
+
+
+def check_cron_name(name: object) -> str:
+    """``name`` if it is a valid :func:`a2trio.cron` name (the same rule: it
+    reaches the store inside the cron's event ids).
+
+    Raises:
+      TypeError: not a non-empty string.
+      ValueError: too long, or holds a control character or a lone surrogate.
+    """
+    return _check("cron name", name)
 
 
 def check_participant(participant: object) -> str:

@@ -23,6 +23,7 @@ __all__ = [
     "IdSource",
     "call_event_count",
     "call_event_id",
+    "cron_event_id",
     "deterministic_id",
     "handler_event_id",
     "random_id",
@@ -74,6 +75,13 @@ def call_event_count(contract: str, actor_id: str, message_id: str, second_id: s
     if count < 2 or second_id != call_event_id(contract, actor_id, message_id, 1, count):
         return None
     return count
+
+
+def cron_event_id(contract: str, session_id: str, name: str, slot_ms: int, position: int) -> str:
+    """Id of the ``position``-th event a cron named ``name`` appends to
+    ``session_id`` for its slot at epoch ``slot_ms``: every process that fires
+    the slot writes the same ids, so one append lands (``engine/crons.py``)."""
+    return deterministic_id("cron", contract, session_id, name, slot_ms, position)
 
 
 def schedule_id(contract: str, session_id: str, trigger_id: str | None, name: str) -> str:

@@ -21,6 +21,7 @@ retries, exactly as after a crash.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
 
@@ -32,6 +33,7 @@ from .clock import Clock
 from .contract import AppendInput, Contract
 from .engine.actor_calls import ActorCalls, ActorHandle
 from .engine.context import Engine
+from .engine.crons import Cron, Crons
 from .engine.drain import DrainResult
 from .engine.handlers import Handlers, registrations
 from .engine.inspection import ServerInspection
@@ -110,7 +112,8 @@ class Server:
 
     Raises:
       TypeError / ValueError: a bad handler, ``abort_on`` or lane, a presence
-        ttl on a contract without presence.
+        ttl on a contract without presence, ``crons`` that are not
+        :func:`a2trio.cron` schedules or share a name.
       A2Error: ``STORE_NOT_CONFIGURED``; ``PRESENCE_NOT_SUPPORTED`` when the
         contract declares presence and the store has no presence capability.
     """
@@ -131,6 +134,7 @@ class Server:
         run_handlers: bool = True,
         sweep: bool = True,
         max_handlers: int = DEFAULT_MAX_HANDLERS,
+        crons: Sequence[Cron] = (),
     ) -> None:
         if not isinstance(contract, Contract):
             raise TypeError(f"Server expects a contract from a2trio.contract(), got {contract!r}")
@@ -149,6 +153,7 @@ class Server:
                     f"presence_ttl_ms must be a positive integer, got {presence_ttl_ms!r}"
                 )
         specs = registrations(contract, handlers)
+        crons = _check_crons(crons)
         store = store if store is not None else default_store(contract.name)
         if contract.declares_presence and store.presence is None:
             raise A2Error(
@@ -183,6 +188,7 @@ class Server:
             raise ValueError(f"max_handlers must be a positive integer, got {max_handlers!r}")
         self._writes = Writes(self._engine, specs, max_handlers)
         self._drains = self._writes.drains
+        self._crons = Crons(self._engine, self._writes, crons)
         self._calls = (
             ActorCalls(self._engine, self._writes, contract)
             if isinstance(contract, Actor)
@@ -190,7 +196,7 @@ class Server:
         )
         #: The contract's sessions and events with their processing status
         #: (:class:`~a2trio.engine.inspection.ServerInspection`).
-        self.inspect = ServerInspection(self._engine, self._drains.wake)
+        self.inspect = ServerInspection(self._engine, self._drains.wake, self._crons)
         self.asyncio_loop = asyncio_loop
         self.sweep = sweep
         self._stack: AsyncExitStack | None = None
@@ -275,6 +281,9 @@ class Server:
                 if self.sweep and isinstance(self.store, SweepsClaimable):
                     # Nothing stays stranded: not counted by settle(), it never ends.
                     self._nursery.start_soon(self._drains.sweep, self.store)
+            if self._crons.crons:
+                # Not counted by settle() either: it fires until the server closes.
+                self._nursery.start_soon(self._crons.serve)
         except BaseException:
             self._engine.background.attach(None)
             await stack.aclose()
@@ -409,6 +418,21 @@ class Server:
             require_arm=True,
             trace_parent=task.trace_parent,
         )
+
+
+def _check_crons(crons: object) -> Sequence[Cron]:
+    if isinstance(crons, str | bytes) or not isinstance(crons, Sequence):
+        raise TypeError(f"crons must be a list of a2trio.cron(...) schedules, got {crons!r}")
+    names: set[str] = set()
+    for each in crons:
+        if not isinstance(each, Cron):
+            raise TypeError(f"crons takes schedules built with a2trio.cron(...), got {each!r}")
+        if each.name in names:
+            raise ValueError(
+                f"crons holds two schedules named {each.name!r}: cron names must be unique"
+            )
+        names.add(each.name)
+    return list(crons)
 
 
 Server.__module__ = "a2trio"

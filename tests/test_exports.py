@@ -77,3 +77,10 @@ def test_the_engine_s_old_paths_re_export_what_the_docs_name() -> None:
     assert inspection.event_status is inspection_records.event_status
     for old in (drain, session, fanout, actor_calls, inspection):
         assert all(hasattr(old, name) for name in old.__all__), old.__name__
+
+
+def test_import_a2trio_does_not_import_croniter() -> None:
+    # a2trio.cron loads it on first use (the core install has no croniter).
+    code = "import sys, a2trio; print('croniter' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False"]

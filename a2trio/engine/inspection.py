@@ -40,6 +40,7 @@ from ..stores.base import (
 )
 from ..telemetry import trace_id_of
 from .context import Engine
+from .crons import CronInfo, Crons
 from .inspection_records import (
     DeadLettersPage,
     InspectedEvent,
@@ -134,11 +135,24 @@ class ServerInspection:
     Args:
       engine: the server's engine.
       wake: wakes this server's drain of a session (the drain registry's).
+      crons: the server's :func:`a2trio.cron` schedules.
     """
 
-    def __init__(self, engine: Engine, wake: Callable[[str], None]) -> None:
+    def __init__(self, engine: Engine, wake: Callable[[str], None], crons: Crons) -> None:
         self._engine = engine
         self._wake = wake
+        self._crons = crons
+
+    async def crons(self) -> list[CronInfo]:
+        """The server's crons, in the order given, each with its last fired
+        slot (its first event is stored; looked for within
+        :data:`~a2trio.engine.crons.CATCH_UP_WINDOW` slots of now: at most that
+        many ``find_event`` reads per cron) and its next slot. Needs only the
+        store open, not the server, and no inspection capability.
+
+        Cancellation: a read; nothing to undo.
+        """
+        return await self._crons.info()
 
     def _api(self) -> Inspection:
         api = self._engine.store.inspect
