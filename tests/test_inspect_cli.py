@@ -164,3 +164,77 @@ def test_usage_and_store_errors_are_one_line_naming_the_cause(
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("a2trio.inspect: ")
     assert message in line
+
+
+CRON_APP = """
+import msgspec, a2trio
+
+class Note(msgspec.Struct, frozen=True):
+    text: str
+
+notes = a2trio.contract("notes", events={"note": Note})
+nightly = a2trio.cron(
+    "nightly", "0 3 * * *", session="journal", timezone="Europe/Paris",
+    events=lambda slot: [notes.event("note", Note(slot.isoformat()))],
+)
+hourly = a2trio.cron(
+    "hourly", "0 * * * *", session="journal", catch_up="all",
+    events=lambda slot: [notes.event("note", Note(slot.isoformat()))],
+)
+server = a2trio.Server(notes, crons=[nightly, hourly])
+"""
+
+
+def test_crons_with_their_last_and_next_slot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from datetime import datetime
+
+    from a2trio.clock import SYSTEM_CLOCK
+    from a2trio.ids import cron_event_id
+
+    name = f"cron_app_{secrets.token_hex(4)}"
+    (tmp_path / f"{name}.py").write_text(CRON_APP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    db = tmp_path / "notes.db"
+    notes = a2trio.contract("notes", events={"note": Note})
+    nightly = a2trio.cron(
+        "nightly", "0 3 * * *", session="journal", timezone="Europe/Paris", events=lambda slot: []
+    )
+    now = SYSTEM_CLOCK.now_ms()
+    last: datetime = nightly.at_or_before(now)
+    slot_ms = int(last.timestamp()) * 1000
+
+    async def fired() -> None:
+        # The nightly cron's last slot, as a serving process appended it.
+        async with a2trio.Server(notes, store=a2trio.stores.sqlite(str(db))) as server:
+            event_id = cron_event_id("notes", "journal", "nightly", slot_ms, 0)
+            await server.session("journal").append(notes.event("note", Note("x"), id=event_id))
+
+    trio.run(fired)
+    url = f"sqlite:///{db}"
+    assert main(["--app", name, "--store", url, "crons"]) == 0
+    table = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert table[0] == [
+        "cron",
+        "spec",
+        "timezone",
+        "session",
+        "catch",
+        "up",
+        "last",
+        "slot",
+        "next",
+        "slot",
+    ]
+    assert table[1][0] == "nightly"
+    assert " ".join(table[1][1:6]) == "0 3 * * *"
+    assert table[1][6:10] == ["Europe/Paris", "journal", "latest", last.isoformat()]
+    assert table[1][10] == nightly.after(now).isoformat()
+    assert table[2][:1] + table[2][6:10] == ["hourly", "UTC", "journal", "all", "-"]
+    assert main(["--app", name, "--store", url, "--json", "crons"]) == 0
+    crons = json.loads(capsys.readouterr().out)
+    assert [(c["name"], c["last_slot"]) for c in crons] == [
+        ("nightly", last.isoformat()),
+        ("hourly", None),
+    ]

@@ -4,6 +4,7 @@ the actions that repair them.
     python -m a2trio.inspect --app module:server [--store URL] [--json] sessions [--limit N]
     python -m a2trio.inspect --app module:server events SESSION [--after N] [--limit N]
     python -m a2trio.inspect --app module:server dead-letters [--limit N] [--cursor C]
+    python -m a2trio.inspect --app module:server crons
     python -m a2trio.inspect --app module:server redrive SESSION INDEX [--reason TEXT]
     python -m a2trio.inspect --app module:server skip SESSION INDEX --reason TEXT
     python -m a2trio.inspect --app module:server retry-now SESSION [--reason TEXT]
@@ -34,6 +35,7 @@ from typing import Any
 import msgspec
 import trio
 
+from ..engine.crons import CronInfo
 from ..engine.inspection import InspectionUnsupportedError
 from ..engine.inspection_records import DeadLettersPage, SessionEventsPage, SessionsPage
 from ..errors import A2Error
@@ -130,6 +132,23 @@ def _dead_letters_table(page: DeadLettersPage) -> list[str]:
     return lines
 
 
+def _crons_table(crons: Sequence[CronInfo]) -> list[str]:
+    rows = [("cron", "spec", "timezone", "session", "catch up", "last slot", "next slot")]
+    rows += [
+        (
+            c.name,
+            c.spec,
+            c.timezone,
+            c.session_id,
+            c.catch_up,
+            "-" if c.last_slot is None else c.last_slot.isoformat(),
+            c.next_slot.isoformat(),
+        )
+        for c in crons
+    ]
+    return _columns(rows)
+
+
 def _last_line(error: str | None) -> str:
     """A traceback's last line (the exception), cut to fit a table."""
     lines = (error or "").strip().splitlines()
@@ -170,6 +189,9 @@ async def _run(server: Server, args: argparse.Namespace) -> str:
         if args.command == "dead-letters":
             dead = await inspect.list_dead_letters(limit=args.limit, cursor=args.cursor)
             return _render(args, dead, lambda: _dead_letters_table(dead))
+        if args.command == "crons":
+            crons = await inspect.crons()
+            return _render(args, crons, lambda: _crons_table(crons))
         if args.command == "retry-now":
             actions = await inspect.retry_now(args.session, by=args.by, reason=args.reason)
         elif args.command == "redrive":
@@ -214,6 +236,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m a2trio.ins
     dead = commands.add_parser("dead-letters", help="the contract's dead letters")
     dead.add_argument("--limit", type=int, default=100)
     dead.add_argument("--cursor", help="from the previous page: INDEX:SESSION")
+    commands.add_parser("crons", help="the server's crons with their last and next slot")
     for name, text in (
         ("redrive", "put a dead letter back in line"),
         ("skip", "mark an event processed without running it"),
