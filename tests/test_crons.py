@@ -261,6 +261,25 @@ async def test_a_slot_in_the_spring_forward_gap_fires_at_the_end_of_the_gap(
     ]
 
 
+async def test_a_slot_in_the_repeated_fall_back_hour_fires_twice(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # 2025-11-02: New York's 01:00-02:00 happens twice (EDT, then EST); croniter
+    # names both 01:30s, two distinct instants and so two slots.
+    epoch = datetime(2025, 11, 1, 12, tzinfo=UTC)
+    store = memory(clock=a2trio.TrioClock(int(epoch.timestamp() * 1000)))
+    cron = a2trio.cron(
+        "nightly", "30 1 * * *", session="s", events=tick, timezone="America/New_York"
+    )
+    async with serving(store, cron):
+        await trio.sleep_until(2 * 86_400)
+    assert await slots(store) == [
+        "2025-11-02T01:30:00-04:00",
+        "2025-11-02T01:30:00-05:00",
+        "2025-11-03T01:30:00-05:00",
+    ]
+
+
 async def test_slots_are_read_in_the_cron_time_zone(autojump_clock: trio.testing.MockClock) -> None:
     store = fresh_store()
     cron = a2trio.cron("paris", "0 2 * * *", session="s", events=tick, timezone="Europe/Paris")
@@ -473,3 +492,30 @@ async def test_two_servers_on_one_postgres_schema_land_one_append_per_slot(
         await two_servers_fire_once(mock_clock, caplog, open_stores)
     finally:
         await run_sql(dsn, f'drop schema if exists "{schema}" cascade')
+
+
+def test_the_digest_example_prints_three_mornings(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if not k.startswith("A2_")}
+    env["PYTHONPATH"] = str(root)
+    out = subprocess.run(
+        [sys.executable, str(root / "examples" / "digest.py")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.splitlines()
+    assert out[:2] == [
+        "1: digest_due {'day': '2025-01-01'}",
+        "2: digest {'day': '2025-01-01', 'text': 'the news of 2025-01-01'}",
+    ]
+    assert len(out) == 7
+    assert out[-1] == (
+        "cron morning-digest: last 2025-01-03 07:00:00+01:00, next 2025-01-04 07:00:00+01:00"
+    )
