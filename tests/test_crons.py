@@ -172,6 +172,44 @@ async def test_a_slot_failing_past_the_next_slot_gives_way_to_the_newest_unless_
     assert await slots(store) == expected
 
 
+async def test_a_failed_append_is_logged_and_retried(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    faulty = FaultyStore(fresh_store())
+    faulty.fail("append", times=1)
+    with caplog.at_level(logging.ERROR, logger="a2trio.cron"):
+        async with serving(faulty, every_minute()):
+            await trio.sleep_until(60.5)
+            assert await slots(faulty.inner) == []
+            await trio.sleep_until(61.5)
+            assert await slots(faulty.inner) == [minute(1)]
+    assert len(caplog.records) == 1
+    assert caplog.records[0].getMessage() == (
+        f"cron 'minutely': slot {minute(1)} failed; retrying at the next wake"
+    )
+
+
+async def test_a_store_down_at_startup_delays_the_catch_up_and_crashes_nothing(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = fresh_store()
+    async with serving(store, every_minute("all")):
+        await trio.sleep_until(60.5)
+    await trio.sleep_until(150)
+    faulty = FaultyStore(store)
+    faulty.fail("find_event", times=2)
+    with caplog.at_level(logging.ERROR, logger="a2trio.cron"):
+        async with serving(faulty, every_minute("all")):
+            # Retried after 1 s and 2 s: minute 2 is caught up at 153.
+            await trio.sleep_until(152.5)
+            assert await slots(store) == [minute(1)]
+            await trio.sleep_until(153.5)
+            assert await slots(store) == [minute(1), minute(2)]
+    assert [r.getMessage() for r in caplog.records] == [
+        "cron 'minutely': reading its last fired slot failed; retrying"
+    ] * 2
+
+
 # -- catch-up after downtime ----------------------------------------------------------
 
 

@@ -25,9 +25,10 @@ until the next slot of the engine's clock (so ``MockClock`` with
 :class:`~a2trio.TrioClock` moves it), fires, and sleeps again. A slot whose
 ``events`` raised or whose append failed is logged (logger ``a2trio.cron``)
 and retried at the next wake: the earlier of the next slot and a backoff
-(:data:`RETRY`). When one wake finds several unfired slots due (a retried
-slot and newer ones, a process that was suspended), ``catch_up="all"`` fires
-them in order and the others fire the newest.
+(:data:`RETRY`); a start whose look-back failed is retried after the backoff.
+When one wake finds several unfired slots due (a retried slot and newer ones,
+a process that was suspended), ``catch_up="all"`` fires them in order and the
+others fire the newest.
 """
 
 from __future__ import annotations
@@ -293,11 +294,25 @@ class Crons:
             slot = each.before(slot)
         return None, []
 
+    async def _start(self, each: Cron) -> tuple[int, list[datetime]]:
+        """Now and the missed slots ``catch_up`` fires, once the store answers
+        (a failed look-back is logged and tried again after :data:`RETRY`)."""
+        clock = self._engine.clock
+        failures = 0
+        while True:
+            now = clock.now_ms()
+            try:
+                _, missed = await self._look_back(each, now)
+            except Exception:
+                failures += 1
+                logger.exception("cron %r: reading its last fired slot failed; retrying", each.name)
+                await trio.sleep(RETRY.delay(failures))
+                continue
+            return now, _caught_up(each.catch_up, missed)
+
     async def _run(self, each: Cron) -> None:
         clock = self._engine.clock
-        now = clock.now_ms()
-        _, missed = await self._look_back(each, now)
-        pending = _caught_up(each.catch_up, missed)
+        now, pending = await self._start(each)
         upcoming = each.after(now)
         failures = 0
         while True:
