@@ -557,3 +557,71 @@ def test_the_digest_example_prints_three_mornings(tmp_path: Path) -> None:
     assert out[-1] == (
         "cron morning-digest: last 2025-01-03 07:00:00+01:00, next 2025-01-04 07:00:00+01:00"
     )
+
+
+# -- real processes -----------------------------------------------------------------
+
+
+def fire_in_two_processes(store: str, read: Callable[[], list[str]]) -> None:
+    """Two processes serve one minute cron for three virtual minutes from one
+    real instant: both call ``events`` for every slot, one append per slot lands."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if not k.startswith("A2_")}
+    env["PYTHONPATH"] = str(root)
+    start = f"{time.time() + 3:.3f}"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.cron_workers.fire", store, start, "3"],
+            cwd=root,
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert [proc.returncode for proc in procs] == [0, 0], outputs
+    reports = [json.loads(out) for out in outputs]
+    assert reports == [{"called": [minute(1), minute(2), minute(3)], "errors": 0}] * 2
+    assert read() == [minute(1), minute(2), minute(3)]
+
+
+def test_two_processes_on_one_sqlite_file_land_one_append_per_slot(tmp_path: Path) -> None:
+    from a2trio.stores.sqlite import sqlite
+
+    path = str(tmp_path / "cron.db")
+
+    async def read() -> list[str]:
+        async with sqlite(path) as store:
+            return await slots(store)
+
+    fire_in_two_processes(f"sqlite:{path}", lambda: trio.run(read))
+
+
+def test_two_processes_on_one_postgres_schema_land_one_append_per_slot() -> None:
+    from a2trio.stores.postgres import postgres
+
+    from .backends.postgres import database_dsn, run_sql
+
+    dsn = trio.run(database_dsn)
+    schema = f"cron_{secrets.token_hex(5)}"
+
+    async def read() -> list[str]:
+        async with postgres(dsn, schema=schema) as store:
+            return await slots(store)
+
+    try:
+        fire_in_two_processes(f"postgres:{schema}:{dsn}", lambda: trio.run(read))
+    finally:
+        trio.run(run_sql, dsn, f'drop schema if exists "{schema}" cascade')

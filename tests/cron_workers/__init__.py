@@ -1,0 +1,2 @@
+"""Helper processes for ``tests/test_crons.py``: run with
+``python -m tests.cron_workers.<name>`` from the repository root."""
