@@ -44,7 +44,7 @@ from .identifiers import check_session_id
 from .push import ValidatePush
 from .scheduler import DrainTask, Scheduler, SchedulerTask
 from .stores import default_store
-from .stores.base import Store, SweepsClaimable, WatchesPending
+from .stores.base import Store
 from .telemetry import NOOP_TELEMETRY, Telemetry
 from .timings import DEFAULT_TIMINGS, Timings
 
@@ -95,13 +95,13 @@ class Server:
         wakes no drain, follows no other process's appends and runs no
         handler on its own. A watchdog drain its scheduler delivers is handed
         on: acknowledged, nothing claimed, the work left for a worker's sweep
-        or cross-process wake-up (Postgres). Only an explicit :meth:`drain`
-        runs handlers here.
-      sweep: on a store that can tell (``SweepsClaimable``: memory, SQLite,
-        Postgres), a server that runs handlers asks it for claimable work when
-        it opens and every ``timings.sweep_s``, so nothing a crashed process
-        left stays stranded without a scheduler or a further append. False
-        leaves that to appends and watchdogs.
+        or cross-process wake-up (``store.pending``: Postgres, Redis). Only
+        an explicit :meth:`drain` runs handlers here.
+      sweep: on a store that can tell (``store.sweep``: memory, SQLite,
+        Postgres, Redis), a server that runs handlers asks it for claimable
+        work when it opens and every ``timings.sweep_s``, so nothing a
+        crashed process left stays stranded without a scheduler or a further
+        append. False leaves that to appends and watchdogs.
       max_handlers: the most handlers running at once in this server, across
         its sessions (:data:`DEFAULT_MAX_HANDLERS`). Drains claim no more than
         the free slots, so work past it stays claimable by other processes;
@@ -274,13 +274,14 @@ class Server:
             self._nursery = await stack.enter_async_context(trio.open_nursery())
             self._engine.background.attach(self._nursery)
             if self._drains.handlers and self.run_handlers:
-                if isinstance(self.store, WatchesPending):
+                pending, sweep = self.store.pending, self.store.sweep
+                if pending is not None:
                     # Cross-process wake-up: work appended by another process
                     # starts here at once (stores that can tell, e.g. Postgres).
-                    stack.callback(self.store.watch_pending(self._drains.wake_key))
-                if self.sweep and isinstance(self.store, SweepsClaimable):
+                    stack.callback(pending.watch_pending(self._drains.wake_key))
+                if self.sweep and sweep is not None:
                     # Nothing stays stranded: not counted by settle(), it never ends.
-                    self._nursery.start_soon(self._drains.sweep, self.store)
+                    self._nursery.start_soon(self._drains.sweep, sweep)
             if self._crons.crons:
                 # Not counted by settle() either: it fires until the server closes.
                 self._nursery.start_soon(self._crons.serve)

@@ -81,7 +81,7 @@ async def test_a_servers_own_appends_are_not_drained_twice() -> None:
 
     server = a2trio.Server(orders, store=store, handlers={"ordered": ship})
     async with other, server:
-        store.watch_pending(heard)
+        store.pending.watch_pending(heard)
         await store.wait_listening()
         await server.session("o1").append(orders.event("ordered", Ordered("a")))
         await server.settle()

@@ -109,7 +109,7 @@ async def test_postgres_feeds_skip_their_own_stores_notifications() -> None:
             sentinel.set()
 
     async with writer, other, writer.stream("s") as feed:
-        writer.watch_pending(heard)
+        writer.pending.watch_pending(heard)
         await writer.wait_listening()
         for n in range(3):
             appended = await writer.append("s", [note(n)])

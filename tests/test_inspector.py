@@ -5,7 +5,7 @@ operation type (refused without a policy)."""
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -14,7 +14,6 @@ import trio
 import a2trio
 from a2trio.stores import memory
 from a2trio.stores.conformance import StoreFactory
-from a2trio.testing import FaultyStore
 from a2trio.transport import (
     InspectOperation,
     Operation,
@@ -218,7 +217,9 @@ async def test_bad_action_requests_are_refused_and_write_nothing() -> None:
 
 @guarded(20)
 async def test_a_store_without_operator_actions_answers_404() -> None:
-    server = _server(FaultyStore(memory()))
+    store = memory()
+    cast("Any", store).operator = None  # a store without the capability
+    server = _server(store)
     async with (
         serving(asgi(server, inspect=True, authorize=_Policy())) as base,
         httpx.AsyncClient(base_url=base) as c,

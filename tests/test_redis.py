@@ -207,7 +207,7 @@ async def test_presence_is_pushed_across_stores_once() -> None:
 async def test_watch_pending_hears_other_stores_unsettled_appends() -> None:
     async with _two_stores() as (a, b):
         heard: list[str] = []
-        stop = a.watch_pending(heard.append)
+        stop = a.pending.watch_pending(heard.append)
         await _until(lambda: a.subscriber_statistics().channels == 1)
         # The marker is set by a task of its own; wait until writes see it.
         async with a._conn.new_client() as raw:
@@ -408,7 +408,7 @@ async def test_a_down_redis_is_store_unavailable_with_the_cause() -> None:
             assert "127.0.0.1" not in caught.value.message
         async with store:
             # The subscriber keeps trying; nothing fails while nobody asks.
-            unwatch = store.watch_pending(lambda key: None)
+            unwatch = store.pending.watch_pending(lambda key: None)
             await trio.sleep(0.1)
             assert not store.listening
             unwatch()

@@ -336,7 +336,7 @@ async def test_an_api_tier_hands_a_delivered_watchdog_on_to_a_worker(
         await api.deliver(DrainTask("shop", SID, at(60)))
         assert started == []
         # Handed on: nothing claimed, the event waits for a worker's claim.
-        assert await store.claimable_sessions("shop", limit=10) == [api.key(SID)]
+        assert await store.sweep.claimable_sessions("shop", limit=10) == [api.key(SID)]
     async with a2trio.Server(shop, store=store, handlers={"ordered": ship}) as worker:
         await worker.settle()
         await trio.sleep(1)

@@ -257,16 +257,10 @@ async def test_the_engine_raises_a_stores_error_as_the_store_raised_it(
         "inspect.retry_now": lambda: plain.inspect.retry_now("s", by="op"),
     }
     async with handled, plain:
-        for name in (
-            "read",
-            "append",
-            "read_states",
-            "dead_letters",
-            "redrive",
-            "skip",
-            "retry_now",
-        ):
+        for name in ("read", "append", "read_states"):
             monkeypatch.setattr(store, name, failing)
+        for name in ("dead_letters", "redrive", "skip", "retry_now"):
+            monkeypatch.setattr(store.operator, name, failing)
         for name in ("read", "set"):
             monkeypatch.setattr(store.presence, name, failing)
         for name in ("list_sessions", "read_events", "list_snapshots"):

@@ -124,6 +124,10 @@ async def test_faulty_store_satisfies_the_store_protocol_and_shares_the_clock() 
     assert isinstance(store, a2trio.Store)
     assert store.clock is clock
     assert store.presence is store.inner.presence
+    assert store.operator is store.inner.operator
+    # The store's own wake-ups stay off, so the instants tests assert are the
+    # watchdogs' (a sweep would start a lapsed claim's retry earlier).
+    assert (store.sweep, store.pending) == (None, None)
     server = a2trio.Server(shop, store=store)
     assert server.clock is clock
 

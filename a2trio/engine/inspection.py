@@ -9,8 +9,8 @@ does and checks the store's answer (contiguous, within bounds) before
 trusting it.
 
 Beyond the seed (issue 18), on stores with the operator capability
-(:class:`~a2trio.stores.base.OperatorActions`: memory, SQLite, Postgres,
-Redis): the dead letters across the contract's sessions, and the operator's
+(``Store.operator``, :class:`~a2trio.stores.base.OperatorActions`: memory,
+SQLite, Postgres, Redis): the dead letters across the contract's sessions, and the operator's
 actions, each durable, fenced against a live claim and recorded with who and
 why (shown on the event's page): :meth:`ServerInspection.redrive`,
 :meth:`~ServerInspection.skip` and :meth:`~ServerInspection.retry_now`. An
@@ -240,13 +240,13 @@ class ServerInspection:
     # -- dead letters and the operator's actions (issue 18) ---------------------------
 
     def _operator(self) -> OperatorActions:
-        store = self._engine.store
-        if not isinstance(store, OperatorActions):
+        operator = self._engine.store.operator
+        if operator is None:
             raise InspectionUnsupportedError(
-                f"the store {type(store).__name__} has no operator actions "
+                f"the store {type(self._engine.store).__name__} has no operator actions "
                 "(dead letters, redrive, skip, retry now)"
             )
-        return store
+        return operator
 
     def _inspected(
         self, row: StoredEvent, now_ms: int, actions: list[OperatorAction]
@@ -264,10 +264,10 @@ class ServerInspection:
     async def _read_actions(
         self, key: str, session_id: str, after_index: int, through_index: int
     ) -> dict[int, list[OperatorAction]]:
-        store = self._engine.store
-        if not isinstance(store, OperatorActions) or through_index <= after_index:
+        operator = self._engine.store.operator
+        if operator is None or through_index <= after_index:
             return {}
-        recorded = await store.read_actions(
+        recorded = await operator.read_actions(
             key, after_index=after_index, through_index=through_index
         )
         by_index: dict[int, list[OperatorAction]] = {}
@@ -296,9 +296,9 @@ class ServerInspection:
         if cursor is not None:
             session_id, index = _dead_cursor(cursor)
             after = (self._engine.key(session_id), index)
-        store = self._operator()
+        operator = self._operator()
         engine = self._engine
-        rows = await store.dead_letters(engine.key(""), limit=limit + 1, after=after)
+        rows = await operator.dead_letters(engine.key(""), limit=limit + 1, after=after)
         # The actions of each session's dead letters on this page, one read
         # per session (the page is ordered by session).
         spans: dict[str, tuple[int, int]] = {}
@@ -376,13 +376,13 @@ class ServerInspection:
             )
         by = _check_words("by", by, MAX_ACTOR_CHARS, required=True)
         reason = _check_words("reason", reason, MAX_REASON_CHARS, required=required)
-        store = self._operator()
+        operator = self._operator()
         key = self._engine.key(session_id)
         with _public_refusal(session_id):
             if action == "redrive":
-                recorded = await store.redrive(key, index, by=by, reason=reason)
+                recorded = await operator.redrive(key, index, by=by, reason=reason)
             else:
-                recorded = await store.skip(key, index, by=by, reason=reason)
+                recorded = await operator.skip(key, index, by=by, reason=reason)
         self._woken(session_id)
         return self._public(recorded, session_id)
 
@@ -407,8 +407,8 @@ class ServerInspection:
         check_session_id(session_id)
         by = _check_words("by", by, MAX_ACTOR_CHARS, required=True)
         reason = _check_words("reason", reason, MAX_REASON_CHARS, required=False)
-        store = self._operator()
+        operator = self._operator()
         with _public_refusal(session_id):
-            recorded = await store.retry_now(self._engine.key(session_id), by=by, reason=reason)
+            recorded = await operator.retry_now(self._engine.key(session_id), by=by, reason=reason)
         self._woken(session_id)
         return [self._public(action, session_id) for action in recorded]

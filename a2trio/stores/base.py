@@ -37,6 +37,13 @@ Obligations every backend keeps:
   inside the store at one point (``a2trio.errors.store_unavailable``): the
   engine passes a store's errors on untouched and translates none of them.
 
+Optional capabilities are attributes of the store, each the capability
+object or None: ``presence`` (:class:`PresenceStore`), ``inspect``
+(:class:`Inspection`), ``sweep`` (:class:`SweepsClaimable`), ``pending``
+(:class:`WatchesPending`) and ``operator`` (:class:`OperatorActions`). A
+caller looks once, tests for None and calls the object; a backend points
+each at the part of it that does the work, or sets None.
+
 Cancellation: every async operation is a checkpoint. A cancelled operation
 either committed entirely or not at all, and never leaves a connection
 mid-transaction; retrying with the same ids is always safe.
@@ -203,6 +210,21 @@ class Store(Protocol):
         """The inspection capability, or None."""
         ...
 
+    @property
+    def sweep(self) -> SweepsClaimable | None:
+        """The sweep capability (which sessions hold claimable work), or None."""
+        ...
+
+    @property
+    def pending(self) -> WatchesPending | None:
+        """The cross-process wake-up capability, or None."""
+        ...
+
+    @property
+    def operator(self) -> OperatorActions | None:
+        """The operator capability (dead letters, redrive, skip, retry now), or None."""
+        ...
+
     async def __aenter__(self) -> Store: ...
 
     async def __aexit__(
@@ -325,9 +347,9 @@ class Store(Protocol):
         ...
 
 
-@runtime_checkable
 class WatchesPending(Protocol):
-    """The optional cross-process wake-up capability (the Postgres store).
+    """The optional cross-process wake-up capability (``store.pending``:
+    Postgres, Redis).
 
     A server that runs handlers checks for it once when it opens, so work that
     another process appends starts here at once instead of at a watchdog.
@@ -340,11 +362,10 @@ class WatchesPending(Protocol):
         ...
 
 
-@runtime_checkable
 class SweepsClaimable(Protocol):
-    """The optional sweep capability: which sessions hold work a claim would
-    take now, so work stranded by a crashed process is found without an append
-    or a scheduler (memory, SQLite and Postgres have it).
+    """The optional sweep capability (``store.sweep``): which sessions hold
+    work a claim would take now, so work stranded by a crashed process is
+    found without an append or a scheduler (memory, SQLite, Postgres, Redis).
     """
 
     async def claimable_sessions(self, prefix: str, *, limit: int) -> list[str]:
@@ -360,11 +381,10 @@ class SweepsClaimable(Protocol):
         ...
 
 
-@runtime_checkable
 class OperatorActions(Protocol):
-    """The optional operator capability (memory, SQLite, Postgres, Redis):
-    dead letters across sessions, and the actions that repair a session,
-    each recorded with who and why.
+    """The optional operator capability (``store.operator``: memory, SQLite,
+    Postgres, Redis): dead letters across sessions, and the actions that
+    repair a session, each recorded with who and why.
 
     Every action is durable and fenced: it reads the target's row and writes
     its verdict (``rules.check_action``) atomically, so a live claim
@@ -372,7 +392,7 @@ class OperatorActions(Protocol):
     completion or failure of a skipped event is ``superseded``. A refused
     action raises :class:`OperatorActionError` and writes nothing. A written
     action wakes other processes' drains of the session where the store has
-    cross-process wake-up (``WatchesPending``); a sweep finds it otherwise.
+    cross-process wake-up (``store.pending``); a sweep finds it otherwise.
     """
 
     async def dead_letters(

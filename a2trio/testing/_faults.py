@@ -32,11 +32,14 @@ from ..stores.base import (
     FailResult,
     Feed,
     Inspection,
+    OperatorActions,
     PresenceStore,
     RenewResult,
     StateRead,
     Store,
     StoredEvent,
+    SweepsClaimable,
+    WatchesPending,
 )
 
 __all__ = ["Fault", "FaultyStore", "FaultyStoreStatistics", "InjectedFault", "Operation"]
@@ -166,8 +169,13 @@ class FaultyStore:
     """Wraps a store; fails or delays chosen operations on demand.
 
     Everything not listed in :data:`Operation` (presence, inspection,
-    ``stream``, the lifecycle) is delegated untouched. ``clock`` is the wrapped
-    store's, so a server built on the wrapper stamps the same times.
+    operator actions, ``stream``, the lifecycle) is delegated untouched.
+    ``clock`` is the wrapped store's, so a server built on the wrapper
+    stamps the same times. The store's wake-ups are not offered (``sweep``
+    and ``pending`` are None): a server on the wrapper finds work only
+    through its own appends and actions, its scheduler's watchdogs and
+    explicit drains, so the instants a test asserts do not move with a sweep
+    every ``sweep_s`` or another process's append.
 
     Args:
       inner: the store to wrap (memory, sqlite, Postgres, ...).
@@ -352,6 +360,20 @@ class FaultyStore:
     @property
     def inspect(self) -> Inspection | None:
         return self.inner.inspect
+
+    @property
+    def sweep(self) -> SweepsClaimable | None:
+        """None: see the class docstring."""
+        return None
+
+    @property
+    def pending(self) -> WatchesPending | None:
+        """None: see the class docstring."""
+        return None
+
+    @property
+    def operator(self) -> OperatorActions | None:
+        return self.inner.operator
 
     async def __aenter__(self) -> FaultyStore:
         await self.inner.__aenter__()

@@ -8,7 +8,7 @@ from uuid import uuid4
 
 import trio
 
-from ..base import Busy, Claimed, ClaimRef, RenewResult, Settled, SweepsClaimable
+from ..base import Busy, Claimed, ClaimRef, RenewResult, Settled
 from .kit import (
     T0,
     CapabilityMissing,
@@ -219,7 +219,8 @@ async def check_claimable_sessions(open_store: StoreFactory) -> None:
     processed or dead-lettered sessions, nor another prefix's."""
     clock = ManualClock()
     async with open_store(clock) as store:
-        if not isinstance(store, SweepsClaimable):
+        sweep = store.sweep
+        if sweep is None:
             raise CapabilityMissing("sweep")
         prefix = f"sweep-{uuid4().hex[:8]}\x1f"
         pending, claimed, done, failed, dead = (prefix + n for n in "abcde")
@@ -233,19 +234,19 @@ async def check_claimable_sessions(open_store: StoreFactory) -> None:
         await store.fail_attempt(failed, index=1, attempt=1, error="boom", max_failures=10)
         claimed_events(await claim(store, dead))
         await store.fail_attempt(dead, index=1, attempt=1, error="boom", max_failures=1)
-        sweep = await store.claimable_sessions(prefix, limit=10)
-        assert sweep == [pending], f"at once: {sweep!r}"
+        found = await sweep.claimable_sessions(prefix, limit=10)
+        assert found == [pending], f"at once: {found!r}"
         clock.advance(1_000)  # the first failure's backoff has passed
-        assert await store.claimable_sessions(prefix, limit=10) == [pending, failed]
+        assert await sweep.claimable_sessions(prefix, limit=10) == [pending, failed]
         clock.advance(9_000)  # and the live claim has expired
-        assert await store.claimable_sessions(prefix, limit=10) == [pending, claimed, failed]
-        assert await store.claimable_sessions(prefix, limit=2) == [pending, claimed]
+        assert await sweep.claimable_sessions(prefix, limit=10) == [pending, claimed, failed]
+        assert await sweep.claimable_sessions(prefix, limit=2) == [pending, claimed]
         claimed_events(await claim(store, failed))
         await store.fail_attempt(failed, index=1, attempt=2, error="boom", max_failures=10)
         clock.advance(1_000)  # the second failure waits 2 s
-        assert failed not in await store.claimable_sessions(prefix, limit=10)
+        assert failed not in await sweep.claimable_sessions(prefix, limit=10)
         clock.advance(1_000)
-        assert failed in await store.claimable_sessions(prefix, limit=10)
+        assert failed in await sweep.claimable_sessions(prefix, limit=10)
 
 
 async def check_renew_claims(open_store: StoreFactory) -> None:

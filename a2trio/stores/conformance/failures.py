@@ -22,6 +22,7 @@ from ..base import (
     PresenceStore,
     Store,
     SweepsClaimable,
+    WatchesPending,
 )
 from .kit import CANCEL_DELAYS_S, FEED_DEADLINE_S, ManualClock, StoreFactory, ev, new_sid, new_uid
 
@@ -88,7 +89,8 @@ async def check_every_protocol_method_fails_unavailable_translated_once(
 ) -> None:
     """Every async method of the :class:`~a2trio.stores.base.Store` protocol
     and of each capability the store has (:class:`PresenceStore`,
-    :class:`Inspection`, :class:`SweepsClaimable`, :class:`OperatorActions`),
+    :class:`Inspection`, :class:`SweepsClaimable`, :class:`WatchesPending`,
+    :class:`OperatorActions`),
     as ``base.py`` declares them (read from the protocols, not listed here),
     raises ``A2Error(STORE_UNAVAILABLE)`` against an unreachable backend,
     translated once, inside the store: no other ``A2Error`` below it in the
@@ -116,17 +118,20 @@ async def check_every_protocol_method_fails_unavailable_translated_once(
 
 
 def _surfaces(store: Store) -> list[tuple[type, str]]:
-    """The protocols ``store`` implements, each with the prefix its calls are
-    named with in :func:`_every_call`."""
+    """The protocols ``store`` implements (the store's, and each capability
+    it has), each with the prefix its calls are named with in
+    :func:`_every_call`: the capability's attribute."""
     surfaces: list[tuple[type, str]] = [(Store, "")]
-    if isinstance(store, SweepsClaimable):
-        surfaces.append((SweepsClaimable, ""))
-    if isinstance(store, OperatorActions):
-        surfaces.append((OperatorActions, ""))
     if store.presence is not None:
         surfaces.append((PresenceStore, "presence."))
     if store.inspect is not None:
         surfaces.append((Inspection, "inspect."))
+    if store.sweep is not None:
+        surfaces.append((SweepsClaimable, "sweep."))
+    if store.pending is not None:
+        surfaces.append((WatchesPending, "pending."))
+    if store.operator is not None:
+        surfaces.append((OperatorActions, "operator."))
     return surfaces
 
 
@@ -174,8 +179,8 @@ async def _every_call_unavailable(store: Store) -> None:
 
 def _every_call(store: Store) -> list[tuple[str, Callable[[], Awaitable[object]]]]:
     """The store's public calls (its optional capabilities' included), each
-    on a new session, named by method (``presence.`` and ``inspect.`` before
-    those capabilities' methods): the protocol check looks them up so."""
+    on a new session, named by method (a capability's attribute, such as
+    ``presence.``, before its methods): the protocol check looks them up so."""
     sid = new_sid("unreachable")
     calls: list[tuple[str, Callable[[], Awaitable[object]]]] = [
         ("append", lambda: store.append(sid, [ev()])),
@@ -199,17 +204,20 @@ def _every_call(store: Store) -> list[tuple[str, Callable[[], Awaitable[object]]
         ("read_states", lambda: store.read_states([sid, new_sid("unreachable")], "r")),
         ("put_snapshot", lambda: store.put_snapshot(sid, "r", 1, {"n": 1})),
     ]
-    if isinstance(store, SweepsClaimable):
-        sweeps = store
-        calls.append(("claimable_sessions", lambda: sweeps.claimable_sessions("c", limit=10)))
-    if isinstance(store, OperatorActions):
-        ops = store
+    sweep = store.sweep
+    if sweep is not None:
+        calls.append(("sweep.claimable_sessions", lambda: sweep.claimable_sessions("c", limit=10)))
+    operator = store.operator
+    if operator is not None:
         calls += [
-            ("dead_letters", lambda: ops.dead_letters("c", limit=10)),
-            ("redrive", lambda: ops.redrive(sid, 1, by="op", reason="r")),
-            ("skip", lambda: ops.skip(sid, 1, by="op", reason="r")),
-            ("retry_now", lambda: ops.retry_now(sid, by="op", reason="r")),
-            ("read_actions", lambda: ops.read_actions(sid, after_index=0, through_index=9)),
+            ("operator.dead_letters", lambda: operator.dead_letters("c", limit=10)),
+            ("operator.redrive", lambda: operator.redrive(sid, 1, by="op", reason="r")),
+            ("operator.skip", lambda: operator.skip(sid, 1, by="op", reason="r")),
+            ("operator.retry_now", lambda: operator.retry_now(sid, by="op", reason="r")),
+            (
+                "operator.read_actions",
+                lambda: operator.read_actions(sid, after_index=0, through_index=9),
+            ),
         ]
     presence = store.presence
     if presence is not None:

@@ -26,10 +26,8 @@ from ..base import (
     ClaimResult,
     EventCause,
     Feed,
-    OperatorActions,
     Store,
     StoredEvent,
-    SweepsClaimable,
 )
 
 __all__ = [
@@ -118,9 +116,9 @@ async def capabilities(open_store: StoreFactory) -> frozenset[str]:
                 found.add("presence push")
         if store.inspect is not None:
             found.add("inspect")
-        if isinstance(store, SweepsClaimable):
+        if store.sweep is not None:
             found.add("sweep")
-        if isinstance(store, OperatorActions):
+        if store.operator is not None:
             found.add("operator")
         return frozenset(found)
 

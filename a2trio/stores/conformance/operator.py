@@ -32,9 +32,9 @@ __all__ = [
 
 
 def _operator(store: Store) -> OperatorActions:
-    if not isinstance(store, OperatorActions):
+    if store.operator is None:
         raise CapabilityMissing("operator")
-    return store
+    return store.operator
 
 
 @contextmanager

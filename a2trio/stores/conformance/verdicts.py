@@ -20,7 +20,6 @@ from ..base import (
     OperatorActionError,
     OperatorActions,
     Store,
-    SweepsClaimable,
 )
 from .kit import CapabilityMissing, ManualClock, StoreFactory
 
@@ -100,9 +99,9 @@ async def _processed(target: _Target) -> bool:
 
 
 def _operator(store: Store) -> OperatorActions:
-    if not isinstance(store, OperatorActions):
+    if store.operator is None:
         raise CapabilityMissing("operator")
-    return store
+    return store.operator
 
 
 async def _answer(target: _Target, case: rules.Case) -> str:
@@ -113,9 +112,9 @@ async def _answer(target: _Target, case: rules.Case) -> str:
         taken = isinstance(result, Claimed) and index in [e.index for e in result.events]
         return "claimed" if taken else "passed"
     if case.rule == "sweep":
-        if not isinstance(store, SweepsClaimable):
+        if store.sweep is None:
             raise CapabilityMissing("sweep")
-        return "swept" if sid in await store.claimable_sessions(sid, limit=10) else "passed"
+        return "swept" if sid in await store.sweep.claimable_sessions(sid, limit=10) else "passed"
     if case.rule == "renew":
         renewal = await store.renew_claims(
             sid, holder=case.holder, claims=[ClaimRef(index, case.attempt)], ttl_ms=rules.LEASE_MS

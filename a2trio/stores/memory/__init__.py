@@ -1,5 +1,6 @@
 """The in-memory store: the verified fake of the Postgres backend (``store``),
-its presence plane (``presence``)."""
+its rows (``rows``), its operator actions (``operator``), its presence plane
+(``presence``)."""
 
 from .store import MemoryStore, memory
 

@@ -8,25 +8,25 @@ kept as JSON bytes, so what a test reads back went through the same
 serialization as on a real backend. Every operation runs without an await
 between its reads and writes, which makes each one atomic under Trio.
 
+The rows are :mod:`.rows`, the operator actions :mod:`.operator` (on the
+same rows), the presence plane :mod:`.presence`.
+
 Not durable, single process. The default under ``A2_ENV=test``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any
 
-import msgspec
 import trio
 
 from ...clock import SYSTEM_CLOCK, Clock
 from ...ids import IdSource, random_id
 from .. import rules
 from ..base import (
-    ActionKind,
     AppendEvent,
     AppendResult,
     Busy,
@@ -38,7 +38,7 @@ from ..base import (
     EventCause,
     EventPage,
     FailResult,
-    OperatorAction,
+    OperatorActions,
     RenewResult,
     SessionPage,
     SessionSummary,
@@ -47,69 +47,15 @@ from ..base import (
     SnapshotInfo,
     StateRead,
     StoredEvent,
+    SweepsClaimable,
+    WatchesPending,
 )
 from ..feed import Feed, FeedStatistics, Wakeups, open_pump_feed
+from .operator import MemoryOperator
 from .presence import MemoryPresence
+from .rows import Row, decode, encode, settle
 
 __all__ = ["MemoryStore", "memory"]
-
-_encode = msgspec.json.Encoder().encode
-_decode = msgspec.json.Decoder().decode
-
-
-@dataclasses.dataclass(slots=True)
-class _Row:
-    id: str
-    type: str
-    payload: bytes
-    index: int
-    session_id: str
-    created_at_ms: int
-    cause: EventCause | None
-    lane: str | None
-    lane_ready: bool
-    processed_at_ms: int | None
-    processed_by_attempt: int | None = None
-    returned_event_ids: list[str] | None = None
-    first_claimed_at_ms: int | None = None
-    last_claimed_at_ms: int | None = None
-    attempt_count: int = 0
-    failure_count: int = 0
-    last_failed_at_ms: int | None = None
-    last_failed_attempt: int | None = None
-    last_error: str | None = None
-    failed_at_ms: int | None = None
-    claim_holder: str | None = None
-    claim_expires_at_ms: int | None = None
-    trace_context: str | None = None
-
-    def stored(self) -> StoredEvent:
-        return StoredEvent(
-            id=self.id,
-            type=self.type,
-            payload=_decode(self.payload),
-            index=self.index,
-            session_id=self.session_id,
-            created_at_ms=self.created_at_ms,
-            cause=self.cause,
-            lane=self.lane,
-            processed_at_ms=self.processed_at_ms,
-            processed_by_attempt=self.processed_by_attempt,
-            returned_event_ids=(
-                None if self.returned_event_ids is None else list(self.returned_event_ids)
-            ),
-            first_claimed_at_ms=self.first_claimed_at_ms,
-            last_claimed_at_ms=self.last_claimed_at_ms,
-            attempt_count=self.attempt_count,
-            failure_count=self.failure_count,
-            last_failed_at_ms=self.last_failed_at_ms,
-            last_failed_attempt=self.last_failed_attempt,
-            last_error=self.last_error,
-            failed_at_ms=self.failed_at_ms,
-            claim_holder=self.claim_holder,
-            claim_expires_at_ms=self.claim_expires_at_ms,
-            trace_context=self.trace_context,
-        )
 
 
 class _MemoryInspection:
@@ -174,8 +120,28 @@ class _MemoryInspection:
         ]
 
 
+class _MemorySweep:
+    """The sweep (``SweepsClaimable``) over the store's unprocessed rows."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+
+    async def claimable_sessions(self, prefix: str, *, limit: int) -> list[str]:
+        """See :meth:`SweepsClaimable.claimable_sessions`: a pass over the
+        sessions with unprocessed rows, never the history."""
+        await trio.lowlevel.checkpoint()
+        now = self._store.clock.now_ms()
+        found = [
+            key
+            for key, rows in self._store._open.items()
+            if key.startswith(prefix) and any(rules.sweepable(row, now) for row in rows.values())
+        ]
+        return sorted(found)[:limit]
+
+
 class MemoryStore:
-    """An in-memory :class:`~a2trio.stores.Store` with presence and inspection.
+    """An in-memory :class:`~a2trio.stores.Store` with presence, inspection,
+    the sweep and operator actions (no cross-process wake-up: one process).
 
     Args:
       clock: where stored timestamps come from (``TrioClock`` under a mock clock).
@@ -186,16 +152,18 @@ class MemoryStore:
     def __init__(self, *, clock: Clock = SYSTEM_CLOCK, ids: IdSource | None = None) -> None:
         self.clock = clock
         self._new_id: IdSource = random_id if ids is None else ids
-        self._sessions: dict[str, list[_Row]] = {}
-        self._ids: dict[str, _Row] = {}
+        self._sessions: dict[str, list[Row]] = {}
+        self._ids: dict[str, Row] = {}
         # Unprocessed rows per session, in index order: claims, lane checks and
         # has_pending look only here, so a long processed history costs nothing.
-        self._open: dict[str, dict[int, _Row]] = {}
+        self._open: dict[str, dict[int, Row]] = {}
         self._snapshots: dict[tuple[str, str], tuple[int, bytes, int]] = {}
-        self._actions: dict[str, list[OperatorAction]] = {}
         self._wakeups = Wakeups()
         self.presence: MemoryPresence = MemoryPresence(clock)
         self.inspect: _MemoryInspection = _MemoryInspection(self)
+        self.sweep: SweepsClaimable = _MemorySweep(self)
+        self.pending: WatchesPending | None = None
+        self.operator: OperatorActions = MemoryOperator(clock, self._sessions, self._open)
 
     async def __aenter__(self) -> MemoryStore:
         return self
@@ -224,19 +192,19 @@ class MemoryStore:
     def _insert(
         self,
         session_id: str,
-        rows: list[_Row],
+        rows: list[Row],
         event: AppendEvent,
         event_id: str,
         cause: EventCause | None,
         now: int,
-    ) -> _Row:
+    ) -> Row:
         lane = event.lane
         open_rows = self._open.setdefault(session_id, {})
         lane_ready = rules.ready_at_insert(lane, (r.lane for r in open_rows.values()))
-        row = _Row(
+        row = Row(
             id=event_id,
             type=event.type,
-            payload=_encode(event.payload),
+            payload=encode(event.payload),
             index=len(rows) + 1,
             session_id=session_id,
             created_at_ms=now,
@@ -363,18 +331,6 @@ class MemoryStore:
     def __repr__(self) -> str:
         return "MemoryStore()"
 
-    async def claimable_sessions(self, prefix: str, *, limit: int) -> list[str]:
-        """See :meth:`SweepsClaimable.claimable_sessions`: a pass over the
-        sessions with unprocessed rows, never the history."""
-        await trio.lowlevel.checkpoint()
-        now = self.clock.now_ms()
-        found = [
-            key
-            for key, rows in self._open.items()
-            if key.startswith(prefix) and any(rules.sweepable(row, now) for row in rows.values())
-        ]
-        return sorted(found)[:limit]
-
     async def renew_claims(
         self,
         session_id: str,
@@ -435,26 +391,12 @@ class MemoryStore:
             for e, event_id in zip(events, ids, strict=True)
         ]
         open_rows = self._open[session_id]
-        self._settle(open_rows, parent, now)
+        settle(open_rows, parent, now)
         parent.processed_by_attempt = attempt
         parent.returned_event_ids = ids
         if inserted:
             self._wakeups.notify(session_id, inserted)
         return CompleteResult("completed", inserted, rules.drained(open_rows.values()))
-
-    def _settle(self, open_rows: dict[int, _Row], row: _Row, now: int) -> None:
-        """Process ``row`` (a completion, a skip): release it and hand its lane on."""
-        del open_rows[row.index]
-        hands_on = rules.hands_on(row)
-        row.processed_at_ms = now
-        row.failed_at_ms = None
-        row.lane_ready = False
-        row.claim_holder = None
-        row.claim_expires_at_ms = None
-        if hands_on and row.lane is not None:
-            successor = rules.next_in_lane(row.lane, open_rows.values())
-            if successor is not None:
-                successor.lane_ready = True
 
     async def fail_attempt(
         self,
@@ -483,80 +425,9 @@ class MemoryStore:
             row.claim_expires_at_ms = None
         return verdict.result
 
-    # -- operator actions (OperatorActions) ------------------------------------
-
-    async def dead_letters(
-        self, prefix: str, *, limit: int, after: tuple[str, int] | None = None
-    ) -> list[StoredEvent]:
-        """See :meth:`OperatorActions.dead_letters`: dead letters stay open
-        (they stall their lane), so a pass over the open rows finds them."""
-        await trio.lowlevel.checkpoint()
-        found = sorted(
-            (key, row.index)
-            for key, rows in self._open.items()
-            if key.startswith(prefix)
-            for row in rows.values()
-            if row.failed_at_ms is not None and (after is None or (key, row.index) > after)
-        )
-        return [self._open[key][index].stored() for key, index in found[:limit]]
-
-    def _target(self, session_id: str, index: int) -> _Row | None:
-        rows = self._sessions.get(session_id, [])
-        return rows[index - 1] if 1 <= index <= len(rows) else None
-
-    def _record(
-        self, session_id: str, index: int, action: ActionKind, by: str, reason: str, now: int
-    ) -> OperatorAction:
-        record = OperatorAction(action, session_id, index, by, reason, now)
-        self._actions.setdefault(session_id, []).append(record)
-        return record
-
-    async def redrive(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
-        """See :meth:`OperatorActions.redrive`."""
-        await trio.lowlevel.checkpoint()
-        now = self.clock.now_ms()
-        row = self._target(session_id, index)
-        rules.check_action("redrive", session_id, index, row, now)
-        assert row is not None
-        row.failure_count = 0
-        row.failed_at_ms = None
-        return self._record(session_id, index, "redrive", by, reason, now)
-
-    async def skip(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
-        """See :meth:`OperatorActions.skip`."""
-        await trio.lowlevel.checkpoint()
-        now = self.clock.now_ms()
-        row = self._target(session_id, index)
-        rules.check_action("skip", session_id, index, row, now)
-        assert row is not None
-        self._settle(self._open[session_id], row, now)
-        return self._record(session_id, index, "skip", by, reason, now)
-
-    async def retry_now(self, session_id: str, *, by: str, reason: str) -> list[OperatorAction]:
-        """See :meth:`OperatorActions.retry_now`."""
-        await trio.lowlevel.checkpoint()
-        now = self.clock.now_ms()
-        candidates = [
-            (row.index, row.claim_expires_at_ms)
-            for row in self._open.get(session_id, {}).values()
-            if rules.alive(row) and row.lane_ready
-        ]
-        targets = rules.retry_targets(session_id, candidates, now)
-        return [self._record(session_id, i, "retry_now", by, reason, now) for i in targets]
-
-    async def read_actions(
-        self, session_id: str, *, after_index: int, through_index: int
-    ) -> list[OperatorAction]:
-        """See :meth:`OperatorActions.read_actions`."""
-        await trio.lowlevel.checkpoint()
-        found = [
-            a for a in self._actions.get(session_id, []) if after_index < a.index <= through_index
-        ]
-        return sorted(found, key=lambda a: a.index)
-
     def _state_read(self, session_id: str, reducer: str) -> StateRead:
         snap = self._snapshots.get((session_id, reducer))
-        snapshot = None if snap is None else Snapshot(snap[0], _decode(snap[1]))
+        snapshot = None if snap is None else Snapshot(snap[0], decode(snap[1]))
         after = 0 if snapshot is None else snapshot.index
         rows = self._sessions.get(session_id, [])
         return StateRead(snapshot, [r.stored() for r in rows[after:]])
@@ -573,7 +444,7 @@ class MemoryStore:
         await trio.lowlevel.checkpoint()
         current = self._snapshots.get((session_id, reducer))
         if current is None or index > current[0]:
-            self._snapshots[(session_id, reducer)] = (index, _encode(state), self.clock.now_ms())
+            self._snapshots[(session_id, reducer)] = (index, encode(state), self.clock.now_ms())
 
     def stream(
         self, session_id: str, *, start_after: int = 0

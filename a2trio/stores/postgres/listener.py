@@ -224,9 +224,15 @@ class StoreListener:
             self._on_presence(payload)
 
     def watch_pending(self, on_session: Callable[[str], None]) -> Callable[[], None]:
-        """Call ``on_session(session_id)`` when another process appends to a
-        session (see the store's ``watch_pending``). Returns the function that
-        stops it."""
+        """Call ``on_session(session_id)`` when another process appends to a session.
+
+        The store's cross-process wake-up (``store.pending``): a server with
+        handlers passes its drain wake-up here, so work appended elsewhere
+        starts at once instead of waiting for a watchdog. Notifications come
+        through the shared listener (``listen=True``, inside ``async with
+        store``); echoes of this store's own writes are filtered out. Returns
+        the function that stops it.
+        """
         self._pending_watchers.add(on_session)
         release = self.subscribe()
 

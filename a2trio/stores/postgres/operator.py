@@ -4,8 +4,8 @@ redrive, skip, retry now and the actions' record.
 Each action reads its target, decides with ``rules`` (the seed's verdicts,
 once), then writes with a compare-and-set on the row as read, recording the
 action and announcing it on the events channel (``NOTIFY``, so other
-processes' drains claim at once) in the same transaction. The store's public
-methods delegate here; their docstrings say what each promises.
+processes' drains claim at once) in the same transaction.
+:class:`PostgresOperator` is the store's ``store.operator``.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ class PostgresOperator:
     async def dead_letters(
         self, prefix: str, *, limit: int, after: tuple[str, int] | None = None
     ) -> list[StoredEvent]:
+        """See :meth:`OperatorActions.dead_letters`: the partial index over
+        dead rows. Cancellation: a read."""
         low, low_index = after if after is not None else (None, 0)
         with errors("dead letters"):
             rows = await self._db.query(sql.DEAD_LETTERS, (prefix, low, low_index, limit))
@@ -91,12 +93,21 @@ class PostgresOperator:
         )
 
     async def redrive(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
+        """See :meth:`OperatorActions.redrive`: a compare-and-set on the row
+        as read, recorded and announced in one transaction. Cancellation:
+        committed entirely or not at all."""
         return await self._act("redrive", session_id, index, by, reason)
 
     async def skip(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
+        """See :meth:`OperatorActions.skip`: as :meth:`redrive`, under the
+        session's append lock (the lane is handed on). Cancellation: all or
+        nothing."""
         return await self._act("skip", session_id, index, by, reason)
 
     async def retry_now(self, session_id: str, *, by: str, reason: str) -> list[OperatorAction]:
+        """See :meth:`OperatorActions.retry_now`: recorded and announced
+        (``NOTIFY``) in one transaction, so other processes' drains claim at
+        once. Cancellation: all or nothing."""
         with errors("retry now"):
             candidates = await self._db.query(sql.RETRY_CANDIDATES, (session_id,))
             now = self._clock.now_ms()
@@ -115,6 +126,7 @@ class PostgresOperator:
     async def read_actions(
         self, session_id: str, *, after_index: int, through_index: int
     ) -> list[OperatorAction]:
+        """See :meth:`OperatorActions.read_actions`. Cancellation: a read."""
         with errors("read actions"):
             rows = await self._db.query(sql.READ_ACTIONS, (session_id, after_index, through_index))
         return [OperatorAction(*row) for row in rows]

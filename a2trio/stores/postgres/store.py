@@ -83,7 +83,7 @@ the same and refuses later use.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
 from typing import Any, Literal
@@ -101,11 +101,13 @@ from ..base import (
     ClaimResult,
     CompleteResult,
     FailResult,
-    OperatorAction,
+    OperatorActions,
     RenewResult,
     Snapshot,
     StateRead,
     StoredEvent,
+    SweepsClaimable,
+    WatchesPending,
 )
 from ..feed import Feed, FeedStatistics, Wakeups, open_pump_feed
 from ..group import GroupStatistics
@@ -129,13 +131,32 @@ def _index_of(event: StoredEvent) -> int:
     return event.index
 
 
+class _PostgresSweep:
+    """The sweep (``SweepsClaimable``) on the store's ``db``, stamped by its ``clock``."""
+
+    def __init__(self, db: Database, clock: Clock) -> None:
+        self._db = db
+        self._clock = clock
+
+    async def claimable_sessions(self, prefix: str, *, limit: int) -> list[str]:
+        """See :meth:`SweepsClaimable.claimable_sessions`: one statement over
+        the partial index of dispatch-ready rows. Cancellation: a read."""
+        with errors("sweep"):
+            rows = await self._db.query(
+                sql.CLAIMABLE_SESSIONS, (prefix, self._clock.now_ms(), limit)
+            )
+        return [str(session_id) for (session_id,) in rows]
+
+
 class PostgresStore:
-    """A :class:`~a2trio.stores.Store` on Postgres, with presence and inspection.
+    """A :class:`~a2trio.stores.Store` on Postgres, with presence, inspection,
+    the sweep, cross-process wake-ups and operator actions.
 
     Build it with :func:`postgres`. Attributes: ``dsn`` (the effective libpq
     conninfo, including the schema's ``search_path`` unless
     ``pooler="transaction"``: open your own connections with it), ``clock``,
-    ``presence``, ``inspect``.
+    ``presence``, ``inspect``, ``sweep``, ``pending`` (the listener),
+    ``operator``.
     """
 
     def __init__(
@@ -190,7 +211,9 @@ class PostgresStore:
             clock=clock,
             new_id=random_id if ids is None else ids,
         )
-        self._operator = PostgresOperator(self._db, clock=clock)
+        self.sweep: SweepsClaimable = _PostgresSweep(self._db, clock)
+        self.pending: WatchesPending = self._listener
+        self.operator: OperatorActions = PostgresOperator(self._db, clock=clock)
 
     def __repr__(self) -> str:
         return f"PostgresStore(schema={self._schema!r}, listen={self.listen})"
@@ -285,17 +308,6 @@ class PostgresStore:
         """The event notifications the listener heard (tests, debugging)."""
         return self._listener.statistics()
 
-    def watch_pending(self, on_session: Callable[[str], None]) -> Callable[[], None]:
-        """Call ``on_session(session_id)`` when another process appends to a session.
-
-        The optional cross-process wake-up: a server with handlers passes its
-        drain wake-up here, so work appended elsewhere starts at once instead of
-        waiting for a watchdog. Notifications come through the shared listener
-        (``listen=True``, inside ``async with store``); echoes of this store's
-        own writes are filtered out. Returns the function that stops it.
-        """
-        return self._listener.watch_pending(on_session)
-
     # -- the Store protocol (writes in ``writes``) ------------------------------
 
     async def append(
@@ -342,15 +354,6 @@ class PostgresStore:
         with errors("read"):
             rows = await self._db.query(sql.FIND_EVENT, (session_id, event_id))
         return stored_event(rows[0]) if rows else None
-
-    async def claimable_sessions(self, prefix: str, *, limit: int) -> list[str]:
-        """See :meth:`SweepsClaimable.claimable_sessions`: one statement over
-        the partial index of dispatch-ready rows. Cancellation: a read."""
-        with errors("sweep"):
-            rows = await self._db.query(
-                sql.CLAIMABLE_SESSIONS, (prefix, self.clock.now_ms(), limit)
-            )
-        return [str(session_id) for (session_id,) in rows]
 
     async def claim_available(
         self,
@@ -426,41 +429,6 @@ class PostgresStore:
         """
         return await self._writes.fail_attempt(
             session_id, index=index, attempt=attempt, error=error, max_failures=max_failures
-        )
-
-    # -- operator actions (OperatorActions, in ``operator``) --------------------
-
-    async def dead_letters(
-        self, prefix: str, *, limit: int, after: tuple[str, int] | None = None
-    ) -> list[StoredEvent]:
-        """See :meth:`OperatorActions.dead_letters`: the partial index over
-        dead rows. Cancellation: a read."""
-        return await self._operator.dead_letters(prefix, limit=limit, after=after)
-
-    async def redrive(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
-        """See :meth:`OperatorActions.redrive`: a compare-and-set on the row
-        as read, recorded and announced in one transaction. Cancellation:
-        committed entirely or not at all."""
-        return await self._operator.redrive(session_id, index, by=by, reason=reason)
-
-    async def skip(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
-        """See :meth:`OperatorActions.skip`: as :meth:`redrive`, under the
-        session's append lock (the lane is handed on). Cancellation: all or
-        nothing."""
-        return await self._operator.skip(session_id, index, by=by, reason=reason)
-
-    async def retry_now(self, session_id: str, *, by: str, reason: str) -> list[OperatorAction]:
-        """See :meth:`OperatorActions.retry_now`: recorded and announced
-        (``NOTIFY``) in one transaction, so other processes' drains claim at
-        once. Cancellation: all or nothing."""
-        return await self._operator.retry_now(session_id, by=by, reason=reason)
-
-    async def read_actions(
-        self, session_id: str, *, after_index: int, through_index: int
-    ) -> list[OperatorAction]:
-        """See :meth:`OperatorActions.read_actions`. Cancellation: a read."""
-        return await self._operator.read_actions(
-            session_id, after_index=after_index, through_index=through_index
         )
 
     async def read_state(self, session_id: str, reducer: str) -> StateRead:

@@ -5,9 +5,10 @@ backend (``experimental-a2/store-redis``).
 the command client every call runs its script on, and the one error point;
 ``scripts`` the Lua scripts and the key layout; ``codec`` the keys' names and
 the records as the scripts store them; ``subscriber`` the shared subscriber
-connection and the live feeds on it; ``claims`` claiming, renewing, failing
-and the sweep; ``operator`` the operator actions; ``presence`` the presence
-plane; ``inspection`` ``store.inspect``.
+connection and the live feeds on it (and ``store.pending``); ``claims``
+claiming, renewing, failing and the sweep (``store.sweep``); ``operator`` the
+operator actions (``store.operator``); ``presence`` the presence plane;
+``inspection`` ``store.inspect``.
 
 Theory of operation
 -------------------

@@ -4,7 +4,7 @@ Claiming the eligible set, renewing claims, recording a failure (the verdict
 is ``rules.fail_verdict`` itself, written back by a compare-and-set script),
 and the sweep of the sessions with claimable work.
 :class:`~a2trio.stores.redis.RedisStore`'s methods of the same names call
-these.
+these; the sweep is the store's ``store.sweep``.
 """
 
 from __future__ import annotations
@@ -67,7 +67,13 @@ class RedisClaims:
         return Settled()
 
     async def claimable_sessions(self, prefix: str, *, limit: int) -> list[str]:
-        """``SWEEP`` over ``P:open-sessions`` by prefix, a page of sessions per script."""
+        """See :meth:`~a2trio.stores.base.SweepsClaimable.claimable_sessions`:
+        a pass over the sessions with open events (``P:open-sessions``, by
+        prefix), a page of them checked by each ``SWEEP`` script, never the
+        history.
+
+        Cancellation: a read.
+        """
         found: list[str] = []
         low = b"[" + prefix.encode()
         high = b"(" + prefix.encode() + b"\xff"

@@ -4,8 +4,7 @@ redrive, skip, retry now, and the actions recorded on a session.
 The verdicts are ``rules``' (``check_action``, ``retry_targets``) over the
 rows as read; a redrive or a skip is written back, recorded and announced on
 the pending channel by one compare-and-set script, retried if the row moved.
-:class:`~a2trio.stores.redis.RedisStore`'s methods of the same names call
-these.
+:class:`RedisOperator` is the store's ``store.operator``.
 """
 
 from __future__ import annotations
@@ -44,8 +43,9 @@ class RedisOperator:
     async def dead_letters(
         self, prefix: str, *, limit: int, after: tuple[str, int] | None = None
     ) -> list[StoredEvent]:
-        """A pass over the sessions with open events (dead letters stay
-        open), reading only those whose head counts a dead letter."""
+        """See :meth:`OperatorActions.dead_letters`: a pass over the sessions
+        with open events (dead letters stay open), reading only those whose
+        head counts a dead letter. Cancellation: a read."""
         keys = self._keys
         found: list[StoredEvent] = []
         start = prefix if after is None else after[0]
@@ -77,7 +77,18 @@ class RedisOperator:
     def _record_keys(self, session_id: str) -> list[str]:
         return [self._keys.key(session_id, "actions"), self._keys.global_key("pending:watched")]
 
-    async def act(
+    async def redrive(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
+        """See :meth:`OperatorActions.redrive`: the verdict over the row as
+        read, written back, recorded and announced by one compare-and-set
+        script. Cancellation: recorded or not."""
+        return await self._act("redrive", session_id, index, by, reason)
+
+    async def skip(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
+        """See :meth:`OperatorActions.skip`: as :meth:`redrive`; leaving the
+        open set hands the lane on. Cancellation: recorded or not."""
+        return await self._act("skip", session_id, index, by, reason)
+
+    async def _act(
         self, action: Literal["redrive", "skip"], session_id: str, index: int, by: str, reason: str
     ) -> OperatorAction:
         """A redrive or a skip: ``rules.check_action`` over the row as read,
@@ -137,8 +148,9 @@ class RedisOperator:
         )
 
     async def retry_now(self, session_id: str, *, by: str, reason: str) -> list[OperatorAction]:
-        """Recorded and announced on the pending channel, so other
-        processes' drains claim at once."""
+        """See :meth:`OperatorActions.retry_now`: recorded and announced on
+        the pending channel, so other processes' drains claim at once.
+        Cancellation: recorded or not."""
         keys = self._keys
         with errors("retry now"):
             flat = await self._conn.run(lua.RETRY_CANDIDATES, keys.session_keys(session_id), [])
@@ -163,7 +175,8 @@ class RedisOperator:
     async def read_actions(
         self, session_id: str, *, after_index: int, through_index: int
     ) -> list[OperatorAction]:
-        """The session's list (its actions are few)."""
+        """See :meth:`OperatorActions.read_actions`: the session's list (its
+        actions are few). Cancellation: a read."""
         with errors("read actions"):
             raws = await self._conn.run(lua.LRANGE, [self._keys.key(session_id, "actions")], [])
         actions = [codec.decode_action(raw) for raw in raws]

@@ -4,13 +4,14 @@ The store's lifecycle (its nursery, ``async with store``, ``aclose()``), the
 appends and completions (the scripts that insert events, whose rows it hands
 to local feeds), the reads and snapshots, and the public face of the parts it
 composes: ``claims``, ``operator``, ``presence``, ``inspection`` and the
-``subscriber``, all over one ``conn``. The package docstring
-(``a2trio.stores.redis``) has the theory of operation.
+``subscriber``, all over one ``conn`` (the capabilities are those parts:
+``store.sweep`` the claims, ``store.pending`` the subscriber). The package
+docstring (``a2trio.stores.redis``) has the theory of operation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -29,10 +30,12 @@ from ..base import (
     CompleteResult,
     EventCause,
     FailResult,
-    OperatorAction,
+    OperatorActions,
     RenewResult,
     StateRead,
     StoredEvent,
+    SweepsClaimable,
+    WatchesPending,
 )
 from ..feed import Feed, FeedStatistics, Wakeups
 from ..tasks import StoreTasks
@@ -56,11 +59,11 @@ _SCHEMES = ("redis://", "rediss://", "unix://")
 
 class RedisStore:
     """A :class:`~a2trio.stores.Store` on Redis, with presence (push tier),
-    inspection, cross-process wake-ups (:class:`~a2trio.stores.base.WatchesPending`)
-    and the sweep (:class:`~a2trio.stores.base.SweepsClaimable`).
+    inspection, the sweep, cross-process wake-ups and operator actions.
 
     Build it with :func:`redis`. Attributes: ``url``, ``key_prefix``,
-    ``clock``, ``timings``, ``presence``, ``inspect``.
+    ``clock``, ``timings``, ``presence``, ``inspect``, ``sweep`` (the claims
+    part), ``pending`` (the shared subscriber), ``operator``.
     """
 
     def __init__(
@@ -107,7 +110,11 @@ class RedisStore:
         )
         self.inspect = RedisInspection(self._conn, self._keys)
         self._claims = RedisClaims(self._conn, self._keys, self.clock)
-        self._operator = RedisOperator(self._conn, self._keys, self.clock, self._origin)
+        self.sweep: SweepsClaimable = self._claims
+        self.pending: WatchesPending = self._subscriber
+        self.operator: OperatorActions = RedisOperator(
+            self._conn, self._keys, self.clock, self._origin
+        )
 
     def __repr__(self) -> str:
         return f"RedisStore(key_prefix={self.key_prefix!r})"
@@ -200,15 +207,6 @@ class RedisStore:
     def subscriber_statistics(self) -> SubscriberStatistics:
         """What the shared subscriber did (tests, debugging)."""
         return self._subscriber.statistics()
-
-    def watch_pending(self, on_session: Callable[[str], None]) -> Callable[[], None]:
-        """Call ``on_session(key)`` when another process appends unsettled events
-        to the session stored under ``key``; return the function that stops it.
-
-        Through the shared subscriber (inside ``async with store``); this
-        store's own writes are skipped.
-        """
-        return self._subscriber.watch_pending(on_session)
 
     # -- writes and local feeds -------------------------------------------------
 
@@ -362,15 +360,6 @@ class RedisStore:
             limit=limit,
         )
 
-    async def claimable_sessions(self, prefix: str, *, limit: int) -> list[str]:
-        """See :meth:`~a2trio.stores.base.SweepsClaimable.claimable_sessions`:
-        a pass over the sessions with open events (``P:open-sessions``, by
-        prefix), each checked by the ``SWEEP`` script, never the history.
-
-        Cancellation: a read.
-        """
-        return await self._claims.claimable_sessions(prefix, limit=limit)
-
     async def renew_claims(
         self,
         session_id: str,
@@ -456,42 +445,6 @@ class RedisStore:
         """
         return await self._claims.fail_attempt(
             session_id, index=index, attempt=attempt, error=error, max_failures=max_failures
-        )
-
-    # -- operator actions (OperatorActions, in ``operator``) -------------------
-
-    async def dead_letters(
-        self, prefix: str, *, limit: int, after: tuple[str, int] | None = None
-    ) -> list[StoredEvent]:
-        """See :meth:`OperatorActions.dead_letters`: a pass over the sessions
-        with open events (dead letters stay open), reading only those whose
-        head counts a dead letter. Cancellation: a read."""
-        return await self._operator.dead_letters(prefix, limit=limit, after=after)
-
-    async def redrive(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
-        """See :meth:`OperatorActions.redrive`: the verdict over the row as
-        read, written back, recorded and announced by one compare-and-set
-        script. Cancellation: recorded or not."""
-        return await self._operator.act("redrive", session_id, index, by, reason)
-
-    async def skip(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
-        """See :meth:`OperatorActions.skip`: as :meth:`redrive`; leaving the
-        open set hands the lane on. Cancellation: recorded or not."""
-        return await self._operator.act("skip", session_id, index, by, reason)
-
-    async def retry_now(self, session_id: str, *, by: str, reason: str) -> list[OperatorAction]:
-        """See :meth:`OperatorActions.retry_now`: recorded and announced on
-        the pending channel, so other processes' drains claim at once.
-        Cancellation: recorded or not."""
-        return await self._operator.retry_now(session_id, by=by, reason=reason)
-
-    async def read_actions(
-        self, session_id: str, *, after_index: int, through_index: int
-    ) -> list[OperatorAction]:
-        """See :meth:`OperatorActions.read_actions`: the session's list (its
-        actions are few). Cancellation: a read."""
-        return await self._operator.read_actions(
-            session_id, after_index=after_index, through_index=through_index
         )
 
     # -- state and feeds -------------------------------------------------------

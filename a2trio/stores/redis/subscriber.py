@@ -399,7 +399,12 @@ class Subscriber:
             await trio.sleep(safety_s)
 
     def watch_pending(self, on_session: Callable[[str], None]) -> Callable[[], None]:
-        """See :meth:`RedisStore.watch_pending`."""
+        """Call ``on_session(key)`` when another process appends unsettled events
+        to the session stored under ``key``; return the function that stops it.
+
+        The store's cross-process wake-up (``store.pending``), inside ``async
+        with store``; this store's own writes are skipped.
+        """
         first = not self._pending_watchers
         self._pending_watchers.add(on_session)
         channel = self._keys.global_key("pending").encode()

@@ -1,7 +1,7 @@
 """The SQLite store's operator actions (issue 18): dead letters, redrive, skip, retry now.
 
-:class:`SqliteOperator` does the work behind the store's
-:class:`~a2trio.stores.base.OperatorActions` methods, which delegate to it;
+:class:`SqliteOperator` is the store's
+:class:`~a2trio.stores.base.OperatorActions` capability (``store.operator``):
 each action is one write transaction that fences on the event's row
 (``rules.check_action``) and records who did what in ``a2_operator_actions``.
 """
@@ -21,7 +21,7 @@ __all__ = ["SqliteOperator"]
 
 
 class SqliteOperator:
-    """The transactions behind ``SqliteStore``'s operator actions."""
+    """The transactions of ``SqliteStore.operator``."""
 
     def __init__(self, transactions: Transactions, clock: Clock) -> None:
         self._transactions = transactions
@@ -74,7 +74,8 @@ class SqliteOperator:
 
     async def retry_now(self, session_id: str, *, by: str, reason: str) -> list[OperatorAction]:
         """One ``retry_now`` action per event a claim would take now, rows
-        unchanged: one write transaction. Cancellation: all or nothing."""
+        unchanged: one write transaction. Other processes' sweeps find the
+        events once their backoff ends. Cancellation: all or nothing."""
         now = self._clock.now_ms()
 
         def work(conn: sqlite3.Connection) -> list[OperatorAction]:

@@ -32,11 +32,12 @@ Appends by other processes are found by adaptive polling: ``poll_active_s``
 ``poll_idle_s`` (2 s).
 
 Where the rest lives. This module holds the store and its event, claim,
-outcome and state transactions; the presence plane (the degraded tier) is
-:mod:`.presence`, the read-only views :mod:`.inspection`, the operator
-actions :mod:`.operator` (the store's methods delegate to it), every
-statement and the decoding of its rows :mod:`.sql`, and the one translation
-of sqlite3 failures, with the transactions it wraps, :mod:`.conn`.
+outcome and state transactions, and the sweep (``store.sweep``); the
+presence plane (the degraded tier) is :mod:`.presence`, the read-only views
+:mod:`.inspection`, the operator actions :mod:`.operator`
+(``store.operator``), every statement and the decoding of its rows
+:mod:`.sql`, and the one translation of sqlite3 failures, with the
+transactions it wraps, :mod:`.conn`.
 """
 
 from __future__ import annotations
@@ -65,12 +66,14 @@ from ..base import (
     CompleteResult,
     EventCause,
     FailResult,
-    OperatorAction,
+    OperatorActions,
     RenewResult,
     Settled,
     Snapshot,
     StateRead,
     StoredEvent,
+    SweepsClaimable,
+    WatchesPending,
 )
 from ..feed import Feed, FeedStatistics, Wakeups, adaptive_poll, open_pump_feed
 from . import sql
@@ -201,9 +204,35 @@ def _complete_rows(
     return CompleteResult("completed", inserted), bool(inserted)
 
 
+class _SqliteSweep:
+    """The sweep (``SweepsClaimable``) on the store's ``transactions``,
+    stamped by its ``clock``."""
+
+    def __init__(self, transactions: Transactions, clock: Clock) -> None:
+        self._transactions = transactions
+        self._clock = clock
+
+    async def claimable_sessions(self, prefix: str, *, limit: int) -> list[str]:
+        """See :meth:`SweepsClaimable.claimable_sessions`: a range of the
+        partial index over dispatch-ready rows, never the history.
+
+        Cancellation: a read; nothing to undo.
+        """
+        now = self._clock.now_ms()
+        end = sql.prefix_end(prefix)
+
+        def work(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute(sql.CLAIMABLE_SESSIONS, (prefix, end, now, now, limit)).fetchall()
+            return [str(session_id) for (session_id,) in rows]
+
+        return await self._transactions.read("sweep", work)
+
+
 class SqliteStore:
     """A :class:`~a2trio.stores.Store` in one SQLite file, with presence
-    (degraded tier) and inspection. Build it with :func:`sqlite`.
+    (degraded tier), inspection, the sweep and operator actions (no
+    cross-process wake-up: other processes' sweeps find the work). Build it
+    with :func:`sqlite`.
 
     Attributes:
       path: the resolved database path (absolute), or ``":memory:"``. A
@@ -224,7 +253,9 @@ class SqliteStore:
         self._users = 0
         self.presence: SqlitePresence = SqlitePresence(self._transactions, clock)
         self.inspect: SqliteInspection = SqliteInspection(self._transactions)
-        self._operator = SqliteOperator(self._transactions, clock)
+        self.sweep: SweepsClaimable = _SqliteSweep(self._transactions, clock)
+        self.pending: WatchesPending | None = None
+        self.operator: OperatorActions = SqliteOperator(self._transactions, clock)
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"
@@ -315,21 +346,6 @@ class SqliteStore:
         return await self._transactions.read("read", work)
 
     # -- claims ----------------------------------------------------------
-
-    async def claimable_sessions(self, prefix: str, *, limit: int) -> list[str]:
-        """See :meth:`SweepsClaimable.claimable_sessions`: a range of the
-        partial index over dispatch-ready rows, never the history.
-
-        Cancellation: a read; nothing to undo.
-        """
-        now = self.clock.now_ms()
-        end = sql.prefix_end(prefix)
-
-        def work(conn: sqlite3.Connection) -> list[str]:
-            rows = conn.execute(sql.CLAIMABLE_SESSIONS, (prefix, end, now, now, limit)).fetchall()
-            return [str(session_id) for (session_id,) in rows]
-
-        return await self._transactions.read("sweep", work)
 
     async def claim_available(
         self,
@@ -456,38 +472,6 @@ class SqliteStore:
             return verdict.result
 
         return await self._transactions.write("fail", work)
-
-    # -- operator actions (OperatorActions) ----------------------------------
-
-    async def dead_letters(
-        self, prefix: str, *, limit: int, after: tuple[str, int] | None = None
-    ) -> list[StoredEvent]:
-        """See :meth:`OperatorActions.dead_letters`: a range of the partial
-        index over dead rows. Cancellation: a read."""
-        return await self._operator.dead_letters(prefix, limit=limit, after=after)
-
-    async def redrive(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
-        """See :meth:`OperatorActions.redrive`: one write transaction.
-        Cancellation: committed entirely or not at all."""
-        return await self._operator.redrive(session_id, index, by=by, reason=reason)
-
-    async def skip(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
-        """See :meth:`OperatorActions.skip`: one write transaction, the lane
-        handed on as a completion does. Cancellation: all or nothing."""
-        return await self._operator.skip(session_id, index, by=by, reason=reason)
-
-    async def retry_now(self, session_id: str, *, by: str, reason: str) -> list[OperatorAction]:
-        """See :meth:`OperatorActions.retry_now`. Other processes' sweeps
-        find the events once their backoff ends. Cancellation: all or nothing."""
-        return await self._operator.retry_now(session_id, by=by, reason=reason)
-
-    async def read_actions(
-        self, session_id: str, *, after_index: int, through_index: int
-    ) -> list[OperatorAction]:
-        """See :meth:`OperatorActions.read_actions`. Cancellation: a read."""
-        return await self._operator.read_actions(
-            session_id, after_index=after_index, through_index=through_index
-        )
 
     # -- state -----------------------------------------------------------
 
