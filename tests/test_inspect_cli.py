@@ -78,7 +78,7 @@ def test_events_with_their_status(
         (1, "settled"),
         (2, "settled"),
     ]
-    assert (page["through_index"], page["next_index"]) == (2, None)
+    assert (page["throughIndex"], page["nextIndex"]) == (2, None)
 
 
 def test_a_table_of_events_and_the_next_page(
@@ -234,7 +234,7 @@ def test_crons_with_their_last_and_next_slot(
     assert table[2][:1] + table[2][6:10] == ["hourly", "UTC", "journal", "all", "-"]
     assert main(["--app", name, "--store", url, "--json", "crons"]) == 0
     crons = json.loads(capsys.readouterr().out)
-    assert [(c["name"], c["last_slot"]) for c in crons] == [
+    assert [(c["name"], c["lastSlot"]) for c in crons] == [
         ("nightly", last.isoformat()),
         ("hourly", None),
     ]

@@ -90,7 +90,7 @@ def test_dead_letters_as_a_table_and_as_json(
     assert table[2] == "(more: --cursor 1:s1)"
     assert main(["--app", name, "--store", url, "--json", "dead-letters", "--cursor", "1:s1"]) == 0
     page = json.loads(capsys.readouterr().out)
-    assert [(d["event"]["session_id"], d["status"]["state"]) for d in page["dead_letters"]] == [
+    assert [(d["event"]["sessionId"], d["status"]["state"]) for d in page["deadLetters"]] == [
         ("s2", "dead_lettered")
     ]
 
@@ -143,7 +143,7 @@ def test_skip_needs_a_reason_and_retry_now_names_what_it_woke(
     argv = ["--app", name, "--store", url, "--json", "skip", "s2", "1", "--reason", "obsolete"]
     assert main(argv) == 0
     [action] = json.loads(capsys.readouterr().out)
-    assert (action["action"], action["session_id"], action["reason"]) == ("skip", "s2", "obsolete")
+    assert (action["action"], action["sessionId"], action["reason"]) == ("skip", "s2", "obsolete")
     assert main(["--app", name, "--store", url, "retry-now", "s2"]) == 1
     assert "has no event to retry" in capsys.readouterr().err
     assert main(["--app", name, "--store", url, "redrive", "s1", "1", "--by", "bo"]) == 0

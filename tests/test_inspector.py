@@ -113,17 +113,17 @@ async def test_dead_letters_redrive_skip_and_retry_now_over_http() -> None:
     ):
         await _dead_letter(c, server)
         dead = (await c.get("/_a2/inspect/orders?view=dead-letters", headers=OPERATOR)).json()
-        assert [(d["event"]["session_id"], d["event"]["index"]) for d in dead["dead_letters"]] == [
+        assert [(d["event"]["sessionId"], d["event"]["index"]) for d in dead["deadLetters"]] == [
             ("s1", 1)
         ]
         assert dead["cursor"] is None
-        assert "RuntimeError: no stock" in dead["dead_letters"][0]["status"]["last_error"]
+        assert "RuntimeError: no stock" in dead["deadLetters"][0]["status"]["lastError"]
 
         body = {"by": "ann", "reason": "restocked"}
         redriven = await c.post("/_a2/inspect/orders/s1/1/redrive", json=body, headers=OPERATOR)
         assert redriven.status_code == 200, redriven.text
         [action] = redriven.json()["actions"]
-        assert (action["action"], action["session_id"], action["index"], action["by"]) == (
+        assert (action["action"], action["sessionId"], action["index"], action["by"]) == (
             "redrive",
             "s1",
             1,
@@ -134,7 +134,7 @@ async def test_dead_letters_redrive_skip_and_retry_now_over_http() -> None:
         events = (await c.get("/_a2/inspect/orders/s1", headers=OPERATOR)).json()["events"]
         assert [e["status"]["state"] for e in events] == ["processed", "processed"]
         assert [a["action"] for a in events[0]["actions"]] == ["redrive"]
-        assert [e["trace_id"] for e in events] == [None, None]  # this server traces nothing
+        assert [e["traceId"] for e in events] == [None, None]  # this server traces nothing
 
         again = await c.post("/_a2/inspect/orders/s1/1/redrive", json=body, headers=OPERATOR)
         assert again.status_code == 409

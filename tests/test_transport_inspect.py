@@ -48,12 +48,12 @@ async def test_inspection_routes_are_off_refused_without_a_policy_and_answer_jso
         await c.post("/orders/s1", json=push_body(ordered("a"), ordered("b")))
         assert (await c.get("/_a2/inspect/orders")).status_code == 403
         listed = (await c.get("/_a2/inspect/orders", headers=operator)).json()
-        assert [s["session_id"] for s in listed["sessions"]] == ["s1"]
+        assert [s["sessionId"] for s in listed["sessions"]] == ["s1"]
         page = (await c.get("/_a2/inspect/orders/s1?limit=1", headers=operator)).json()
         assert [e["event"]["index"] for e in page["events"]] == [1]
         assert page["events"][0]["status"]["state"] == "settled"
         assert page["events"][0]["event"]["payload"] == {"item": "a", "qty": 1}
-        assert (page["through_index"], page["next_index"]) == (2, 1)
+        assert (page["throughIndex"], page["nextIndex"]) == (2, 1)
         for path in ("/_a2/inspect/orders/s1?limit=0", "/_a2/inspect/orders/s1?after=x"):
             bad = await c.get(path, headers=operator)
             assert bad.status_code == 400, path

@@ -12,7 +12,8 @@ the actions that repair them.
 ``--app`` names the server as ``serve`` does (``module:attribute``, the
 attribute defaulting to ``server``; with a list of servers, ``--contract``
 picks one). ``--store`` sets ``A2_STORE`` before the module is imported, as in
-``serve``. Tables for people, ``--json`` for scripts (one JSON document).
+``serve``. Tables for people, ``--json`` for scripts (one JSON document, in
+the wire's camelCase as ``/_a2/inspect`` answers: :mod:`a2trio.transport.wire`).
 Exit status 0, 1 with one line on stderr when the store or the input refuses
 (an action on the wrong target names why: ``OperatorActionError``), 2 for bad
 arguments. Actions are recorded with ``--by`` (default: the login name).
@@ -32,7 +33,6 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import msgspec
 import trio
 
 from ..engine.crons import CronInfo
@@ -41,7 +41,7 @@ from ..engine.inspection_records import DeadLettersPage, SessionEventsPage, Sess
 from ..errors import A2Error
 from ..server import Server
 from ..stores.base import OperatorAction
-from ..transport import App
+from ..transport import App, wire
 from .serve import TargetError, load_target
 
 __all__ = ["main"]
@@ -176,7 +176,9 @@ async def _run(server: Server, args: argparse.Namespace) -> str:
         inspect = server.inspect
         if args.command == "sessions":
             sessions = await inspect.list_sessions(limit=args.limit, cursor=args.cursor)
-            return _render(args, sessions, lambda: _sessions_table(sessions))
+            return _render(
+                args, wire.sessions_page_to_wire(sessions), lambda: _sessions_table(sessions)
+            )
         if args.command == "events":
             events = await inspect.read_session_page(
                 args.session, after_index=args.after, limit=args.limit
@@ -185,13 +187,17 @@ async def _run(server: Server, args: argparse.Namespace) -> str:
                 raise _NoSession(
                     f"no session {args.session!r} in {server.contract.name!r} (it has no events)"
                 )
-            return _render(args, events, lambda: _events_table(events))
+            return _render(
+                args, wire.session_events_page_to_wire(events), lambda: _events_table(events)
+            )
         if args.command == "dead-letters":
             dead = await inspect.list_dead_letters(limit=args.limit, cursor=args.cursor)
-            return _render(args, dead, lambda: _dead_letters_table(dead))
+            return _render(
+                args, wire.dead_letters_page_to_wire(dead), lambda: _dead_letters_table(dead)
+            )
         if args.command == "crons":
             crons = await inspect.crons()
-            return _render(args, crons, lambda: _crons_table(crons))
+            return _render(args, wire.crons_to_wire(crons), lambda: _crons_table(crons))
         if args.command == "retry-now":
             actions = await inspect.retry_now(args.session, by=args.by, reason=args.reason)
         elif args.command == "redrive":
@@ -200,12 +206,13 @@ async def _run(server: Server, args: argparse.Namespace) -> str:
             ]
         else:
             actions = [await inspect.skip(args.session, args.index, by=args.by, reason=args.reason)]
-        return _render(args, actions, lambda: _actions_table(actions))
+        return _render(args, wire.actions_to_wire(actions), lambda: _actions_table(actions))
 
 
 def _render(args: argparse.Namespace, value: object, table: Callable[[], list[str]]) -> str:
+    # ``value``: the wire's record, camelCase as ``/_a2/inspect`` answers.
     if args.json:
-        return msgspec.json.encode(msgspec.to_builtins(value)).decode()
+        return wire.encode(value).decode()
     return "\n".join(table())
 
 

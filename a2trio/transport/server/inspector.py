@@ -26,6 +26,11 @@ them, refused. The page itself is a static file (``inspector.html``, shipped
 in the package) holding no data but the mounted contracts' names: everything
 it shows comes through those requests, with the browser's cookies.
 
+Every answer is the wire's camelCase (:mod:`a2trio.transport.wire`'s
+inspection records, as ``a2trio inspect --json`` prints them):
+``{sessions, cursor}``, ``{deadLetters, cursor}``, ``{events, snapshots,
+throughIndex, nextIndex}``.
+
 A refused action answers 404 (``no_event``) or 409 (``not_dead_lettered``,
 ``settled``, ``claimed``, ``nothing_to_retry``) with the error envelope, its
 ``details`` naming the reason.
@@ -136,7 +141,7 @@ async def serve_inspector(
     with bad_input():
         words = _decode_action(raw or b"{}")
     actions = await _act(servers, authorize, target, request, words)
-    await respond(send, 200, wire.encode({"actions": msgspec.to_builtins(actions)}))
+    await respond(send, 200, wire.encode({"actions": wire.actions_to_wire(actions)}))
 
 
 def _server(servers: Mapping[str, Server], name: str) -> Server:
@@ -163,19 +168,20 @@ async def _read(
     try:
         with bad_input():
             if session_id:
-                listed: object = await inspect.read_session_page(
+                page = await inspect.read_session_page(
                     session_id,
                     after_index=index_param("after", query.get("after")) or 0,
                     limit=limit,
                     through_index=index_param("through", query.get("through")),
                 )
-            elif view == "dead-letters":
-                listed = await inspect.list_dead_letters(limit=limit, cursor=query.get("cursor"))
-            else:
-                listed = await inspect.list_sessions(limit=limit, cursor=query.get("cursor"))
+                return wire.encode(wire.session_events_page_to_wire(page))
+            if view == "dead-letters":
+                dead = await inspect.list_dead_letters(limit=limit, cursor=query.get("cursor"))
+                return wire.encode(wire.dead_letters_page_to_wire(dead))
+            listed = await inspect.list_sessions(limit=limit, cursor=query.get("cursor"))
+            return wire.encode(wire.sessions_page_to_wire(listed))
     except InspectionUnsupportedError as exc:
         raise Refusal(404, str(exc)) from None
-    return wire.encode(msgspec.to_builtins(listed))
 
 
 async def _act(

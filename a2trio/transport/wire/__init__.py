@@ -4,8 +4,9 @@ Sans-I/O: every function here maps Python objects to bytes or bytes to
 Python objects, and nothing here touches a socket (the shape of h11). The
 package's modules hold the records (:mod:`.records`: events, presence), the
 error envelope and status table (:mod:`.envelope`), the HTTP bodies
-(:mod:`.bodies`), the actor lanes' (:mod:`.actors`) and the socket frames
-(:mod:`.frames`); every name is this module's.
+(:mod:`.bodies`), the actor lanes' (:mod:`.actors`), the socket frames
+(:mod:`.frames`) and what an operator reads (:mod:`.inspection`); every name
+is this module's.
 
 * Events travel as ``{id, type, payload, index, sessionId, createdAt}`` with
   ``createdAt`` in ISO 8601 as JavaScript's ``Date.toISOString`` writes it
@@ -22,6 +23,10 @@ error envelope and status table (:mod:`.envelope`), the HTTP bodies
 * The actor lanes (an a2trio addition) take a :class:`CallBody` and answer
   ``{state, index}`` (:class:`StateBody`); their socket writes ``state``
   frames (:class:`StateFrame`).
+* Inspection (``a2trio inspect --json``, ``/_a2/inspect``) answers in the
+  same camelCase: ``{sessions, cursor}``, ``{deadLetters, cursor}``, ``{events,
+  snapshots, throughIndex, nextIndex}``, each event ``{event, status, actions,
+  traceId}`` with ``event`` a ``WireEvent``.
 
 Every frame and body is a struct here, and both sides encode through them, so
 field order and omitted optionals are the struct's: fields in the order of the
@@ -88,6 +93,22 @@ from .frames import (
     event_frame,
     wire_event,
 )
+from .inspection import (
+    WireCron,
+    WireDeadLettersPage,
+    WireEventStatus,
+    WireInspectedEvent,
+    WireOperatorAction,
+    WireSessionEventsPage,
+    WireSessionsPage,
+    WireSessionSummary,
+    WireSnapshotInfo,
+    actions_to_wire,
+    crons_to_wire,
+    dead_letters_page_to_wire,
+    session_events_page_to_wire,
+    sessions_page_to_wire,
+)
 from .records import (
     WireEvent,
     WirePresencePatch,
@@ -125,13 +146,25 @@ __all__ = [
     "UnsubscribeFrame",
     "UnsubscribedFrame",
     "UpFrame",
+    "WireCron",
+    "WireDeadLettersPage",
     "WireError",
     "WireErrorBody",
     "WireEvent",
+    "WireEventStatus",
+    "WireInspectedEvent",
+    "WireOperatorAction",
     "WirePresencePatch",
     "WirePresenceSnapshot",
     "WirePresenceValue",
+    "WireSessionEventsPage",
+    "WireSessionSummary",
+    "WireSessionsPage",
+    "WireSnapshotInfo",
+    "actions_to_wire",
     "as_a2_error",
+    "crons_to_wire",
+    "dead_letters_page_to_wire",
     "decode_call_body",
     "decode_down_frame",
     "decode_push_body",
@@ -153,5 +186,7 @@ __all__ = [
     "iso_ms",
     "presence_patch_to_wire",
     "presence_snapshot_to_wire",
+    "session_events_page_to_wire",
+    "sessions_page_to_wire",
     "wire_event",
 ]
