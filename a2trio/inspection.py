@@ -3,13 +3,19 @@
 stays for the names users import from it (``a2trio.inspection.event_status``)."""
 
 from .engine.inspection import (
+    DEFAULT_BULK_LIMIT,
     MAX_ACTOR_CHARS,
+    MAX_BULK_LIMIT,
     MAX_INSPECTION_PAGE,
     MAX_REASON_CHARS,
+    BulkFilterError,
     InspectionUnsupportedError,
     ServerInspection,
 )
 from .engine.inspection_records import (
+    BulkItem,
+    BulkResult,
+    DeadLetterFilter,
     DeadLettersPage,
     EventStatus,
     InspectedEvent,
@@ -19,9 +25,15 @@ from .engine.inspection_records import (
 )
 
 __all__ = [
+    "DEFAULT_BULK_LIMIT",
     "MAX_ACTOR_CHARS",
+    "MAX_BULK_LIMIT",
     "MAX_INSPECTION_PAGE",
     "MAX_REASON_CHARS",
+    "BulkFilterError",
+    "BulkItem",
+    "BulkResult",
+    "DeadLetterFilter",
     "DeadLettersPage",
     "EventStatus",
     "InspectedEvent",

@@ -23,7 +23,7 @@ The records it answers with, and the status a row's bookkeeping implies
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Literal
 
@@ -42,6 +42,10 @@ from ..telemetry import trace_id_of
 from .context import Engine
 from .crons import CronInfo, Crons
 from .inspection_records import (
+    BulkAction,
+    BulkItem,
+    BulkResult,
+    DeadLetterFilter,
     DeadLettersPage,
     InspectedEvent,
     SessionEventsPage,
@@ -50,9 +54,12 @@ from .inspection_records import (
 )
 
 __all__ = [
+    "DEFAULT_BULK_LIMIT",
     "MAX_ACTOR_CHARS",
+    "MAX_BULK_LIMIT",
     "MAX_INSPECTION_PAGE",
     "MAX_REASON_CHARS",
+    "BulkFilterError",
     "InspectionUnsupportedError",
     "ServerInspection",
 ]
@@ -63,6 +70,12 @@ MAX_INSPECTION_PAGE = 1_000
 #: a name and a sentence or two, not a document.
 MAX_ACTOR_CHARS = 200
 MAX_REASON_CHARS = 2_000
+#: How many dead letters one bulk action touches unless told otherwise, and
+#: at most: its result lists each one.
+DEFAULT_BULK_LIMIT = 1_000
+MAX_BULK_LIMIT = 10_000
+#: The dead letters a bulk action reads per store round trip.
+_BULK_PAGE = 200
 
 
 class InspectionUnsupportedError(Exception):
@@ -71,6 +84,41 @@ class InspectionUnsupportedError(Exception):
 
 
 InspectionUnsupportedError.__module__ = "a2trio"
+
+
+class BulkFilterError(ValueError):
+    """A bulk action's filter or bounds are malformed (a bad field, a time
+    range that ends before it starts, a limit out of range), or the filter is
+    empty on a run that acts without ``all=True``. Nothing was read or
+    written."""
+
+
+def _check_filter(where: DeadLetterFilter) -> DeadLetterFilter:
+    if not isinstance(where, DeadLetterFilter):
+        raise BulkFilterError(f"a bulk action's filter is a DeadLetterFilter, got {where!r}")
+    types = where.event_types
+    if not isinstance(types, tuple) or not all(isinstance(t, str) and t for t in types):
+        raise BulkFilterError(f"`event_types` are non-empty strings, got {types!r}")
+    text = where.error_contains
+    if text is not None and (not isinstance(text, str) or not text):
+        raise BulkFilterError(f"`error_contains` is a non-empty string, got {text!r}")
+    if not isinstance(where.session_prefix, str):
+        raise BulkFilterError(f"`session_prefix` is a string, got {where.session_prefix!r}")
+    low, high = where.dead_lettered_from_ms, where.dead_lettered_until_ms
+    for name, value in (("dead_lettered_from_ms", low), ("dead_lettered_until_ms", high)):
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or not 0 <= value <= MAX_SAFE_INTEGER
+        ):
+            raise BulkFilterError(
+                f"`{name}` is epoch milliseconds (a non-negative safe integer), got {value!r}"
+            )
+    if low is not None and high is not None and low >= high:
+        raise BulkFilterError(
+            f"the time range ends before it starts: from {low} (inclusive) until {high} (exclusive)"
+        )
+    return where
 
 
 def _check_limit(limit: object) -> int:
@@ -385,6 +433,115 @@ class ServerInspection:
                 recorded = await operator.skip(key, index, by=by, reason=reason)
         self._woken(session_id)
         return self._public(recorded, session_id)
+
+    async def bulk(
+        self,
+        action: BulkAction,
+        where: DeadLetterFilter | None = None,
+        *,
+        by: str,
+        reason: str = "",
+        dry_run: bool = False,
+        all: bool = False,
+        limit: int = DEFAULT_BULK_LIMIT,
+        allow: Callable[[str, int], Awaitable[bool]] | None = None,
+    ) -> BulkResult:
+        """Redrive or skip every dead letter ``where`` matches, by (session,
+        index), up to ``limit`` of them; ``dry_run`` lists them and touches
+        nothing.
+
+        The dead letters are read page by page (bounded, never all at once),
+        and each match is acted on alone through the single action
+        (:meth:`redrive`, :meth:`skip`: fenced, recorded with ``by`` and
+        ``reason``, its session's drain woken). A refusal (``claimed`` by a
+        live claim, or ``not_dead_lettered`` / ``settled`` when it changed
+        since it was read) is reported on that event and the others go on;
+        so is ``forbidden`` when ``allow(session_id, index)`` says no (the
+        HTTP route asks its policy so, per event).
+
+        Raises:
+          BulkFilterError: a malformed filter or ``limit`` (at most
+            :data:`MAX_BULK_LIMIT`), or an empty filter on a run that acts
+            without ``all=True``.
+          TypeError / ValueError: a bad ``action``, ``by`` or ``reason``
+            (required to skip, dry run or not).
+          InspectionUnsupportedError: the store has no operator actions.
+          A2Error: ``STORE_UNAVAILABLE`` (the events acted on before it stay
+            acted on).
+
+        Cancellation: each single action commits entirely or not at all; a
+        cancelled call leaves those it acted on acted on (recorded, no longer
+        dead letters), so running it again takes up the rest.
+        """
+        if action not in ("redrive", "skip"):
+            raise ValueError(f"a bulk action is 'redrive' or 'skip', got {action!r}")
+        where = _check_filter(DeadLetterFilter() if where is None else where)
+        if (
+            isinstance(limit, bool)
+            or not isinstance(limit, int)
+            or not 1 <= limit <= MAX_BULK_LIMIT
+        ):
+            raise BulkFilterError(f"a bulk action's limit is 1 to {MAX_BULK_LIMIT}, got {limit!r}")
+        if where.is_empty() and not dry_run and not all:
+            raise BulkFilterError(
+                f"an empty filter would {action} every dead letter: narrow it, "
+                "or say all=True (--all)"
+            )
+        by = _check_words("by", by, MAX_ACTOR_CHARS, required=True)
+        reason = _check_words("reason", reason, MAX_REASON_CHARS, required=action == "skip")
+        operator = self._operator()
+        prefix = self._engine.key(where.session_prefix)
+        items: list[BulkItem] = []
+        after: tuple[str, int] | None = None
+        limited = False
+        while not limited:
+            rows = await operator.dead_letters(prefix, limit=_BULK_PAGE, after=after)
+            for row in rows:
+                if not where.matches(row):
+                    continue
+                if len(items) == limit:
+                    limited = True
+                    break
+                items.append(
+                    await self._bulk_one(operator, action, row, by, reason, dry_run, allow)
+                )
+            if len(rows) < _BULK_PAGE:
+                break
+            after = (rows[-1].session_id, rows[-1].index)
+        acted = sum(item.outcome == "acted" for item in items)
+        refused = sum(item.outcome == "refused" for item in items)
+        return BulkResult(action, dry_run, len(items), acted, refused, items, limited)
+
+    async def _bulk_one(
+        self,
+        operator: OperatorActions,
+        action: BulkAction,
+        row: StoredEvent,
+        by: str,
+        reason: str,
+        dry_run: bool,
+        allow: Callable[[str, int], Awaitable[bool]] | None,
+    ) -> BulkItem:
+        session_id = self._engine.session_of(row.session_id)
+        assert session_id is not None, row  # the prefix scoped the page
+        index = row.index
+        if dry_run:
+            return BulkItem(session_id, index, row.type, "matched")
+        if allow is not None and not await allow(session_id, index):
+            detail = f"event {index} of session {session_id!r} is not allowed to {action}"
+            return BulkItem(session_id, index, row.type, "refused", "forbidden", detail)
+        try:
+            with _public_refusal(session_id):
+                if action == "redrive":
+                    recorded = await operator.redrive(row.session_id, index, by=by, reason=reason)
+                else:
+                    recorded = await operator.skip(row.session_id, index, by=by, reason=reason)
+        except OperatorActionError as exc:
+            return BulkItem(session_id, index, row.type, "refused", exc.reason, str(exc))
+        self._woken(session_id)
+        return BulkItem(
+            session_id, index, row.type, "acted", action=self._public(recorded, session_id)
+        )
 
     async def retry_now(
         self, session_id: str, *, by: str, reason: str = ""

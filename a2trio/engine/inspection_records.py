@@ -1,5 +1,6 @@
 """What ``server.inspect`` answers with: an event's processing status, and
-the pages of sessions, events and dead letters (``inspection.py``).
+the pages of sessions, events and dead letters (``inspection.py``); the
+filter a bulk action takes and its result.
 
 :func:`event_status` is the one reading of a stored row's bookkeeping as a
 status, for every store: the store keeps the bookkeeping, this says what it
@@ -13,9 +14,20 @@ from typing import Any, Literal
 import msgspec
 
 from ..contract import Event
-from ..stores.base import OperatorAction, SessionSummary, SnapshotInfo, StoredEvent
+from ..stores.base import (
+    OperatorAction,
+    RefusalReason,
+    SessionSummary,
+    SnapshotInfo,
+    StoredEvent,
+)
 
 __all__ = [
+    "BulkAction",
+    "BulkItem",
+    "BulkRefusal",
+    "BulkResult",
+    "DeadLetterFilter",
     "DeadLettersPage",
     "EventStatus",
     "InspectedEvent",
@@ -101,6 +113,82 @@ class SessionEventsPage(msgspec.Struct, frozen=True):
     snapshots: list[SnapshotInfo]
     through_index: int
     next_index: int | None
+
+
+BulkAction = Literal["redrive", "skip"]
+#: Why a bulk action left one event alone: the store's refusal of the single
+#: action, or ``forbidden`` (the caller's per-event check said no).
+BulkRefusal = RefusalReason | Literal["forbidden"]
+
+
+class DeadLetterFilter(msgspec.Struct, frozen=True, kw_only=True):
+    """Which dead letters a bulk action takes: each field given must match
+    (the default, an empty filter, matches every dead letter).
+
+    ``event_types``: the event's type is one of these (a contract has one
+    handler per event type, so this names handlers too). ``error_contains``:
+    the last error holds this text (case-sensitive). ``session_prefix``: the
+    session id starts with it (without the namespace). ``dead_lettered_from_ms``
+    (inclusive) and ``dead_lettered_until_ms`` (exclusive): when the event was
+    dead-lettered, epoch milliseconds on the store's clock.
+    """
+
+    event_types: tuple[str, ...] = ()
+    error_contains: str | None = None
+    session_prefix: str = ""
+    dead_lettered_from_ms: int | None = None
+    dead_lettered_until_ms: int | None = None
+
+    def is_empty(self) -> bool:
+        """True when it matches every dead letter."""
+        return self == DeadLetterFilter()
+
+    def matches(self, row: StoredEvent) -> bool:
+        """Whether a dead-lettered row (its session already within
+        ``session_prefix``) matches the other fields."""
+        at = row.failed_at_ms
+        return (
+            (not self.event_types or row.type in self.event_types)
+            and (self.error_contains is None or self.error_contains in (row.last_error or ""))
+            and (
+                self.dead_lettered_from_ms is None
+                or (at is not None and at >= self.dead_lettered_from_ms)
+            )
+            and (
+                self.dead_lettered_until_ms is None
+                or (at is not None and at < self.dead_lettered_until_ms)
+            )
+        )
+
+
+class BulkItem(msgspec.Struct, frozen=True):
+    """One dead letter a bulk action matched (``session_id`` without the
+    namespace): ``outcome`` is ``matched`` on a dry run, else ``acted`` (with
+    the recorded ``action``) or ``refused`` (with the ``refusal`` reason and
+    its message, ``detail``)."""
+
+    session_id: str
+    index: int
+    type: str
+    outcome: Literal["matched", "acted", "refused"]
+    refusal: BulkRefusal | None = None
+    detail: str | None = None
+    action: OperatorAction | None = None
+
+
+class BulkResult(msgspec.Struct, frozen=True):
+    """What a bulk action did: ``matched`` dead letters (at most its limit),
+    of which ``acted`` were acted on and ``refused`` refused (both 0 on a dry
+    run), each in ``items`` by (session, index). ``limited``: the limit
+    stopped it while more dead letters matched; run it again for the rest."""
+
+    action: BulkAction
+    dry_run: bool
+    matched: int
+    acted: int
+    refused: int
+    items: list[BulkItem]
+    limited: bool
 
 
 def event_status(

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
 from ...engine.crons import CronInfo
 from ...engine.inspection_records import (
+    BulkAction,
+    BulkRefusal,
+    BulkResult,
+    DeadLetterFilter,
     DeadLettersPage,
     InspectedEvent,
     SessionEventsPage,
@@ -29,7 +33,11 @@ from ...stores.base import ActionKind, OperatorAction
 from .records import WireEvent, event_to_wire
 
 __all__ = [
+    "WireBulkItem",
+    "WireBulkRequest",
+    "WireBulkResult",
     "WireCron",
+    "WireDeadLetterFilter",
     "WireDeadLettersPage",
     "WireEventStatus",
     "WireInspectedEvent",
@@ -39,8 +47,10 @@ __all__ = [
     "WireSessionsPage",
     "WireSnapshotInfo",
     "actions_to_wire",
+    "bulk_result_to_wire",
     "crons_to_wire",
     "dead_letters_page_to_wire",
+    "decode_bulk_request",
     "session_events_page_to_wire",
     "sessions_page_to_wire",
 ]
@@ -141,6 +151,69 @@ class WireCron(msgspec.Struct, frozen=True, rename="camel"):
     next_slot: datetime
 
 
+class WireBulkItem(msgspec.Struct, frozen=True, rename="camel"):
+    """:class:`~a2trio.engine.inspection_records.BulkItem`."""
+
+    session_id: str
+    index: int
+    type: str
+    outcome: Literal["matched", "acted", "refused"]
+    refusal: BulkRefusal | None
+    detail: str | None
+    action: WireOperatorAction | None
+
+
+class WireBulkResult(msgspec.Struct, frozen=True, rename="camel"):
+    """:class:`~a2trio.engine.inspection_records.BulkResult`."""
+
+    action: BulkAction
+    dry_run: bool
+    matched: int
+    acted: int
+    refused: int
+    items: list[WireBulkItem]
+    limited: bool
+
+
+class WireDeadLetterFilter(msgspec.Struct, frozen=True, rename="camel", forbid_unknown_fields=True):
+    """:class:`~a2trio.engine.inspection_records.DeadLetterFilter`."""
+
+    event_types: tuple[str, ...] = ()
+    error_contains: str | None = None
+    session_prefix: str = ""
+    dead_lettered_from_ms: int | None = None
+    dead_lettered_until_ms: int | None = None
+
+
+class WireBulkRequest(msgspec.Struct, frozen=True, rename="camel", forbid_unknown_fields=True):
+    """A bulk action's body over HTTP: ``{action, filter, by, reason, dryRun,
+    all, limit}`` (``limit`` None: the default)."""
+
+    action: BulkAction
+    by: str
+    filter: WireDeadLetterFilter = WireDeadLetterFilter()
+    reason: str = ""
+    dry_run: bool = False
+    all: bool = False
+    limit: int | None = None
+
+    def dead_letter_filter(self) -> DeadLetterFilter:
+        where: DeadLetterFilter = _mirror(self.filter, DeadLetterFilter)
+        return where
+
+
+_decode_bulk = msgspec.json.Decoder(WireBulkRequest).decode
+
+
+def decode_bulk_request(raw: bytes) -> WireBulkRequest:
+    """A bulk action's JSON body.
+
+    Raises:
+      msgspec.ValidationError / msgspec.DecodeError: not that shape.
+    """
+    return _decode_bulk(raw)
+
+
 def _mirror(value: Any, into: type[Any]) -> Any:
     # The records match field for field by their Python names.
     return msgspec.convert(value, into, from_attributes=True)
@@ -180,3 +253,8 @@ def actions_to_wire(actions: Sequence[OperatorAction]) -> list[WireOperatorActio
 
 def crons_to_wire(crons: Sequence[CronInfo]) -> list[WireCron]:
     return [_mirror(cron, WireCron) for cron in crons]
+
+
+def bulk_result_to_wire(result: BulkResult) -> WireBulkResult:
+    wired: WireBulkResult = _mirror(result, WireBulkResult)
+    return wired
