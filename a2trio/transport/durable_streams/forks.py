@@ -18,13 +18,13 @@ from __future__ import annotations
 from typing import Any
 
 from ... import A2Error, ErrorCode
-from .model import ForkRef, JsonAppended, StreamState
+from .model import ForkRef, JsonAppended, Nothing, StreamState
 from .protocol import START, Offset, format_offset, parse_offset
 from .reads import read_chunk
 from .table import Answer, Decision, Streams
-from .writes import CreateRequest, append_events, decide_create, decide_delete, gone, missing
+from .writes import CreateRequest, append_events, decide_create, decide_delete
 
-__all__ = ["create_fork", "delete_stream", "resolve_fork"]
+__all__ = ["create_fork", "delete_stream", "reap", "resolve_fork"]
 
 
 def _bad(message: str) -> Answer:
@@ -65,10 +65,11 @@ async def resolve_fork(
         if not chunk.items:
             return _bad("Stream-Fork-Sub-Offset points past the source stream's data")
         first = chunk.items[0]
-        if first.messages is not None:
-            if sub_offset > len(first.messages):
+        if first.json:
+            messages = first.messages()
+            if sub_offset > len(messages):
                 return _bad("Stream-Fork-Sub-Offset is past the append's messages")
-            prefix = ("json", JsonAppended(first.messages[:sub_offset]))
+            prefix = ("json", JsonAppended(messages[:sub_offset]))
         else:
             if sub_offset > len(first.data):
                 return _bad("Stream-Fork-Sub-Offset is past the append's bytes")
@@ -133,7 +134,27 @@ async def delete_stream(streams: Streams, path: str) -> Answer:
     answer = await streams.write(path, decide_delete(path, streams.now_ms))
     if answer.status == 204:
         await _release(streams, await streams.state(path), path)
+    elif answer.status == 404:
+        await reap(streams, path, await streams.state(path))
     return answer
 
 
-__all__ += ["gone", "missing"]
+def _reaped(now_ms: int) -> Any:
+    def decide(state: StreamState) -> Decision:
+        if state.exists and not state.forks and state.expired(now_ms):
+            return Decision([("deleted", Nothing(), None)], lambda s: Answer(204, {}))
+        return Decision((), lambda s: Answer(200, {}))
+
+    return decide
+
+
+async def reap(streams: Streams, path: str, state: StreamState) -> None:
+    """Delete for good a fork found expired with no forks of its own, so its
+    source lets go of it (a source deleted meanwhile is then gone: 404)."""
+    if not (state.exists and state.fork is not None and not state.forks):
+        return
+    if not state.expired(streams.now_ms):
+        return
+    answer = await streams.write(path, _reaped(streams.now_ms))
+    if answer.status == 204:
+        await _release(streams, await streams.state(path), path)

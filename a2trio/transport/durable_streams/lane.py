@@ -23,6 +23,7 @@ protocol's status codes; nothing is written on any error.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime
@@ -34,7 +35,7 @@ import trio
 from ... import A2Error, ErrorCode, Server
 from .. import Authorize, Cors, Limits, Request
 from .context import LaneContext, Receive, Refusal, Scope, Send, StreamOperation
-from .forks import create_fork, delete_stream, resolve_fork
+from .forks import create_fork, delete_stream, reap, resolve_fork
 from .live import serve_read
 from .model import CONTRACT, Fork, Producer, StreamState
 from .protocol import (
@@ -84,7 +85,9 @@ _SECURITY: Final = [
     (b"x-content-type-options", b"nosniff"),
     (b"cross-origin-resource-policy", b"cross-origin"),
 ]
-_CONTENT_TYPE: Final = r"[\w.+-]+/[\w.+-]+"
+#: A ``type/subtype`` at the start of ``Content-Type``; anything else is
+#: ignored (and a new stream defaults to ``application/octet-stream``).
+_CONTENT_TYPE: Final = re.compile(r"[\w.+-]+/[\w.+-]+")
 
 
 class _Disconnected(Exception):
@@ -329,6 +332,7 @@ class DurableStreams:
         )
         body = await self.body(request, receive)
         location = _location(scope, request)
+        await reap(self.streams, path, await self.streams.state(path))
         if forked_from is None:
             create = CreateRequest(
                 content_type or "application/octet-stream",
@@ -388,6 +392,7 @@ class DurableStreams:
         state = await self.streams.state(path)
         status = state.status(self.streams.now_ms)
         if status != "live":
+            await reap(self.streams, path, state)
             return missing(path) if status == "missing" else gone(path)
         return Answer(200, head_headers(state), b"")
 
@@ -409,9 +414,7 @@ def head_headers(state: StreamState) -> dict[str, str]:
 
 
 def _valid_content_type(content_type: str) -> bool:
-    import re
-
-    return re.match(_CONTENT_TYPE, content_type) is not None
+    return _CONTENT_TYPE.match(content_type) is not None
 
 
 def _expiry_ms(text: str) -> int:

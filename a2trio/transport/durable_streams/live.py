@@ -25,7 +25,9 @@ from urllib.parse import parse_qsl
 import trio
 
 from ... import Event, Lapped
+from .. import Request
 from .context import LaneContext, Receive, Scope, Send, StreamOperation
+from .forks import reap
 from .model import APPEND_TYPES, Nothing, StreamState
 from .protocol import (
     CONTENT_TYPE,
@@ -132,7 +134,7 @@ async def until_disconnect(receive: Receive, work: Callable[[], Awaitable[T]]) -
 async def serve_read(
     context: LaneContext,
     scope: Scope,
-    request: Any,
+    request: Request,
     receive: Receive,
     send: Send,
     extra: list[tuple[bytes, bytes]],
@@ -145,6 +147,7 @@ async def serve_read(
     state = await streams.state(path)
     status = state.status(streams.now_ms)
     if status != "live":
+        await reap(streams, path, state)
         return missing(path) if status == "missing" else gone(path)
     await touch(streams, path, state)
     state = streams.cached(path) or state

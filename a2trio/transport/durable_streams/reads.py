@@ -14,7 +14,7 @@ from typing import Any, Final, NamedTuple
 
 from ... import Event
 from .model import APPEND_TYPES, StreamState
-from .protocol import Offset, format_offset, is_json, json_body, parse_offset
+from .protocol import Offset, format_offset, is_json, json_body, json_messages, parse_offset
 from .table import Streams
 
 __all__ = ["PAGE_EVENTS", "Chunk", "Item", "append_bytes", "read_chunk", "segments"]
@@ -24,11 +24,16 @@ PAGE_EVENTS: Final = 256
 
 
 class Item(NamedTuple):
-    """One append: its offset, and its bytes or (JSON mode) messages."""
+    """One append: its offset and its bytes (JSON mode: its messages,
+    encoded and comma-joined, so a chunk's array is a join away)."""
 
     offset: str
     data: bytes
-    messages: list[Any] | None
+    json: bool
+
+    def messages(self) -> list[Any]:
+        """A JSON-mode append's messages, decoded."""
+        return json_messages(b"[" + self.data + b"]", allow_empty=True)
 
 
 class Chunk(NamedTuple):
@@ -42,10 +47,7 @@ class Chunk(NamedTuple):
     def body(self, content_type: str) -> bytes:
         """The response body: bytes concatenated, or one JSON array."""
         if is_json(content_type):
-            messages: list[Any] = []
-            for item in self.items:
-                messages.extend(item.messages or ())
-            return json_body(messages)
+            return b"[" + b",".join(item.data for item in self.items if item.data) + b"]"
         return b"".join(item.data for item in self.items)
 
 
@@ -69,9 +71,9 @@ def append_bytes(event: Event[Any]) -> bytes:
 
 
 def item_of(event: Event[Any], depth: int) -> Item:
-    messages = event.payload.messages if event.type == "json" else None
-    data = b"" if messages is not None else append_bytes(event)
-    return Item(format_offset(Offset(depth, event.index)), data, messages)
+    return Item(
+        format_offset(Offset(depth, event.index)), append_bytes(event), event.type == "json"
+    )
 
 
 async def segments(
@@ -137,6 +139,6 @@ async def read_chunk(
                     return Chunk(items, items[-1].offset, False)
                 item = item_of(event, segment.depth)
                 items.append(item)
-                size += len(item.data) if item.messages is None else 64 * len(item.messages)
+                size += len(item.data)
             first = last
     return Chunk(items, items[-1].offset if items else state.tail_offset, True)

@@ -31,6 +31,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any, Final, NamedTuple
 
+import msgspec
 import trio
 
 from ... import A2Error, ErrorCode, Event, Server
@@ -40,6 +41,7 @@ from .model import CONTRACT, REDUCER, Producer, StreamState, fold
 __all__ = [
     "CACHED_STREAMS",
     "COMMIT_ATTEMPTS",
+    "SNAPSHOT_EVERY",
     "Answer",
     "Decision",
     "Streams",
@@ -49,6 +51,10 @@ __all__ = [
 #: Paths whose folded state one process keeps. A state is a few hundred
 #: bytes plus its producers: 10,000 streams are a few megabytes.
 CACHED_STREAMS: Final = 10_000
+#: Events committed past a stream's last snapshot before this process
+#: writes a fresh one (one more write per this many appends), so a restart
+#: folds at most about this many events of a stream (``session.state``).
+SNAPSHOT_EVERY: Final = 1_000
 #: Decisions per write before a write that keeps losing its conditional
 #: commit to other processes answers 503 (retryable; nothing was written).
 COMMIT_ATTEMPTS: Final = 8
@@ -108,6 +114,8 @@ class Streams:
         self.server = server
         self._states: OrderedDict[str, StreamState] = OrderedDict()
         self._turns: dict[str, _Turn] = {}
+        #: The index of each cached path's latest snapshot, as far as known.
+        self._snapshots: dict[str, int] = {}
 
     @property
     def now_ms(self) -> int:
@@ -121,7 +129,8 @@ class Streams:
         self._states[path] = state
         self._states.move_to_end(path)
         while len(self._states) > CACHED_STREAMS:
-            self._states.popitem(last=False)
+            evicted, _ = self._states.popitem(last=False)
+            self._snapshots.pop(evicted, None)
         return state
 
     def advance(self, path: str, events: Sequence[Event[Any]]) -> StreamState | None:
@@ -151,6 +160,8 @@ class Streams:
         if cached is None:
             loaded, index = await session.state(REDUCER)
             loaded.index = index
+            # state() wrote a snapshot at `index` if it folded anything.
+            self._snapshots[path] = index
             current = self._states.get(path)
             if current is not None and current.index >= index:
                 return current
@@ -205,8 +216,19 @@ class Streams:
         replayed = bool(stored) and stored[0].index <= state.index
         if replayed:
             return await self._reload(path), True
-        folded = self.advance(path, stored)
-        return (folded or await self._reload(path)), False
+        folded = self.advance(path, stored) or await self._reload(path)
+        if folded.index - self._snapshots.get(path, 0) >= SNAPSHOT_EVERY:
+            await self._snapshot(path, folded)
+        return folded, False
+
+    async def _snapshot(self, path: str, state: StreamState) -> None:
+        self._snapshots[path] = state.index
+        try:
+            await self.server.store.put_snapshot(
+                self.server.key(path), REDUCER.name, state.index, msgspec.to_builtins(state)
+            )
+        except A2Error:
+            pass  # a disposable cache: the next load folds from an older one
 
     async def write(self, path: str, decide: Callable[[StreamState], Decision]) -> Answer:
         """Decide on ``path``'s state and commit, again on a fresh state
