@@ -11,8 +11,10 @@ and the a2trio side of the lane.
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -23,7 +25,7 @@ import trio
 import a2trio
 from a2trio.stores import memory
 from a2trio.stores.base import Store
-from a2trio.transport import HistoryOperation, Limits, Request, asgi
+from a2trio.transport import Cors, HistoryOperation, Limits, Request, asgi
 from a2trio.transport import StreamOperation as SessionStreamOperation
 from a2trio.transport.durable_streams import (
     CONTRACT,
@@ -31,8 +33,9 @@ from a2trio.transport.durable_streams import (
     StreamOperation,
     durable_streams,
     mount,
+    table,
 )
-from a2trio.transport.durable_streams.model import Producer
+from a2trio.transport.durable_streams.model import REDUCER, Producer
 from a2trio.transport.durable_streams.protocol import (
     Offset,
     control_frame,
@@ -453,3 +456,266 @@ async def test_sse_pairs_data_and_control_then_follows_live() -> None:
     ]
     assert frames[0] == "event: data\ndata:AAE="
     assert frames[2] == "event: data\ndata:Ag=="
+
+
+# -- time: TTL, expiry and long-polls on the mock clock ---------------------------------
+
+
+async def test_a_sliding_ttl_counts_reads_and_writes_but_not_head(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = memory(clock=a2trio.TrioClock())
+    lane = durable_streams(store)
+    async with lane_client(lane) as http:
+        put = await http.put("/ttl", headers={"content-type": "text/plain", "stream-ttl": "2"})
+        assert put.status_code == 201
+        await trio.sleep(1.5)
+        assert (await http.get("/ttl", params={"offset": "now"})).status_code == 200
+        await trio.sleep(1.5)
+        head = await http.head("/ttl")
+        assert head.status_code == 200
+        assert head.headers["stream-ttl"] == "2"
+        await trio.sleep(1.5)
+        assert (await http.head("/ttl")).status_code == 404
+        assert (
+            await http.post("/ttl", content=b"x", headers={"content-type": "text/plain"})
+        ).status_code == 404
+        again = await http.put("/ttl", headers={"content-type": "application/json"})
+        assert again.status_code == 201
+    kinds = [kind for kind, _ in await session_events(store, "/ttl")]
+    assert kinds == ["created", "touched", "created"]
+
+
+async def test_expires_at_is_absolute(autojump_clock: trio.testing.MockClock) -> None:
+    clock = a2trio.TrioClock()
+    lane = durable_streams(memory(clock=clock))
+    expires = datetime.fromtimestamp((clock.now_ms() + 3000) / 1000, UTC).isoformat()
+    async with lane_client(lane) as http:
+        headers = {"content-type": "text/plain", "stream-expires-at": expires}
+        assert (await http.put("/exp", headers=headers)).status_code == 201
+        assert (await http.head("/exp")).headers["stream-expires-at"] == expires
+        await trio.sleep(2)
+        assert (await http.get("/exp")).status_code == 200
+        await trio.sleep(1)
+        assert (await http.get("/exp")).status_code == 404
+        bad = {"content-type": "text/plain", "stream-expires-at": "tomorrow"}
+        assert (await http.put("/exp2", headers=bad)).status_code == 400
+        both = {"stream-ttl": "1", "stream-expires-at": expires}
+        assert (await http.put("/exp3", headers=both)).status_code == 400
+
+
+async def test_long_polls_answer_data_closure_or_204_at_the_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    lane = durable_streams(memory(clock=a2trio.TrioClock()), long_poll_s=10)
+    text = {"content-type": "text/plain"}
+    async with lane_client(lane) as http:
+        tail = (await http.put("/lp", headers=text)).headers["stream-next-offset"]
+        params = {"offset": tail, "live": "long-poll", "cursor": "1"}
+        started = trio.current_time()
+        timed_out = await http.get("/lp", params=params)
+        assert timed_out.status_code == 204
+        assert trio.current_time() - started == pytest.approx(10)
+        assert timed_out.headers["stream-up-to-date"] == "true"
+        assert timed_out.headers["stream-cursor"].isdigit()
+        answers: list[httpx.Response] = []
+        async with trio.open_nursery() as nursery:
+
+            async def poll() -> None:
+                answers.append(await http.get("/lp", params=params))
+
+            nursery.start_soon(poll)
+            await trio.sleep(1)
+            await http.post("/lp", content=b"new", headers=text)
+        [got] = answers
+        assert got.content == b"new"
+        assert got.headers["stream-cursor"].isdigit()
+        after = got.headers["stream-next-offset"]
+        answers.clear()
+        async with trio.open_nursery() as nursery:
+
+            async def poll_again() -> None:
+                answers.append(await http.get("/lp", params={"offset": after, "live": "long-poll"}))
+
+            nursery.start_soon(poll_again)
+            await trio.sleep(1)
+            await http.post("/lp", headers={"stream-closed": "true"})
+        [closed] = answers
+        assert closed.status_code == 204
+        assert closed.headers["stream-closed"] == "true"
+        at_end = await http.get("/lp", params={"offset": after, "live": "long-poll"})
+        assert at_end.status_code == 204
+        assert at_end.headers["stream-closed"] == "true"
+
+
+# -- forks at a sub-offset, refusals ---------------------------------------------------
+
+
+async def test_a_sub_offset_fork_materializes_its_prefix() -> None:
+    store = memory()
+    lane = durable_streams(store)
+    async with lane_client(lane) as http:
+        await http.put("/j", content=b"[1, 2, 3]", headers={"content-type": "application/json"})
+        fork = {
+            "stream-forked-from": "/j",
+            "stream-fork-offset": format_offset(Offset(0, 0)),
+            "stream-fork-sub-offset": "2",
+        }
+        assert (await http.put("/jf", headers=fork)).status_code == 201
+        assert (await http.get("/jf")).json() == [1, 2]
+        assert (await http.put("/jf", headers=fork)).status_code == 200
+        fork["stream-fork-sub-offset"] = "4"
+        assert (await http.put("/jf2", headers=fork)).status_code == 400
+        missing_source = {"stream-forked-from": "/nowhere"}
+        assert (await http.put("/jf3", headers=missing_source)).status_code == 404
+        mismatch = {"stream-forked-from": "/j", "content-type": "text/plain"}
+        assert (await http.put("/jf4", headers=mismatch)).status_code == 409
+    kinds = [kind for kind, _ in await session_events(store, "/jf")]
+    assert kinds == ["created", "json"]
+
+
+async def test_bad_requests_answer_4xx_and_write_nothing() -> None:
+    store = memory()
+    lane = durable_streams(store)
+    text = {"content-type": "text/plain"}
+    async with lane_client(lane) as http:
+        await http.put("/r", headers=text)
+        cases = [
+            await http.get("/r", params={"offset": "bogus"}),
+            await http.get("/r?offset=-1&offset=-1"),
+            await http.get("/r", params={"live": "sse"}),
+            await http.get("/r", params={"offset": "-1", "live": "forever"}),
+            await http.put("/r2", headers={"stream-ttl": "01"}),
+            await http.put("/r2", headers={"stream-fork-sub-offset": "1"}),
+            await http.put("/r2", headers={"stream-forked-from": "/r", "stream-fork-offset": "x"}),
+            await http.post("/r", content=b"x"),
+            await http.post("/r", headers=text),
+            await http.post("/r", content=b"x", headers={**text, "producer-id": "p"}),
+            await http.post("/r", content=b"x", headers=producer(0, name="")),
+            await http.post("/r", content=b"x", headers={**producer(0), "producer-seq": "1e3"}),
+            await http.request("PATCH", "/r"),
+        ]
+        assert [r.status_code for r in cases] == [400] * 12 + [405]
+        assert (
+            await http.post("/r", content=b"{}", headers={"content-type": "application/json"})
+        ).status_code == 409
+        assert (
+            await http.put("/r", headers={"content-type": "application/json"})
+        ).status_code == 409
+        assert (await http.delete("/nothing")).status_code == 404
+        assert (await http.head("/nothing")).status_code == 404
+    assert [kind for kind, _ in await session_events(store, "/r")] == ["created"]
+    assert await session_events(store, "/r2") == []
+
+
+async def test_cors_answers_preflights_and_exposes_the_protocol_headers() -> None:
+    lane = durable_streams(memory(), cors=Cors(["https://app.example"]))
+    async with lane_client(lane) as http:
+        preflight = await http.options(
+            "/c",
+            headers={"origin": "https://app.example", "access-control-request-method": "PUT"},
+        )
+        assert preflight.status_code == 204
+        assert "if-none-match" in preflight.headers["access-control-allow-headers"]
+        assert "producer-seq" in preflight.headers["access-control-allow-headers"]
+        refused = await http.options("/c", headers={"origin": "https://evil.example"})
+        assert refused.status_code == 403
+        put = await http.put("/c", headers={"origin": "https://app.example"})
+        assert put.headers["access-control-allow-origin"] == "https://app.example"
+        assert "stream-next-offset" in put.headers["access-control-expose-headers"]
+        assert put.headers["x-content-type-options"] == "nosniff"
+    off = durable_streams(memory())
+    async with lane_client(off) as http:
+        assert (
+            await http.options("/c", headers={"origin": "https://a.example"})
+        ).status_code == 405
+
+
+def test_the_module_serves_app_and_builds_lanes_only_over_its_contract(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import a2trio.transport.durable_streams as module
+
+    monkeypatch.setenv("A2_STORE", "memory:")
+    monkeypatch.delitem(module.__dict__, "app", raising=False)
+    app = module.app
+    assert isinstance(app, DurableStreams)
+    assert module.app is app
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        module.nope  # noqa: B018
+    with pytest.raises(TypeError, match="CONTRACT"):
+        DurableStreams(a2trio.Server(chat, store=memory()))
+    with pytest.raises(TypeError, match="sessions="):
+        durable_streams(memory(), sessions=["chat"])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="positive"):
+        durable_streams(memory(), long_poll_s=0)
+    with pytest.raises(TypeError, match="lanes"):
+        mount(asgi(a2trio.Server(chat, store=memory())), {"/ds": object()})  # type: ignore[dict-item]
+
+
+# -- a session followed over SSE, the mounted app served whole -------------------------
+
+
+async def test_a_session_follows_over_sse_and_heads_its_tail_under_a_mount() -> None:
+    store = memory()
+    server = a2trio.Server(chat, store=store)
+    lane = durable_streams(store, sessions=[server], limits=Limits(heartbeat_s=0.05))
+    async with serving(mount(asgi(server), {"/ds": lane})) as base:  # type: ignore[arg-type]
+        async with httpx.AsyncClient(base_url=base, timeout=5) as http:
+            await server.session("room").append(chat.event("said", {"text": "a"}))
+            head = await http.head("/ds/chat/room")
+            assert parse_offset(head.headers["stream-next-offset"]) == Offset(0, 1)
+            assert (await http.get("/ds/chat")).status_code == 404
+            now = await http.get("/ds/chat/room", params={"offset": "now"})
+            assert now.json() == []
+            params = {"offset": "-1", "live": "sse"}
+            received = b""
+            async with http.stream("GET", "/ds/chat/room", params=params) as response:
+                async with chunks_of(response) as chunks:
+                    async for chunk in chunks:
+                        received += chunk
+                        if b"upToDate" in received:
+                            break
+                    await server.session("room").append(chat.event("said", {"text": "b"}))
+                    async for chunk in chunks:
+                        received += chunk
+                        if b'"text":"b"' in received and received.endswith(b"\n\n"):
+                            break
+    frames = [f for f in received.decode().split("\n\n") if f.startswith("event: data")]
+    texts = [json.loads(f.split("data:", 1)[1])[0]["payload"]["text"] for f in frames]
+    assert texts == ["a", "b"]
+
+
+async def test_a_stream_state_is_snapshotted_as_it_grows(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(table, "SNAPSHOT_EVERY", 5)
+    store = memory()
+    async with lane_client(durable_streams(store)) as http:
+        await http.put("/big", headers={"content-type": "text/plain"})
+        for n in range(6):
+            await http.post("/big", content=str(n).encode(), headers=producer(n))
+    read = await store.read_state(f"{CONTRACT.name}\x1f/big", REDUCER.name)
+    assert read.snapshot is not None
+    assert read.snapshot.index == 5  # the 5th event after the load (index 0)
+    assert read.snapshot.state["producers"] == {"p": {"epoch": 0, "seq": 3}}
+    # Another process starts from the snapshot and goes on where it ends.
+    async with lane_client(durable_streams(store)) as http:
+        assert (await http.post("/big", content=b"x", headers=producer(5))).status_code == 204
+        assert (await http.post("/big", content=b"6", headers=producer(6))).status_code == 200
+        assert (await http.get("/big")).content == b"0123456"
+
+
+async def test_an_expired_fork_lets_go_of_its_deleted_source(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = memory(clock=a2trio.TrioClock())
+    async with lane_client(durable_streams(store)) as http:
+        await http.put("/source", content=b"s", headers={"content-type": "text/plain"})
+        fork = {"stream-forked-from": "/source", "stream-ttl": "1"}
+        assert (await http.put("/child", headers=fork)).status_code == 201
+        assert (await http.delete("/source")).status_code == 204
+        assert (await http.head("/source")).status_code == 410
+        await trio.sleep(2)
+        assert (await http.get("/child")).status_code == 404
+        assert (await http.head("/source")).status_code == 404
+    kinds = [kind for kind, _ in await session_events(store, "/child")]
+    assert kinds == ["created", "deleted"]
