@@ -100,6 +100,10 @@ def test_every_key_the_cli_and_the_inspector_answer_is_camel_case(
                 answer = await c.get(f"/_a2/inspect/jobs{path}")
                 assert answer.status_code == 200, answer.text
                 answers[f"GET{path}"] = answer.json()
+            bulk = {"action": "skip", "by": "ann", "reason": "x", "dryRun": True}
+            answer = await c.post("/_a2/inspect/jobs", json=bulk)
+            assert answer.status_code == 200, answer.text
+            answers["POST bulk"] = answer.json()
             body = {"by": "ann", "reason": "on_purpose"}
             # retry-now answers the same {"actions": [...]} (the CLI runs it below).
             for path in ("/s1/1/redrive", "/s2/1/skip"):
@@ -114,6 +118,7 @@ def test_every_key_the_cli_and_the_inspector_answer_is_camel_case(
         ["events", "s1"],
         ["dead-letters"],
         ["crons"],
+        ["bulk", "redrive", "--prefix", "s3", "--dry-run"],
         ["redrive", "s3", "1"],
         ["retry-now", "s3"],
         ["skip", "s3", "1", "--reason", "on_purpose"],
@@ -126,6 +131,8 @@ def test_every_key_the_cli_and_the_inspector_answer_is_camel_case(
     assert answers["GET/s1"]["events"][0]["status"]["lastError"]
     assert answers["events s1"]["events"][0]["actions"][0]["atMs"]
     assert answers["crons"][0]["sessionId"] == "journal"
+    assert answers["POST bulk"]["items"][0]["sessionId"] == "s1"
+    assert answers["bulk redrive --prefix s3 --dry-run"]["dryRun"] is True
     assert answers["GET/s1"]["events"][0]["event"]["payload"] == {"job_name": "a"}
     keys = [key for asked, answer in answers.items() for key in _keys(answer, asked)]
     assert len(keys) > 100

@@ -58,7 +58,7 @@ async def test_inspection_routes_are_off_refused_without_a_policy_and_answer_jso
             bad = await c.get(path, headers=operator)
             assert bad.status_code == 400, path
             assert bad.json()["error"]["code"] == "INVALID_PAYLOAD"
-        assert (await c.post("/_a2/inspect/orders", headers=operator)).status_code == 405
+        assert (await c.post("/_a2/inspect/orders", headers=operator)).status_code == 415
         assert (await c.get("/_a2/inspect/nope", headers=operator)).status_code == 404
 
 

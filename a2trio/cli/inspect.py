@@ -8,6 +8,8 @@ the actions that repair them.
     python -m a2trio.inspect --app module:server redrive SESSION INDEX [--reason TEXT]
     python -m a2trio.inspect --app module:server skip SESSION INDEX --reason TEXT
     python -m a2trio.inspect --app module:server retry-now SESSION [--reason TEXT]
+    python -m a2trio.inspect --app module:server bulk {redrive,skip} [--type T]... [--error TEXT]
+        [--prefix P] [--from TIME] [--until TIME] [--dry-run] [--all] [--limit N] [--reason TEXT]
 
 ``--app`` names the server as ``serve`` does (``module:attribute``, the
 attribute defaulting to ``server``; with a list of servers, ``--contract``
@@ -17,6 +19,14 @@ the wire's camelCase as ``/_a2/inspect`` answers: :mod:`a2trio.transport.wire`).
 Exit status 0, 1 with one line on stderr when the store or the input refuses
 (an action on the wrong target names why: ``OperatorActionError``), 2 for bad
 arguments. Actions are recorded with ``--by`` (default: the login name).
+
+``bulk`` redrives or skips every dead letter its filter matches (each field
+given must match): ``--type`` (repeatable), ``--error`` (text in the last
+error), ``--prefix`` (of the session id), ``--from`` / ``--until`` (when it was
+dead-lettered: ISO 8601 with an offset, or epoch milliseconds; from inclusive,
+until exclusive). ``--dry-run`` lists the matches and touches nothing; acting
+with no filter needs ``--all``; ``--limit`` bounds one run (1,000 by
+default). A refused event is listed as refused; the others go on.
 
 Only the store is opened, never the server: this process runs no handler and
 no sweep. The serving processes take an action up by themselves: at once on
@@ -31,13 +41,20 @@ import getpass
 import os
 import sys
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 import trio
 
 from ..engine.crons import CronInfo
-from ..engine.inspection import InspectionUnsupportedError
-from ..engine.inspection_records import DeadLettersPage, SessionEventsPage, SessionsPage
+from ..engine.inspection import DEFAULT_BULK_LIMIT, BulkFilterError, InspectionUnsupportedError
+from ..engine.inspection_records import (
+    BulkResult,
+    DeadLetterFilter,
+    DeadLettersPage,
+    SessionEventsPage,
+    SessionsPage,
+)
 from ..errors import A2Error
 from ..server import Server
 from ..stores.base import OperatorAction
@@ -162,6 +179,47 @@ def _actions_table(actions: Sequence[OperatorAction]) -> list[str]:
     return _columns(rows)
 
 
+def _bulk_table(result: BulkResult) -> list[str]:
+    rows = [("session", "index", "type", "outcome", "why")]
+    rows += [(i.session_id, str(i.index), i.type, i.outcome, i.detail or "") for i in result.items]
+    lines = _columns(rows)
+    done = "dry run: nothing touched" if result.dry_run else f"{result.action}"
+    lines.append(
+        f"({done}; matched {result.matched}, acted {result.acted}, refused {result.refused})"
+    )
+    if result.limited:
+        lines.append("(more matched past --limit: run it again for the rest)")
+    return lines
+
+
+def _moment(name: str, text: str | None) -> int | None:
+    """``--from`` / ``--until``: epoch milliseconds, or ISO 8601 with an offset."""
+    if text is None:
+        return None
+    if text.isascii() and text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise BulkFilterError(
+            f"--{name} takes ISO 8601 with an offset (2026-12-01T09:00:00Z) "
+            f"or epoch milliseconds, got {text[:60]!r}"
+        )
+    return int(moment.timestamp() * 1000)
+
+
+def _filter(args: argparse.Namespace) -> DeadLetterFilter:
+    return DeadLetterFilter(
+        event_types=tuple(args.type),
+        error_contains=args.error,
+        session_prefix=args.prefix,
+        dead_lettered_from_ms=_moment("from", args.since),
+        dead_lettered_until_ms=_moment("until", args.until),
+    )
+
+
 def _columns(rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(row[n]) for row in rows) for n in range(len(rows[0]))]
     return [
@@ -198,6 +256,17 @@ async def _run(server: Server, args: argparse.Namespace) -> str:
         if args.command == "crons":
             crons = await inspect.crons()
             return _render(args, wire.crons_to_wire(crons), lambda: _crons_table(crons))
+        if args.command == "bulk":
+            result = await inspect.bulk(
+                args.action,
+                _filter(args),
+                by=args.by,
+                reason=args.reason,
+                dry_run=args.dry_run,
+                all=args.all,
+                limit=args.limit,
+            )
+            return _render(args, wire.bulk_result_to_wire(result), lambda: _bulk_table(result))
         if args.command == "retry-now":
             actions = await inspect.retry_now(args.session, by=args.by, reason=args.reason)
         elif args.command == "redrive":
@@ -255,6 +324,18 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m a2trio.ins
             action.add_argument("index", type=int)
         action.add_argument("--reason", required=name == "skip", default="", help="why")
         action.add_argument("--by", default=_login(), help="who acts (default: login name)")
+    bulk = commands.add_parser("bulk", help="redrive or skip every dead letter a filter matches")
+    bulk.add_argument("action", choices=("redrive", "skip"))
+    bulk.add_argument("--type", action="append", default=[], help="an event type (repeatable)")
+    bulk.add_argument("--error", help="text the last error holds (case-sensitive)")
+    bulk.add_argument("--prefix", default="", help="the session ids' prefix")
+    bulk.add_argument("--from", dest="since", help="dead-lettered at or after (ISO 8601 or ms)")
+    bulk.add_argument("--until", help="dead-lettered before (ISO 8601 or ms)")
+    bulk.add_argument("--dry-run", action="store_true", help="list the matches, touch nothing")
+    bulk.add_argument("--all", action="store_true", help="act with no filter: every dead letter")
+    bulk.add_argument("--limit", type=int, default=DEFAULT_BULK_LIMIT, help="the most to touch")
+    bulk.add_argument("--reason", default="", help="why (required to skip)")
+    bulk.add_argument("--by", default=_login(), help="who acts (default: login name)")
     args = parser.parse_args(argv)
     if args.store:
         os.environ["A2_STORE"] = args.store
@@ -265,7 +346,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m a2trio.ins
         output: Any = trio.run(_run, server, args)
     except (A2Error, InspectionUnsupportedError, _NoSession, TypeError, ValueError) as exc:
         # ValueError: TargetError, StoreURLError, a refused action
-        # (OperatorActionError), a bad argument value. An unreachable store
+        # (OperatorActionError), a bad filter (BulkFilterError), a bad
+        # argument value. An unreachable store
         # says why (the driver's error is the A2Error's cause).
         cause = ""
         if isinstance(exc, A2Error) and exc.__cause__ is not None:

@@ -11,6 +11,7 @@ request                                                     answer
 ``POST /_a2/inspect/{contract}/{session}/{index}/redrive``  ``{"actions": [...]}``
 ``POST /_a2/inspect/{contract}/{session}/{index}/skip``     ``{"actions": [...]}``
 ``POST /_a2/inspect/{contract}/{session}/retry-now``        ``{"actions": [...]}``
+``POST /_a2/inspect/{contract}``                            a bulk action's result
 =========================================================== =====================
 
 Reads take ``?limit=``, ``?cursor=`` (sessions, dead letters), ``?after=`` and
@@ -34,6 +35,17 @@ throughIndex, nextIndex}``.
 A refused action answers 404 (``no_event``) or 409 (``not_dead_lettered``,
 ``settled``, ``claimed``, ``nothing_to_retry``) with the error envelope, its
 ``details`` naming the reason.
+
+A bulk action (issue 35) is POSTed to the contract with the wire's
+:class:`~a2trio.transport.wire.WireBulkRequest` body (``{action, filter, by,
+reason, dryRun, all, limit}``) and answers its ``{action, dryRun, matched,
+acted, refused, items, limited}``; a malformed filter or body answers 400. It
+is authorized as an :class:`~a2trio.transport.InspectOperation` of the
+contract (it reads the dead letters), then each event it would act on as its
+single :class:`~a2trio.transport.RedriveOperation` or
+:class:`~a2trio.transport.SkipOperation`: a policy's refusal of one is
+reported on that event (``forbidden``) and the others go on, so a policy that
+scopes single actions scopes bulk ones too. A dry run asks only the first.
 """
 
 from __future__ import annotations
@@ -46,7 +58,8 @@ from typing import Final
 
 import msgspec
 
-from ...engine.inspection import InspectionUnsupportedError
+from ...engine.inspection import DEFAULT_BULK_LIMIT, InspectionUnsupportedError
+from ...engine.inspection_records import BulkResult
 from ...errors import A2Error, ErrorCode
 from ...server import Server
 from ...stores.base import OperatorAction, OperatorActionError
@@ -118,6 +131,14 @@ async def serve_inspector(
         await send({"type": "http.response.start", "status": 200, "headers": _PAGE_HEADERS})
         await send({"type": "http.response.body", "body": content})
         return
+    if len(target) == 1 and method == "POST":
+        _check_json(request, "a bulk action")
+        raw = await body()
+        with bad_input():
+            asked = wire.decode_bulk_request(raw or b"{}")
+        result = await _bulk(_server(servers, target[0]), authorize, request, asked)
+        await respond(send, 200, wire.encode(wire.bulk_result_to_wire(result)))
+        return
     if len(target) in (1, 2):
         if not reads:
             raise Refusal(405, "inspection reads take GET; actions are POSTed to their own routes")
@@ -135,13 +156,17 @@ async def serve_inspector(
         )
     if method != "POST":
         raise Refusal(405, f"{action} takes POST")
-    if request.headers.get("content-type", "").partition(";")[0].strip() != "application/json":
-        raise Refusal(415, f"{action} takes a JSON body: content-type: application/json")
+    _check_json(request, action)
     raw = await body()
     with bad_input():
         words = _decode_action(raw or b"{}")
     actions = await _act(servers, authorize, target, request, words)
     await respond(send, 200, wire.encode({"actions": wire.actions_to_wire(actions)}))
+
+
+def _check_json(request: Request, what: str) -> None:
+    if request.headers.get("content-type", "").partition(";")[0].strip() != "application/json":
+        raise Refusal(415, f"{what} takes a JSON body: content-type: application/json")
 
 
 def _server(servers: Mapping[str, Server], name: str) -> Server:
@@ -222,6 +247,43 @@ async def _act(
                         return [await inspect.skip(session_id, index, by=by, reason=reason)]
             except OperatorActionError as exc:
                 raise _refused(exc) from None
+    except InspectionUnsupportedError as exc:
+        raise Refusal(404, str(exc)) from None
+
+
+async def _bulk(
+    server: Server, authorize: Authorize | None, request: Request, asked: wire.WireBulkRequest
+) -> BulkResult:
+    contract = server.contract.name
+    await check_authorized(authorize, request, InspectOperation(contract))
+    by, reason = asked.by, asked.reason
+
+    async def allow(session_id: str, index: int) -> bool:
+        operation: RedriveOperation | SkipOperation
+        if asked.action == "redrive":
+            operation = RedriveOperation(contract, session_id, index, by, reason)
+        else:
+            operation = SkipOperation(contract, session_id, index, by, reason)
+        try:
+            await check_authorized(authorize, request, operation)
+        except A2Error as exc:
+            if exc.code != ErrorCode.FORBIDDEN:
+                raise
+            return False
+        return True
+
+    try:
+        with bad_input():
+            return await server.inspect.bulk(
+                asked.action,
+                asked.dead_letter_filter(),
+                by=by,
+                reason=reason,
+                dry_run=asked.dry_run,
+                all=asked.all,
+                limit=DEFAULT_BULK_LIMIT if asked.limit is None else asked.limit,
+                allow=allow,
+            )
     except InspectionUnsupportedError as exc:
         raise Refusal(404, str(exc)) from None
 
