@@ -18,14 +18,13 @@ action then wakes this server's drain of the session (when it is open and
 runs handlers); the store wakes other processes' drains where it can.
 
 The records it answers with, and the status a row's bookkeeping implies
-(``event_status``), are in ``inspection_records.py``.
+(``event_status``), are in ``inspection_records.py``; the actions' work
+(single and bulk) in ``actions.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
-from typing import Literal
+from collections.abc import Awaitable, Callable
 
 import msgspec
 
@@ -34,20 +33,26 @@ from ..identifiers import MAX_SAFE_INTEGER, check_session_id
 from ..stores.base import (
     Inspection,
     OperatorAction,
-    OperatorActionError,
-    OperatorActions,
     StoredEvent,
 )
 from ..telemetry import trace_id_of
+from .actions import (
+    DEFAULT_BULK_LIMIT,
+    MAX_ACTOR_CHARS,
+    MAX_BULK_LIMIT,
+    MAX_REASON_CHARS,
+    OperatorDesk,
+)
 from .context import Engine
 from .crons import CronInfo, Crons
 from .inspection_records import (
     BulkAction,
-    BulkItem,
+    BulkFilterError,
     BulkResult,
     DeadLetterFilter,
     DeadLettersPage,
     InspectedEvent,
+    InspectionUnsupportedError,
     SessionEventsPage,
     SessionsPage,
     event_status,
@@ -66,59 +71,6 @@ __all__ = [
 
 #: The most sessions or events one inspection page holds.
 MAX_INSPECTION_PAGE = 1_000
-#: The longest ``by`` (who acted) and ``reason`` an operator action records:
-#: a name and a sentence or two, not a document.
-MAX_ACTOR_CHARS = 200
-MAX_REASON_CHARS = 2_000
-#: How many dead letters one bulk action touches unless told otherwise, and
-#: at most: its result lists each one.
-DEFAULT_BULK_LIMIT = 1_000
-MAX_BULK_LIMIT = 10_000
-#: The dead letters a bulk action reads per store round trip.
-_BULK_PAGE = 200
-
-
-class InspectionUnsupportedError(Exception):
-    """The server's store has no inspection capability (the seed's
-    ``InspectionUnsupportedError``)."""
-
-
-InspectionUnsupportedError.__module__ = "a2trio"
-
-
-class BulkFilterError(ValueError):
-    """A bulk action's filter or bounds are malformed (a bad field, a time
-    range that ends before it starts, a limit out of range), or the filter is
-    empty on a run that acts without ``all=True``. Nothing was read or
-    written."""
-
-
-def _check_filter(where: DeadLetterFilter) -> DeadLetterFilter:
-    if not isinstance(where, DeadLetterFilter):
-        raise BulkFilterError(f"a bulk action's filter is a DeadLetterFilter, got {where!r}")
-    types = where.event_types
-    if not isinstance(types, tuple) or not all(isinstance(t, str) and t for t in types):
-        raise BulkFilterError(f"`event_types` are non-empty strings, got {types!r}")
-    text = where.error_contains
-    if text is not None and (not isinstance(text, str) or not text):
-        raise BulkFilterError(f"`error_contains` is a non-empty string, got {text!r}")
-    if not isinstance(where.session_prefix, str):
-        raise BulkFilterError(f"`session_prefix` is a string, got {where.session_prefix!r}")
-    low, high = where.dead_lettered_from_ms, where.dead_lettered_until_ms
-    for name, value in (("dead_lettered_from_ms", low), ("dead_lettered_until_ms", high)):
-        if value is not None and (
-            isinstance(value, bool)
-            or not isinstance(value, int)
-            or not 0 <= value <= MAX_SAFE_INTEGER
-        ):
-            raise BulkFilterError(
-                f"`{name}` is epoch milliseconds (a non-negative safe integer), got {value!r}"
-            )
-    if low is not None and high is not None and low >= high:
-        raise BulkFilterError(
-            f"the time range ends before it starts: from {low} (inclusive) until {high} (exclusive)"
-        )
-    return where
 
 
 def _check_limit(limit: object) -> int:
@@ -134,16 +86,6 @@ def _check_limit(limit: object) -> int:
 def _check_index(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SAFE_INTEGER:
         raise TypeError(f"inspection {name} must be a non-negative safe integer, got {value!r}")
-    return value
-
-
-def _check_words(name: str, value: object, most: int, *, required: bool) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"`{name}` must be a string, got {value!r}")
-    if required and not value.strip():
-        raise ValueError(f"`{name}` must not be empty: say who acted and why")
-    if len(value) > most:
-        raise ValueError(f"`{name}` holds at most {most} characters, got {len(value)}")
     return value
 
 
@@ -168,15 +110,6 @@ def _dead_cursor(cursor: str) -> tuple[str, int]:
     return check_session_id(session_id), int(index)
 
 
-@contextmanager
-def _public_refusal(session_id: str) -> Iterator[None]:
-    """The store's refusal, naming the session without its namespace."""
-    try:
-        yield
-    except OperatorActionError as exc:
-        raise OperatorActionError(exc.reason, session_id, exc.index, exc.detail) from None
-
-
 class ServerInspection:
     """``server.inspect`` (see the module docstring).
 
@@ -188,7 +121,7 @@ class ServerInspection:
 
     def __init__(self, engine: Engine, wake: Callable[[str], None], crons: Crons) -> None:
         self._engine = engine
-        self._wake = wake
+        self._actions = OperatorDesk(engine, wake)
         self._crons = crons
 
     async def crons(self) -> list[CronInfo]:
@@ -287,15 +220,6 @@ class ServerInspection:
 
     # -- dead letters and the operator's actions (issue 18) ---------------------------
 
-    def _operator(self) -> OperatorActions:
-        operator = self._engine.store.operator
-        if operator is None:
-            raise InspectionUnsupportedError(
-                f"the store {type(self._engine.store).__name__} has no operator actions "
-                "(dead letters, redrive, skip, retry now)"
-            )
-        return operator
-
     def _inspected(
         self, row: StoredEvent, now_ms: int, actions: list[OperatorAction]
     ) -> InspectedEvent:
@@ -305,9 +229,6 @@ class ServerInspection:
             actions,
             trace_id_of(row.trace_context),
         )
-
-    def _public(self, action: OperatorAction, session_id: str) -> OperatorAction:
-        return msgspec.structs.replace(action, session_id=session_id)
 
     async def _read_actions(
         self, key: str, session_id: str, after_index: int, through_index: int
@@ -320,13 +241,8 @@ class ServerInspection:
         )
         by_index: dict[int, list[OperatorAction]] = {}
         for action in recorded:
-            by_index.setdefault(action.index, []).append(self._public(action, session_id))
+            by_index.setdefault(action.index, []).append(self._actions.public(action, session_id))
         return by_index
-
-    def _woken(self, session_id: str) -> None:
-        engine = self._engine
-        if engine.background.is_open and engine.run_handlers:
-            self._wake(session_id)
 
     async def list_dead_letters(
         self, *, limit: int = 100, cursor: str | None = None
@@ -344,7 +260,7 @@ class ServerInspection:
         if cursor is not None:
             session_id, index = _dead_cursor(cursor)
             after = (self._engine.key(session_id), index)
-        operator = self._operator()
+        operator = self._actions.operator()
         engine = self._engine
         rows = await operator.dead_letters(engine.key(""), limit=limit + 1, after=after)
         # The actions of each session's dead letters on this page, one read
@@ -384,7 +300,7 @@ class ServerInspection:
         Cancellation: the store's action commits entirely or not at all; a
         retry after a commit is refused (``not_dead_lettered``).
         """
-        return await self._act("redrive", session_id, index, by, reason, required=False)
+        return await self._actions.act("redrive", session_id, index, by, reason)
 
     async def skip(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
         """Mark an unprocessed event (pending, failed or dead-lettered)
@@ -400,39 +316,7 @@ class ServerInspection:
         Cancellation: all or nothing; a retry after a commit is refused
         (``settled``).
         """
-        return await self._act("skip", session_id, index, by, reason, required=True)
-
-    async def _act(
-        self,
-        action: Literal["redrive", "skip"],
-        session_id: str,
-        index: int,
-        by: str,
-        reason: str,
-        *,
-        required: bool,
-    ) -> OperatorAction:
-        check_session_id(session_id)
-        if (
-            isinstance(index, bool)
-            or not isinstance(index, int)
-            or not 1 <= index <= MAX_SAFE_INTEGER
-        ):
-            raise TypeError(
-                f"the event index must be a positive integer up to {MAX_SAFE_INTEGER}, "
-                f"got {index!r}"
-            )
-        by = _check_words("by", by, MAX_ACTOR_CHARS, required=True)
-        reason = _check_words("reason", reason, MAX_REASON_CHARS, required=required)
-        operator = self._operator()
-        key = self._engine.key(session_id)
-        with _public_refusal(session_id):
-            if action == "redrive":
-                recorded = await operator.redrive(key, index, by=by, reason=reason)
-            else:
-                recorded = await operator.skip(key, index, by=by, reason=reason)
-        self._woken(session_id)
-        return self._public(recorded, session_id)
+        return await self._actions.act("skip", session_id, index, by, reason)
 
     async def bulk(
         self,
@@ -473,74 +357,8 @@ class ServerInspection:
         cancelled call leaves those it acted on acted on (recorded, no longer
         dead letters), so running it again takes up the rest.
         """
-        if action not in ("redrive", "skip"):
-            raise ValueError(f"a bulk action is 'redrive' or 'skip', got {action!r}")
-        where = _check_filter(DeadLetterFilter() if where is None else where)
-        if (
-            isinstance(limit, bool)
-            or not isinstance(limit, int)
-            or not 1 <= limit <= MAX_BULK_LIMIT
-        ):
-            raise BulkFilterError(f"a bulk action's limit is 1 to {MAX_BULK_LIMIT}, got {limit!r}")
-        if where.is_empty() and not dry_run and not all:
-            raise BulkFilterError(
-                f"an empty filter would {action} every dead letter: narrow it, "
-                "or say all=True (--all)"
-            )
-        by = _check_words("by", by, MAX_ACTOR_CHARS, required=True)
-        reason = _check_words("reason", reason, MAX_REASON_CHARS, required=action == "skip")
-        operator = self._operator()
-        prefix = self._engine.key(where.session_prefix)
-        items: list[BulkItem] = []
-        after: tuple[str, int] | None = None
-        limited = False
-        while not limited:
-            rows = await operator.dead_letters(prefix, limit=_BULK_PAGE, after=after)
-            for row in rows:
-                if not where.matches(row):
-                    continue
-                if len(items) == limit:
-                    limited = True
-                    break
-                items.append(
-                    await self._bulk_one(operator, action, row, by, reason, dry_run, allow)
-                )
-            if len(rows) < _BULK_PAGE:
-                break
-            after = (rows[-1].session_id, rows[-1].index)
-        acted = sum(item.outcome == "acted" for item in items)
-        refused = sum(item.outcome == "refused" for item in items)
-        return BulkResult(action, dry_run, len(items), acted, refused, items, limited)
-
-    async def _bulk_one(
-        self,
-        operator: OperatorActions,
-        action: BulkAction,
-        row: StoredEvent,
-        by: str,
-        reason: str,
-        dry_run: bool,
-        allow: Callable[[str, int], Awaitable[bool]] | None,
-    ) -> BulkItem:
-        session_id = self._engine.session_of(row.session_id)
-        assert session_id is not None, row  # the prefix scoped the page
-        index = row.index
-        if dry_run:
-            return BulkItem(session_id, index, row.type, "matched")
-        if allow is not None and not await allow(session_id, index):
-            detail = f"event {index} of session {session_id!r} is not allowed to {action}"
-            return BulkItem(session_id, index, row.type, "refused", "forbidden", detail)
-        try:
-            with _public_refusal(session_id):
-                if action == "redrive":
-                    recorded = await operator.redrive(row.session_id, index, by=by, reason=reason)
-                else:
-                    recorded = await operator.skip(row.session_id, index, by=by, reason=reason)
-        except OperatorActionError as exc:
-            return BulkItem(session_id, index, row.type, "refused", exc.reason, str(exc))
-        self._woken(session_id)
-        return BulkItem(
-            session_id, index, row.type, "acted", action=self._public(recorded, session_id)
+        return await self._actions.bulk(
+            action, where, by=by, reason=reason, dry_run=dry_run, all=all, limit=limit, allow=allow
         )
 
     async def retry_now(
@@ -561,11 +379,4 @@ class ServerInspection:
 
         Cancellation: recorded entirely or not at all; repeating it is safe.
         """
-        check_session_id(session_id)
-        by = _check_words("by", by, MAX_ACTOR_CHARS, required=True)
-        reason = _check_words("reason", reason, MAX_REASON_CHARS, required=False)
-        operator = self._operator()
-        with _public_refusal(session_id):
-            recorded = await operator.retry_now(self._engine.key(session_id), by=by, reason=reason)
-        self._woken(session_id)
-        return [self._public(action, session_id) for action in recorded]
+        return await self._actions.retry_now(session_id, by=by, reason=reason)

@@ -24,6 +24,7 @@ from ..stores.base import (
 
 __all__ = [
     "BulkAction",
+    "BulkFilterError",
     "BulkItem",
     "BulkRefusal",
     "BulkResult",
@@ -31,6 +32,7 @@ __all__ = [
     "DeadLettersPage",
     "EventStatus",
     "InspectedEvent",
+    "InspectionUnsupportedError",
     "SessionEventsPage",
     "SessionsPage",
     "State",
@@ -226,3 +228,18 @@ def event_status(
         row.failed_at_ms,
         row.lane,
     )
+
+
+class InspectionUnsupportedError(Exception):
+    """The server's store has no inspection capability (the seed's
+    ``InspectionUnsupportedError``)."""
+
+
+InspectionUnsupportedError.__module__ = "a2trio"
+
+
+class BulkFilterError(ValueError):
+    """A bulk action's filter or bounds are malformed (a bad field, a time
+    range that ends before it starts, a limit out of range), or the filter is
+    empty on a run that acts without ``all=True``. Nothing was read or
+    written."""
