@@ -38,6 +38,7 @@ from .server import Server
 from .stores.base import OperatorAction, OperatorActionError, Store
 from .telemetry import (
     NOOP_TELEMETRY,
+    Metrics,
     Span,
     Telemetry,
     decode_trace_context,
@@ -76,6 +77,7 @@ __all__ = [
     "InspectionUnsupportedError",
     "Lapped",
     "LocalScheduler",
+    "Metrics",
     "OperatorAction",
     "OperatorActionError",
     "PresenceMap",

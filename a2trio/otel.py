@@ -47,21 +47,47 @@ current span is already in the parent's trace (the drain that the append
 itself started, in the same process) the current span stays the parent, so
 in-process traces keep the nesting above. W3C Trace Context is used whatever
 the global propagator is; baggage is not carried.
+
+Metrics: :class:`OpenTelemetryMetrics` is a :class:`~a2trio.telemetry.Metrics`
+over an OpenTelemetry meter (the global meter provider by default)::
+
+    from a2trio.otel import OpenTelemetryMetrics
+
+    server = a2trio.Server(contract, store=..., metrics=OpenTelemetryMetrics())
+
+Its instruments are the series ``/_a2/metrics`` shows (``docs/operations.md``,
+"Metrics"), named as OpenTelemetry names them: no ``_total`` and no unit in
+the name (``a2trio_events_appended``, ``a2trio_handler_duration`` in ``s``),
+which an OpenTelemetry Prometheus exporter turns back into
+``a2trio_events_appended_total`` and ``a2trio_handler_duration_seconds``.
+Counters and histograms are recorded as the engine reports; the gauges (live
+feeds, the backlog) are observable, read by the SDK's reader from each open
+server's last backlog read (the server reads it every
+:data:`~a2trio.engine.gauges.DEPTH_POLL_S`), never from the store.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 import trio
 
-from .telemetry import AttributeValue, Span, decode_trace_context, encode_trace_context
+from .telemetry import (
+    DEPTH_SERIES,
+    AttemptOutcome,
+    AttributeValue,
+    Depth,
+    Gauges,
+    Span,
+    decode_trace_context,
+    encode_trace_context,
+)
 
 try:
     from opentelemetry import context as otel_context
-    from opentelemetry import trace
+    from opentelemetry import metrics, trace
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError as exc:
     raise ImportError(
@@ -69,7 +95,7 @@ except ImportError as exc:
         "(pip install 'a2trio[otel]')"
     ) from exc
 
-__all__ = ["OpenTelemetry"]
+__all__ = ["OpenTelemetry", "OpenTelemetryMetrics"]
 
 _W3C = TraceContextTextMapPropagator()
 
@@ -186,3 +212,103 @@ def _continuing(parent: str) -> tuple[otel_context.Context | None, list[trace.Li
     if not remote_span.is_valid or remote_span.trace_id == here.trace_id:
         return None, None
     return remote, [trace.Link(here)] if here.is_valid else None
+
+
+class OpenTelemetryMetrics:
+    """The engine's numbers as OpenTelemetry instruments (see the module
+    docstring).
+
+    Args:
+      meter_provider: where measurements go; by default the global provider
+        (``opentelemetry.metrics.set_meter_provider``).
+      meter_name: the instrumentation scope's name, ``"a2trio"`` by default;
+        its version is a2trio's.
+    """
+
+    def __init__(
+        self,
+        meter_provider: metrics.MeterProvider | None = None,
+        *,
+        meter_name: str = "a2trio",
+    ) -> None:
+        meter = metrics.get_meter(
+            meter_name, _library_version() or "", meter_provider=meter_provider
+        )
+        self._observed: list[Gauges] = []
+        self._appended = meter.create_counter(
+            "a2trio_events_appended", description="Events appended."
+        )
+        self._attempts = meter.create_counter(
+            "a2trio_handler_attempts", description="Handler attempts ended, by outcome."
+        )
+        self._dead = meter.create_counter(
+            "a2trio_dead_lettered", description="Events dead-lettered by this process's attempts."
+        )
+        self._durations = meter.create_histogram(
+            "a2trio_handler_duration", unit="s", description="The handler's own time per attempt."
+        )
+        self._store = meter.create_histogram(
+            "a2trio_store_call_duration", unit="s", description="The engine's store calls."
+        )
+        self._store_errors = meter.create_counter(
+            "a2trio_store_call_errors", description="The engine's store calls that raised."
+        )
+        self._lag = meter.create_histogram(
+            "a2trio_scheduler_lag",
+            unit="s",
+            description="How late scheduler tasks were delivered.",
+        )
+        meter.create_observable_gauge(
+            "a2trio_live_feeds",
+            callbacks=[self._feeds],
+            description="Readers of the shared session feeds.",
+        )
+        for name, unit, description, read in DEPTH_SERIES:
+            meter.create_observable_gauge(
+                name, callbacks=[self._depth_callback(read)], unit=unit, description=description
+            )
+
+    def appended(self, contract: str, event_type: str, source: str) -> None:
+        self._appended.add(1, {"contract": contract, "type": event_type, "source": source})
+
+    def attempt_ended(
+        self, contract: str, event_type: str, outcome: AttemptOutcome, seconds: float
+    ) -> None:
+        labels = {"contract": contract, "type": event_type}
+        self._attempts.add(1, {**labels, "outcome": outcome})
+        self._durations.record(seconds, labels)
+        if outcome == "dead_lettered":
+            self._dead.add(1, labels)
+
+    def store_call(self, operation: str, seconds: float, *, failed: bool) -> None:
+        labels = {"operation": operation}
+        self._store.record(seconds, labels)
+        if failed:
+            self._store_errors.add(1, labels)
+
+    def scheduler_lag(self, contract: str, seconds: float) -> None:
+        self._lag.record(seconds, {"contract": contract})
+
+    def observe(self, gauges: Gauges) -> Callable[[], None]:
+        self._observed.append(gauges)
+        return lambda: self._observed.remove(gauges)
+
+    def _feeds(self, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
+        return [
+            metrics.Observation(gauges.live_feeds(), {"contract": gauges.contract})
+            for gauges in list(self._observed)
+        ]
+
+    def _depth_callback(
+        self, read: Callable[[Depth], float | None]
+    ) -> Callable[[metrics.CallbackOptions], Iterable[metrics.Observation]]:
+        def observed(options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
+            found = []
+            for gauges in list(self._observed):
+                depth = gauges.depth()
+                value = None if depth is None else read(depth)
+                if value is not None:
+                    found.append(metrics.Observation(value, {"contract": gauges.contract}))
+            return found
+
+        return observed

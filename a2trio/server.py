@@ -35,6 +35,7 @@ from .engine.actor_calls import ActorCalls, ActorHandle
 from .engine.context import Engine
 from .engine.crons import Cron, Crons
 from .engine.drain import DrainResult
+from .engine.gauges import ServerGauges
 from .engine.handlers import Handlers, registrations
 from .engine.inspection import ServerInspection
 from .engine.session import Session
@@ -45,7 +46,7 @@ from .push import ValidatePush
 from .scheduler import DrainTask, Scheduler, SchedulerTask
 from .stores import default_store
 from .stores.base import Store
-from .telemetry import NOOP_TELEMETRY, Telemetry
+from .telemetry import NOOP_TELEMETRY, Metrics, Telemetry
 from .timings import DEFAULT_TIMINGS, Timings
 
 __all__ = ["DEFAULT_MAX_HANDLERS", "Server", "ServerStatistics"]
@@ -86,6 +87,10 @@ class Server:
         ``dispatch`` and ``schedule``. Without one the server heals on the next
         append.
       telemetry: spans (no-op by default).
+      metrics: where the engine's numbers go (:class:`a2trio.telemetry.Metrics`:
+        :class:`a2trio.metrics.PrometheusMetrics` for ``/_a2/metrics``,
+        :class:`a2trio.otel.OpenTelemetryMetrics`); None (the default)
+        counts nothing. While open, the server shows its gauges there.
       validate_push: authorizes events and presence that came over the wire.
       timings: every duration; see :class:`~a2trio.Timings`.
       clock: epoch ms for due times and presence stamps; defaults to the
@@ -126,6 +131,7 @@ class Server:
         handlers: Handlers | None = None,
         scheduler: Scheduler | None = None,
         telemetry: Telemetry | None = None,
+        metrics: Metrics | None = None,
         validate_push: ValidatePush | None = None,
         presence_ttl_ms: int | None = None,
         timings: Timings = DEFAULT_TIMINGS,
@@ -174,6 +180,7 @@ class Server:
             lanes={type_: spec.lane for type_, spec in specs.items()},
             scheduler=scheduler,
             telemetry=telemetry or NOOP_TELEMETRY,
+            metrics=metrics,
             validate_push=validate_push,
             presence_ttl_ms=(
                 presence_ttl_ms
@@ -197,6 +204,8 @@ class Server:
         #: The contract's sessions and events with their processing status
         #: (:class:`~a2trio.engine.inspection.ServerInspection`).
         self.inspect = ServerInspection(self._engine, self._drains.wake, self._crons)
+        #: The gauges shown with :attr:`metrics` while the server is open.
+        self.gauges = ServerGauges(self._engine)
         self.asyncio_loop = asyncio_loop
         self.sweep = sweep
         self._stack: AsyncExitStack | None = None
@@ -227,6 +236,11 @@ class Server:
     def telemetry(self) -> Telemetry:
         """Where spans go."""
         return self._engine.telemetry
+
+    @property
+    def metrics(self) -> Metrics | None:
+        """Where the engine's numbers go, if anywhere."""
+        return self._engine.metrics
 
     @property
     def validate_push(self) -> ValidatePush | None:
@@ -285,6 +299,10 @@ class Server:
             if self._crons.crons:
                 # Not counted by settle() either: it fires until the server closes.
                 self._nursery.start_soon(self._crons.serve)
+            if self.metrics is not None:
+                stack.callback(self.metrics.observe(self.gauges))
+                # Not counted by settle(): it reads until the server closes.
+                self._nursery.start_soon(self.gauges.poll)
         except BaseException:
             self._engine.background.attach(None)
             await stack.aclose()
@@ -406,6 +424,10 @@ class Server:
                 f"{self.contract.name!r}"
             )
         session_id = check_session_id(task.session_id)
+        metrics = self._engine.metrics
+        if metrics is not None:
+            late_ms = max(0, self.clock.now_ms() - task.due_at_ms)
+            metrics.scheduler_lag(self.contract.name, late_ms / 1000)
         if isinstance(task, DrainTask):
             if self.run_handlers:
                 await self._drains.drain(session_id, watchdog_due_at_ms=task.due_at_ms)

@@ -5,6 +5,15 @@ the seed's keys (``a2.contract``, ``a2.session_id``, ``a2.event.outcome``,
 ``a2.event.aborted``, ``a2.drain.outcome`` ...). The default does nothing; an
 OpenTelemetry adapter implements :class:`Telemetry` in a few lines.
 
+Metrics go through the same seam: a server built with ``metrics=`` (a
+:class:`Metrics`: :class:`a2trio.metrics.PrometheusMetrics` for
+``/_a2/metrics``, :class:`a2trio.otel.OpenTelemetryMetrics` for an
+OpenTelemetry meter) reports each append, attempt, engine store call and
+scheduler delivery to it, and registers its gauges (live feeds, pending
+depth) with :meth:`Metrics.observe`. Without one the engine skips every call
+(one ``is None`` test per site). Each call runs on the hot path: an
+implementation only bumps in-process numbers, never does I/O or locks.
+
 Traces cross processes through the store. Inside its ``a2.append`` span an
 append asks :meth:`Telemetry.trace_context` for the current span's context and
 stores it with each event (``trace_context``); whoever runs the event's handler,
@@ -17,17 +26,22 @@ any telemetry, and any process, reads it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from typing import Protocol
+from typing import Literal, Protocol
 
 import msgspec
 
 __all__ = [
+    "DEPTH_SERIES",
     "MAX_TRACE_HEADER",
     "NOOP_TELEMETRY",
     "TRACE_HEADERS",
+    "AttemptOutcome",
     "AttributeValue",
+    "Depth",
+    "Gauges",
+    "Metrics",
     "Span",
     "Telemetry",
     "decode_trace_context",
@@ -118,6 +132,127 @@ class Telemetry(Protocol):
         """The current span's trace context to store with an event
         (:func:`encode_trace_context`'s encoding), or None: then nothing is
         stored."""
+        ...
+
+
+#: How an attempt ended, as metrics label it: ``completed`` (an abort that
+#: landed or was requested is ``aborted``), ``failed`` (a handler's timeout is
+#: ``timed_out``), ``dead_lettered``, ``superseded``, ``surrendered`` (its
+#: lease lapsed or the store could not record the outcome).
+AttemptOutcome = Literal[
+    "completed", "aborted", "failed", "timed_out", "dead_lettered", "superseded", "surrendered"
+]
+
+
+class Depth(msgspec.Struct, frozen=True):
+    """A contract's backlog as its store tells it, read at most every few
+    seconds (``a2trio.engine.gauges``).
+
+    Attributes:
+      pending: events not yet processed nor dead-lettered (claimed or failed
+        ones awaiting a retry included), over the sessions read.
+      dead_letters: dead-lettered events, over the sessions read.
+      sessions_pending: sessions holding a pending event.
+      claimable_sessions: sessions holding work a claim would take now (the
+        store's sweep; None without that capability).
+      pending_age_s: seconds since the least recently written session with a
+        pending event was last written: a lower bound of the oldest pending
+        event's age (0 with nothing pending).
+      complete: every session was read (False: past the read's bound, the
+        counts cover the first sessions only).
+    """
+
+    pending: int
+    dead_letters: int
+    sessions_pending: int
+    claimable_sessions: int | None
+    pending_age_s: float
+    complete: bool
+
+
+#: The backlog gauges: (name without its unit, unit, meaning, reading);
+#: one table for :mod:`a2trio.metrics` and :class:`a2trio.otel.OpenTelemetryMetrics`.
+DEPTH_SERIES: list[tuple[str, str, str, Callable[[Depth], float | None]]] = [
+    (
+        "a2trio_pending_events",
+        "",
+        "Events not yet processed nor dead-lettered.",
+        lambda depth: depth.pending,
+    ),
+    ("a2trio_dead_letters", "", "Dead-lettered events now.", lambda depth: depth.dead_letters),
+    (
+        "a2trio_sessions_pending",
+        "",
+        "Sessions holding a pending event.",
+        lambda depth: depth.sessions_pending,
+    ),
+    (
+        "a2trio_claimable_sessions",
+        "",
+        "Sessions holding work a claim would take now.",
+        lambda depth: depth.claimable_sessions,
+    ),
+    (
+        "a2trio_pending_age",
+        "s",
+        "Since the least recently written session with pending work was written.",
+        lambda depth: depth.pending_age_s,
+    ),
+]
+
+
+class Gauges(Protocol):
+    """What one server shows when its metrics are read (registered with
+    :meth:`Metrics.observe` while it is open)."""
+
+    @property
+    def contract(self) -> str:
+        """The server's contract (the ``contract`` label)."""
+        ...
+
+    def live_feeds(self) -> int:
+        """Readers of the server's shared session feeds now (SSE streams,
+        socket subscriptions, ``session.stream()``)."""
+        ...
+
+    def depth(self) -> Depth | None:
+        """The backlog last read, or None before the first read (or on a store
+        without inspection). Never does I/O."""
+        ...
+
+    async def read_depth(self) -> Depth | None:
+        """The backlog, read from the store unless the last read is recent
+        (its bounded cost: ``a2trio.engine.gauges``).
+
+        Cancellation: a read; nothing to undo."""
+        ...
+
+
+class Metrics(Protocol):
+    """Where a server's numbers go (see the module docstring). Every method
+    but :meth:`observe` is called on the hot path and must not block."""
+
+    def appended(self, contract: str, event_type: str, source: str) -> None:
+        """One event was appended (``source``: ``external`` or ``handler``)."""
+        ...
+
+    def attempt_ended(
+        self, contract: str, event_type: str, outcome: AttemptOutcome, seconds: float
+    ) -> None:
+        """A handler attempt ended after ``seconds`` of the handler's own time."""
+        ...
+
+    def store_call(self, operation: str, seconds: float, *, failed: bool) -> None:
+        """One of the engine's store calls (``append``, ``claim``, ``complete``,
+        ``fail``, ``renew``) took ``seconds``; ``failed`` if it raised."""
+        ...
+
+    def scheduler_lag(self, contract: str, seconds: float) -> None:
+        """A scheduler task was delivered ``seconds`` after it was due."""
+        ...
+
+    def observe(self, gauges: Gauges) -> Callable[[], None]:
+        """Show ``gauges`` with the metrics until the returned function is called."""
         ...
 
 

@@ -29,7 +29,7 @@ LAYERS: list[set[str]] = [
     # The engine's old paths: re-exports of the names the docs give them.
     {"drain", "session", "fanout", "actor_calls", "inspection"},
     # The engine, one layer per line (engine/__init__.py imports nothing).
-    {"engine", "engine.inspection", "engine.actor_calls"},
+    {"engine", "engine.inspection", "engine.actor_calls", "engine.gauges"},
     {"engine.actions"},
     {"engine.inspection_records", "engine.crons"},
     {"engine.writes"},
@@ -56,6 +56,7 @@ LAYERS: list[set[str]] = [
         "timings",
         "backoff",
         "telemetry",
+        "metrics",
         "tuning",
         "signatures",
     },

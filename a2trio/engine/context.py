@@ -3,7 +3,7 @@
 :class:`Engine` is built once by :class:`a2trio.Server` and handed to every
 engine part; none of them knows the server. It is a record of what the
 server was built with (the contract, the store, the handled types and their
-lanes, the scheduler, telemetry, ``validate_push``, timings, the clock), of
+lanes, the scheduler, telemetry and metrics, ``validate_push``, timings, the clock), of
 the shared parts, each the one owner of its state in a module of its own
 (the background nursery, the watchdogs with the lease window, the batched
 state reads, the sessions' shared feeds), and the key namespace: a session's
@@ -17,22 +17,24 @@ part that appends, drains or runs handlers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, Protocol
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Literal, Protocol, TypeVar
+
+import trio
 
 from ..clock import Clock, ms_to_datetime
 from ..contract import AppendInput, Contract, Event
 from ..push import PushedEvent, ValidatePush
 from ..scheduler import Scheduler
 from ..stores.base import EventCause, Store, StoredEvent
-from ..telemetry import Telemetry
+from ..telemetry import Metrics, Telemetry
 from ..timings import Timings
 from .background import Background
 from .fanout import SessionFeeds
 from .state import StateReads
 from .watchdogs import Watchdogs
 
-__all__ = ["Appends", "Engine", "LaneFn", "Source", "WriteMode"]
+__all__ = ["Appends", "Engine", "LaneFn", "Source", "WriteMode", "measured"]
 
 #: ``lane(session_id, event) -> str``: a lane resolved when the event is appended.
 LaneFn = Callable[[str, AppendInput], str]
@@ -40,6 +42,23 @@ Source = Literal["external", "handler"]
 WriteMode = Literal["inline", "dispatch"]
 
 _NS = "\x1f"
+
+T = TypeVar("T")
+
+
+async def measured(metrics: Metrics, operation: str, call: Awaitable[T]) -> T:
+    """Await the store ``call``, reporting its time and whether it raised to
+    ``metrics`` as ``operation``. Callers with no metrics await the call
+    itself: ``await (call if metrics is None else measured(metrics, ...))``.
+    A cancelled call is not reported: it neither failed nor took its time."""
+    started = trio.current_time()
+    try:
+        result = await call
+    except Exception:
+        metrics.store_call(operation, trio.current_time() - started, failed=True)
+        raise
+    metrics.store_call(operation, trio.current_time() - started, failed=False)
+    return result
 
 
 class Appends(Protocol):
@@ -86,6 +105,7 @@ class Engine:
         lanes: Mapping[str, str | LaneFn | None],
         scheduler: Scheduler | None,
         telemetry: Telemetry,
+        metrics: Metrics | None,
         validate_push: ValidatePush | None,
         presence_ttl_ms: int,
         timings: Timings,
@@ -97,6 +117,8 @@ class Engine:
         self.lanes = dict(lanes)
         self.scheduler = scheduler
         self.telemetry = telemetry
+        #: Where the engine's numbers go; None (the default) skips every count.
+        self.metrics = metrics
         self.validate_push = validate_push
         self.presence_ttl_ms = presence_ttl_ms
         self.timings = timings

@@ -50,7 +50,7 @@ import trio
 
 from ..stores.base import Busy, Claimed, ClaimRef, StoredEvent
 from .attempt import Lease
-from .context import Appends, Engine
+from .context import Appends, Engine, measured
 from .handlers import HandlerSpec
 from .mailbox import DrainSignal
 from .runs import AttemptRunner
@@ -235,7 +235,7 @@ class _Drain:
                 room = await self.slots.take_free()
                 window = self.watchdogs.window()
                 try:
-                    claim = await self.store.claim_available(
+                    call = self.store.claim_available(
                         self.key,
                         holder=self.holder,
                         ttl_ms=window.ttl_ms,
@@ -244,6 +244,8 @@ class _Drain:
                         exclude=sorted(self.excluded | self._runner.finishing),
                         limit=room,
                     )
+                    metrics = self.engine.metrics
+                    claim = await (call if metrics is None else measured(metrics, "claim", call))
                 except Exception:
                     self.slots.give_back(room)
                     # Let running handlers finish (or lapse) before reporting.
@@ -344,12 +346,14 @@ class _Drain:
             window = self.watchdogs.window()
             self._request_watchdog(window.watchdog_at_ms)
             try:
-                result = await self.store.renew_claims(
+                call = self.store.renew_claims(
                     self.key,
                     holder=holder,
                     claims=[ClaimRef(e.index, e.attempt) for e in leases],
                     ttl_ms=window.ttl_ms,
                 )
+                metrics = self.engine.metrics
+                result = await (call if metrics is None else measured(metrics, "renew", call))
             except Exception:
                 # A missed beat spends lease slack: retry soon, jittered, while a
                 # lease can still be saved. The lease deadlines end this naturally.

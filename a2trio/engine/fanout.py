@@ -374,6 +374,10 @@ class SessionFeeds:
         self.to_public = to_public
         self._hubs: dict[str, SessionFanout] = {}
 
+    def readers(self) -> int:
+        """Readers of the shared feeds now (a metrics gauge: read at scrape)."""
+        return sum(hub.readers for hub in self._hubs.values())
+
     @asynccontextmanager
     async def open(
         self, session_id: str, start_after: int, *, drop: bool = False

@@ -23,7 +23,7 @@ from typing import Any
 import trio
 
 from ..stores.base import AppendEvent, CompleteResult, FailResult, StoredEvent
-from ..telemetry import NOOP_TELEMETRY, Span
+from ..telemetry import NOOP_TELEMETRY, AttemptOutcome, Span
 from .abort import AbortHub, AbortSubscription
 from .attempt import (
     SUPERSEDED,
@@ -37,7 +37,7 @@ from .attempt import (
     stored_error,
     timed_out,
 )
-from .context import Appends, Engine
+from .context import Appends, Engine, measured
 from .handlers import HandlerContext, HandlerSpec
 from .inputs import returned
 from .session import HandlerSession
@@ -54,7 +54,16 @@ logger = logging.getLogger("a2trio.drain")
 #: the rest).
 runs_logger = logging.getLogger("a2trio.runs")
 
-__all__ = ["AttemptRunner"]
+__all__ = ["AttemptRunner", "outcome_label"]
+
+
+def outcome_label(outcome: Outcome) -> AttemptOutcome:
+    """How metrics label an attempt's outcome (:data:`~a2trio.telemetry.AttemptOutcome`)."""
+    if outcome.status == "processed":
+        return "aborted" if outcome.aborted else "completed"
+    if outcome.status == "failed" and outcome.timed_out:
+        return "timed_out"
+    return outcome.status
 
 
 class AttemptRunner:
@@ -103,6 +112,12 @@ class AttemptRunner:
             outcome = await self._attempt(event, lease)
         finally:
             self.finishing.discard(lease.index)
+        metrics = self.engine.metrics
+        if metrics is not None:
+            ended = lease.ended_at if lease.ended_at is not None else trio.current_time()
+            metrics.attempt_ended(
+                self.engine.contract.name, event.type, outcome_label(outcome), ended - started
+            )
         if runs_logger.isEnabledFor(logging.INFO):
             ended = lease.ended_at if lease.ended_at is not None else trio.current_time()
             status = "aborted" if outcome.aborted else outcome.status
@@ -270,9 +285,18 @@ class AttemptRunner:
     ) -> CompleteResult | None:
         """``complete_attempt``'s answer; None (logged) when the store failed."""
         try:
-            return await self.engine.store.complete_attempt(
+            call = self.engine.store.complete_attempt(
                 self.key, index=event.index, attempt=event.attempt_count, events=events
             )
+            metrics = self.engine.metrics
+            if metrics is None:
+                return await call
+            answer = await measured(metrics, "complete", call)
+            # The returned events, appended by the completion.
+            contract = self.engine.contract.name
+            for row in answer.events:
+                metrics.appended(contract, row.type, "handler")
+            return answer
         except Exception as exc:
             span.record_error(exc)
             span.set_attribute("a2.event.outcome", "surrendered")
@@ -307,13 +331,15 @@ class AttemptRunner:
         max_failures = max_attempts if retryable else 1
         verb = "timed out" if timed_out else "failed"
         try:
-            failure = await self.engine.store.fail_attempt(
+            call = self.engine.store.fail_attempt(
                 self.key,
                 index=event.index,
                 attempt=event.attempt_count,
                 error=stored_error(error),
                 max_failures=max_failures,
             )
+            metrics = self.engine.metrics
+            failure = await (call if metrics is None else measured(metrics, "fail", call))
         except Exception as exc:
             span.record_error(exc)
             span.set_attribute("a2.event.outcome", "surrendered")

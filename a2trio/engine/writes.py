@@ -20,8 +20,8 @@ import trio
 
 from ..contract import AppendInput, Event
 from ..push import PushedEvent
-from ..stores.base import AppendEvent, AppendResult, ClaimRequest, EventCause, Store
-from .context import Engine, Source, WriteMode
+from ..stores.base import AppendEvent, AppendResult, ClaimRequest, EventCause
+from .context import Engine, Source, WriteMode, measured
 from .drains import DrainRegistry
 from .handlers import HandlerSpec
 from .inputs import validate
@@ -107,6 +107,11 @@ class Writes:
                 session_id, validated, mode, window, watchdog_at, expected_index
             )
             appended = [engine.to_public(row) for row in result.events]
+            metrics = engine.metrics
+            if metrics is not None:
+                contract = engine.contract.name
+                for row in result.events:
+                    metrics.appended(contract, row.type, source)
             if not result.has_pending:
                 return appended
             if mode == "dispatch":
@@ -162,7 +167,7 @@ class Writes:
             or not pending
             or not drains.slots.take(pending)
         ):
-            result = await _write(engine.store, key, events, None, expected_index)
+            result = await _write(engine, key, events, None, expected_index)
             if result.has_pending and mode == "inline" and engine.run_handlers:
                 drains.wake(session_id, watchdog_at_ms)
             return result
@@ -174,7 +179,7 @@ class Writes:
             signal.begin_append()
         adopted = 0
         try:
-            result = await _write(engine.store, key, events, claim, expected_index)
+            result = await _write(engine, key, events, claim, expected_index)
             if result.claimed:
                 adopted = len(result.claimed)
                 drains.adopt(
@@ -197,14 +202,19 @@ class Writes:
 
 
 async def _write(
-    store: Store,
+    engine: Engine,
     key: str,
     events: Sequence[AppendEvent],
     claim: ClaimRequest | None,
     expected_index: int | None,
 ) -> AppendResult:
-    """``store.append``, naming ``expected_index`` only for a conditional
-    append, so that stores written before it keep working for the rest."""
+    """``store.append`` (timed, with metrics), naming ``expected_index`` only
+    for a conditional append, so that stores written before it keep working
+    for the rest."""
+    store = engine.store
     if expected_index is None:
-        return await store.append(key, events, claim=claim)
-    return await store.append(key, events, claim=claim, expected_index=expected_index)
+        call = store.append(key, events, claim=claim)
+    else:
+        call = store.append(key, events, claim=claim, expected_index=expected_index)
+    metrics = engine.metrics
+    return await (call if metrics is None else measured(metrics, "append", call))

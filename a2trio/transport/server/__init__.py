@@ -4,7 +4,8 @@
 (:mod:`.routing`); the lanes answer behind them: a session's over HTTP
 (:mod:`.sessions`) and sockets (:mod:`.sockets`), an actor's (:mod:`.actors`),
 each SSE stream written by :mod:`.streams`; the app's own routes
-(:mod:`.health`, :mod:`.scheduler`, :mod:`.inspector`, :mod:`.static`); and
+(:mod:`.health`, :mod:`.scheduler`, :mod:`.inspector`, :mod:`.metrics`,
+:mod:`.static`); and
 what every lane asks of a request: :mod:`.auth` and :mod:`.tokens` (who may),
 :mod:`.access` (access withdrawn while a stream is open), :mod:`.cors`,
 :mod:`.limits` and the plumbing of :mod:`.http`. Frames and bodies are

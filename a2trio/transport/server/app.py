@@ -14,6 +14,7 @@ multiplexed socket          ``GET /{contract}/ws``           socket frames, tagg
 scheduler                   ``POST /_a2/scheduler`` (signed) 204 (:mod:`.scheduler`)
 health                      ``GET /_a2/health``              round trips (:mod:`.health`)
 inspector                   ``/_a2/inspect[/...]``           page, JSON (:mod:`.inspector`)
+metrics                     ``GET /_a2/metrics``             Prometheus text (:mod:`.metrics`)
 static files (``static=``)  ``GET`` of any other path        the file (:mod:`.static`)
 =========================== ================================ ===============================
 
@@ -50,6 +51,7 @@ from typing import Final
 
 from ...actor import Actor
 from ...errors import ErrorCode
+from ...metrics import require_prometheus_client
 from ...server import Server
 from .access import Grants, RevokePredicate
 from .actors import View, serve_actor_http, serve_actor_socket
@@ -81,6 +83,7 @@ from .http import (
 )
 from .inspector import serve_inspector
 from .limits import DEFAULT_LIMITS, Limits
+from .metrics import serve_metrics
 from .routing import Handler, Route, SocketHandler, SocketServe, match
 from .scheduler import deliver_signed
 from .sessions import presence_param, serve_session_http
@@ -106,6 +109,7 @@ class App:
         limits: Limits = DEFAULT_LIMITS,
         scheduler_secret: str | bytes | None = None,
         inspect: bool = False,
+        metrics: bool = False,
         views: Mapping[str, View] | None = None,
         static: Mapping[str, Static | str | os.PathLike[str]] | None = None,
         cors: Cors | None = None,
@@ -125,12 +129,17 @@ class App:
             mounted[name] = server
         if scheduler_secret is not None and not scheduler_secret:
             raise ValueError("`scheduler_secret` must not be empty")
+        if metrics:
+            require_prometheus_client()
         self.servers: Mapping[str, Server] = mounted
         self.views: Mapping[str, View] = _check_views(mounted, views or {})
         self.authorize = authorize
         self.limits = limits
         self.scheduler_secret = scheduler_secret
         self.inspect = inspect
+        self.metrics = metrics
+        #: WebSocket connections open now (the ``a2trio_live_sockets`` gauge).
+        self.sockets_open = 0
         self.static = static_mounts(static)
         self.cors = cors
         self.socket_origins = SocketOriginCheck(cors, socket_origins)
@@ -235,6 +244,8 @@ class App:
             )
         if self.inspect:
             routes.append(Route(("_a2", "inspect", "**"), self._inspector))
+        if self.metrics:
+            routes.append(Route(("_a2", "metrics"), self._metrics_route))
         routes.append(
             Route(("_a2", "health"), self._health_route, methods=_GET, refusal=_HEALTH_METHODS)
         )
@@ -279,6 +290,11 @@ class App:
             lambda: self._body(request, receive),
             send,
         )
+
+    async def _metrics_route(
+        self, request: Request, receive: Receive, send: Send, segments: list[str]
+    ) -> None:
+        await serve_metrics(self.servers, self.authorize, request, send, sockets=self.sockets_open)
 
     async def _health_route(
         self, request: Request, receive: Receive, send: Send, segments: list[str]
@@ -352,7 +368,11 @@ class App:
             if message["type"] == "websocket.connect":
                 await refuse_handshake(send, exc)
             return
-        await serve(receive, send)
+        self.sockets_open += 1
+        try:
+            await serve(receive, send)
+        finally:
+            self.sockets_open -= 1
 
     def _socket_table(self) -> list[Route[SocketHandler]]:
         """The socket routes: a session's (or an actor's) socket, and a
@@ -427,6 +447,7 @@ def asgi(
     limits: Limits = DEFAULT_LIMITS,
     scheduler_secret: str | bytes | None = None,
     inspect: bool = False,
+    metrics: bool = False,
     views: Mapping[str, View] | None = None,
     static: Mapping[str, Static | str | os.PathLike[str]] | None = None,
     cors: Cors | None = None,
@@ -448,6 +469,12 @@ def asgi(
         (reads) or a ``RedriveOperation``, ``SkipOperation`` or
         ``RetryNowOperation`` (refused without a policy that allows it). Off
         by default: the routes are 404.
+      metrics: enables ``GET /_a2/metrics``: the Prometheus text exposition
+        of the servers' :class:`~a2trio.metrics.PrometheusMetrics`
+        (:mod:`.metrics`), each scrape authorized as a
+        :class:`~a2trio.transport.MetricsOperation` (refused without a
+        policy that allows it). Needs ``prometheus_client`` (the ``metrics``
+        extra). Off by default: the route is 404.
       views: actor name -> ``view(state, request)``: what that actor's mount
         shows of its state, on every lane alike (:mod:`.actors`). A
         server of an :func:`a2trio.actor` is mounted with the actor lanes.
@@ -464,6 +491,8 @@ def asgi(
     Raises:
       TypeError: no servers, or something that is not a server; a view that
         is not callable.
+      ImportError: ``metrics=True`` without ``prometheus_client`` (the
+        ``metrics`` extra).
       ValueError: two servers for one contract; an empty secret; a view for
         a name that is not a mounted actor; a static prefix without a leading
         ``/`` or a directory that is not one; a listed socket origin that is
@@ -475,6 +504,7 @@ def asgi(
         limits=limits,
         scheduler_secret=scheduler_secret,
         inspect=inspect,
+        metrics=metrics,
         views=views,
         static=static,
         cors=cors,

@@ -13,11 +13,12 @@ error's status. The operation is a tagged union, dispatched with ``match``:
 * :class:`InspectOperation` - an operator's read through ``/_a2/inspect``;
 * :class:`RedriveOperation`, :class:`SkipOperation`,
   :class:`RetryNowOperation` - an operator's action through ``/_a2/inspect``;
+* :class:`MetricsOperation` - an operator's scrape of ``/_a2/metrics``;
 * :class:`StateOperation` - an actor's snapshot (``GET ?snapshot=1``);
 * :class:`CallOperation` - a call on an actor (``POST``); an actor's live
   state is a :class:`StreamOperation` (see ``docs/actors.md``).
 
-The inspection operations are refused unless ``authorize`` allows them: with
+The inspection and metrics operations are refused unless ``authorize`` allows them: with
 no ``authorize`` at all, always.
 
 Pushed events and presence also pass the server's ``validate_push``, after
@@ -40,6 +41,7 @@ __all__ = [
     "CallOperation",
     "HistoryOperation",
     "InspectOperation",
+    "MetricsOperation",
     "Operation",
     "PushOperation",
     "RedriveOperation",
@@ -157,8 +159,18 @@ class RetryNowOperation(msgspec.Struct, frozen=True, tag="retry_now"):
     reason: str
 
 
+class MetricsOperation(msgspec.Struct, frozen=True, tag="metrics"):
+    """An operator's scrape of ``/_a2/metrics`` (off unless the app enables
+    it): the numbers of every mounted contract, so ``contract`` and
+    ``session_id`` are ``""``. Refused unless ``authorize`` says ``True`` to
+    it; with no ``authorize`` at all, always refused."""
+
+    contract: str = ""
+    session_id: str = ""
+
+
 #: The operations an app must allow explicitly: refused without ``authorize``.
-_OPERATOR = (InspectOperation, RedriveOperation, SkipOperation, RetryNowOperation)
+_OPERATOR = (InspectOperation, RedriveOperation, SkipOperation, RetryNowOperation, MetricsOperation)
 
 
 class StateOperation(msgspec.Struct, frozen=True, tag="state"):
@@ -188,6 +200,7 @@ Operation = (
     | RedriveOperation
     | SkipOperation
     | RetryNowOperation
+    | MetricsOperation
     | StateOperation
     | CallOperation
 )
