@@ -26,7 +26,15 @@ from tests.serve_kit import ROOT, start_serve
 pytestmark = pytest.mark.wheel
 
 #: Modules of the extras, none of which the core install may bring.
-EXTRAS = ("httpx", "psycopg", "coredis", "trio_asyncio", "opentelemetry", "pytest")
+EXTRAS = (
+    "httpx",
+    "psycopg",
+    "coredis",
+    "trio_asyncio",
+    "opentelemetry",
+    "prometheus_client",
+    "pytest",
+)
 
 
 async def run(*command: str | Path, cwd: Path | None = None) -> str:

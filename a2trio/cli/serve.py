@@ -277,6 +277,8 @@ def lanes(app: App | Any, url: str) -> list[str]:
     lines.append(f"  GET  {url}/_a2/health           the stores' health (200 or 503)")
     if app.inspect:
         lines.append(f"  GET  {url}/_a2/inspect          the inspector page (and its JSON)")
+    if app.metrics:
+        lines.append(f"  GET  {url}/_a2/metrics          Prometheus metrics (operators only)")
     if app.scheduler_secret is not None:
         lines.append(f"  POST {url}/_a2/scheduler        signed scheduler deliveries")
     for prefix, static in app.static.mounts:

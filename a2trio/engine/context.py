@@ -18,9 +18,8 @@ part that appends, drains or runs handlers.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from time import perf_counter
 from typing import Any, Literal, Protocol, TypeVar
-
-import trio
 
 from ..clock import Clock, ms_to_datetime
 from ..contract import AppendInput, Contract, Event
@@ -50,14 +49,16 @@ async def measured(metrics: Metrics, operation: str, call: Awaitable[T]) -> T:
     """Await the store ``call``, reporting its time and whether it raised to
     ``metrics`` as ``operation``. Callers with no metrics await the call
     itself: ``await (call if metrics is None else measured(metrics, ...))``.
-    A cancelled call is not reported: it neither failed nor took its time."""
-    started = trio.current_time()
+    A cancelled call is not reported: it neither failed nor took its time.
+    Timed on the performance counter, not Trio's clock: a round trip's real
+    length, and a cheaper read than a mock clock's."""
+    started = perf_counter()
     try:
         result = await call
     except Exception:
-        metrics.store_call(operation, trio.current_time() - started, failed=True)
+        metrics.store_call(operation, perf_counter() - started, failed=True)
         raise
-    metrics.store_call(operation, trio.current_time() - started, failed=False)
+    metrics.store_call(operation, perf_counter() - started, failed=False)
     return result
 
 
@@ -105,7 +106,7 @@ class Engine:
         lanes: Mapping[str, str | LaneFn | None],
         scheduler: Scheduler | None,
         telemetry: Telemetry,
-        metrics: Metrics | None,
+        metrics: Metrics | None = None,
         validate_push: ValidatePush | None,
         presence_ttl_ms: int,
         timings: Timings,
