@@ -11,10 +11,12 @@ and the a2trio side of the lane.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,7 +25,7 @@ import pytest
 import trio
 
 import a2trio
-from a2trio.stores import memory
+from a2trio.stores import memory, sqlite
 from a2trio.stores.base import Store
 from a2trio.transport import Cors, HistoryOperation, Limits, Request, asgi
 from a2trio.transport import StreamOperation as SessionStreamOperation
@@ -719,3 +721,39 @@ async def test_an_expired_fork_lets_go_of_its_deleted_source(
         assert (await http.head("/source")).status_code == 404
     kinds = [kind for kind, _ in await session_events(store, "/child")]
     assert kinds == ["created", "deleted"]
+
+
+async def test_a_retry_that_reaches_the_store_after_its_twin_is_a_duplicate() -> None:
+    # Lane A's cache is stale (B committed the tuple): A's commit of the same
+    # deterministic id replays, and A answers as a duplicate, writing nothing.
+    store = memory()
+    a, b = durable_streams(store), durable_streams(store)
+    async with lane_client(a) as http_a, lane_client(b) as http_b:
+        await http_a.put("/twin", headers={"content-type": "text/plain"})
+        assert (await http_b.post("/twin", content=b"x", headers=producer(0))).status_code == 200
+        retry = await http_a.post("/twin", content=b"x", headers=producer(0))
+        assert retry.status_code == 204
+        assert (await http_a.get("/twin")).content == b"x"
+    kinds = [kind for kind, _ in await session_events(store, "/twin")]
+    assert kinds == ["created", "text"]
+
+
+async def test_readers_catching_up_during_a_commit_never_make_it_commit_twice(
+    tmp_path: Path,
+) -> None:
+    # Readers fold the cached state in place, the writer's own rows included,
+    # while the store is still answering the writer (SQLite: in a thread):
+    # the writer must not take its own rows for a twin's and commit again.
+    lane = durable_streams(sqlite(str(tmp_path / "race.db")))
+    binary = {"content-type": "application/octet-stream"}
+    async with serving(lane) as base:  # type: ignore[arg-type]
+        async with httpx.AsyncClient(base_url=base, timeout=5) as http:
+            for run in range(30):
+                path = f"/race-{run}"
+                await http.put(path, headers=binary)
+                async with trio.open_nursery() as nursery:
+                    for _ in range(7):
+                        nursery.start_soon(http.get, path)
+                    post = functools.partial(http.post, path, content=b"\xa1", headers=binary)
+                    nursery.start_soon(post)
+                assert (await http.get(path)).content == b"\xa1"

@@ -4,6 +4,7 @@ options, the authorization hook, and the ASGI types."""
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
@@ -12,7 +13,10 @@ import msgspec
 from .. import Authorize, Limits, Request
 from .table import Answer, Streams
 
-__all__ = ["LaneContext", "Receive", "Refusal", "Scope", "Send", "StreamOperation"]
+__all__ = ["LaneContext", "Receive", "Refusal", "Scope", "Send", "StreamOperation", "logger"]
+
+#: The lane's failures: what an answer of 503 (or an SSE stream cut short) hid.
+logger = logging.getLogger("a2trio.transport.durable_streams")
 
 Scope = Mapping[str, Any]
 Receive = Callable[[], Awaitable[Any]]

@@ -99,10 +99,14 @@ async def create_fork(streams: Streams, path: str, request: CreateRequest, locat
             decision = decide_create(path, request, streams.now_ms, location)(state)
             if not decision.events:
                 return decision.answer(state)
-            ref = ForkRef(path, state.index + 1)
+            index = state.index
+            ref = ForkRef(path, index + 1)
             registered = await streams.write(fork.source, _register(ref, streams.now_ms))
             if registered.status != 204:
                 return registered
+            if state.index != index:  # the path moved while the source answered
+                await streams.append_now(fork.source, "unforked", ref)
+                continue
             try:
                 state, _ = await streams.commit(path, state, decision.events)
             except A2Error as exc:

@@ -22,7 +22,6 @@ protocol's status codes; nothing is written on any error.
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -34,7 +33,7 @@ import trio
 
 from ... import A2Error, ErrorCode, Server
 from .. import Authorize, Cors, Limits, Request
-from .context import LaneContext, Receive, Refusal, Scope, Send, StreamOperation
+from .context import LaneContext, Receive, Refusal, Scope, Send, StreamOperation, logger
 from .forks import create_fork, delete_stream, reap, resolve_fork
 from .live import serve_read
 from .model import CONTRACT, Fork, Producer, StreamState
@@ -63,8 +62,6 @@ from .table import Answer, Streams
 from .writes import AppendRequest, CreateRequest, decide_append, decide_create, gone, missing
 
 __all__ = ["DEFAULT_LIMITS", "DurableStreams", "StreamOperation"]
-
-logger = logging.getLogger("a2trio.transport.durable_streams")
 
 #: The lane's limits: bodies up to 8 MiB (an append is one event, one row),
 #: arriving within 30 s.
@@ -198,6 +195,10 @@ class DurableStreams:
             answer = _error_answer(exc)
         except ValueError as exc:
             answer = Answer(400, {}, str(exc).encode())
+        except Exception:
+            # Never a 500, never the internal text: logged, and retryable.
+            logger.exception("durable streams: %s %s failed", request.method, path[:200])
+            answer = Answer(503, {"retry-after": "1"}, b"internal error")
         if answer is not None:
             await _respond(send, answer, extra, head=request.method == "HEAD")
 

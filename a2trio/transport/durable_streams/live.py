@@ -26,7 +26,7 @@ import trio
 
 from ... import Event, Lapped
 from .. import Request
-from .context import LaneContext, Receive, Scope, Send, StreamOperation
+from .context import LaneContext, Receive, Scope, Send, StreamOperation, logger
 from .forks import reap
 from .model import APPEND_TYPES, Nothing, StreamState
 from .protocol import (
@@ -325,7 +325,11 @@ async def _sse(
                 except Lapped:
                     state = await streams.state(path)
 
-    await until_disconnect(receive, stream)
+    try:
+        await until_disconnect(receive, stream)
+    except Exception:
+        # The answer has started: end it; the client resumes from its offset.
+        logger.exception("durable streams: an SSE stream failed")
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

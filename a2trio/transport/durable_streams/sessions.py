@@ -22,7 +22,7 @@ import trio
 from ... import Event, Lapped, Reducer, Server
 from .. import HistoryOperation, Request, wire
 from .. import StreamOperation as SessionStreamOperation
-from .context import LaneContext, Receive, Scope, Send
+from .context import LaneContext, Receive, Scope, Send, logger
 from .live import ReadRequest, until_disconnect
 from .protocol import (
     CONTENT_TYPE,
@@ -166,5 +166,9 @@ async def _sse(
                 except Lapped as lapped:
                     position = lapped.last_index
 
-    await until_disconnect(receive, stream)
+    try:
+        await until_disconnect(receive, stream)
+    except Exception:
+        # The answer has started: end it; the client resumes from its offset.
+        logger.exception("durable streams: an SSE stream failed")
     await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -206,15 +206,17 @@ class Streams:
             ``INVALID_PAYLOAD`` (a payload the contract refuses),
             ``STORE_UNAVAILABLE``.
         """
+        # The cached state is folded in place by every reader that catches up,
+        # our own rows included, while the store answers: keep the index.
+        expected = state.index
         rows = []
         for kind, payload, event_id in events:
             _, builtins = CONTRACT.validate(kind, payload)
             rows.append(AppendEvent(kind, builtins, event_id, settled=True))
         server = self.server
-        result = await server.store.append(server.key(path), rows, expected_index=state.index)
+        result = await server.store.append(server.key(path), rows, expected_index=expected)
         stored = [to_event(row, path) for row in result.events]
-        replayed = bool(stored) and stored[0].index <= state.index
-        if replayed:
+        if stored and stored[0].index <= expected:
             return await self._reload(path), True
         folded = self.advance(path, stored) or await self._reload(path)
         if folded.index - self._snapshots.get(path, 0) >= SNAPSHOT_EVERY:
@@ -234,22 +236,47 @@ class Streams:
         """Decide on ``path``'s state and commit, again on a fresh state
         while other processes win the commit.
 
+        The first decision is taken on the cached state without a read: a
+        commit is conditional, so a stale state only costs a retry. A
+        decision that commits nothing (a refusal, a duplicate) and a
+        producer's append are only acted on once taken on a state read fresh
+        from the log.
+
         Raises:
           A2Error: ``STORE_UNAVAILABLE`` (also after :data:`COMMIT_ATTEMPTS`
             lost commits: nothing was written); ``INVALID_PAYLOAD``.
+
+        Cancellation: a checkpoint; cancelled, the events were committed
+        entirely or not at all, and the cache follows the store.
         """
         async with self.turn(path):
+            cached = self._states.get(path)
+            fresh = cached is None
+            state = cached if cached is not None else await self.state(path)
             for _ in range(COMMIT_ATTEMPTS):
-                state = await self.state(path)
                 decision = decide(state)
+                if not fresh and (
+                    not decision.events or any(event_id for *_, event_id in decision.events)
+                ):
+                    # An answer without a commit, or a producer's append (whose
+                    # twin's commit would replay and look like ours): decide
+                    # on the log itself.
+                    state, fresh = await self.state(path), True
+                    continue
                 if not decision.events:
                     return decision.answer(state)
                 try:
-                    state, _ = await self.commit(path, state, decision.events)
+                    state, replayed = await self.commit(path, state, decision.events)
                 except A2Error as exc:
-                    if exc.code is ErrorCode.INDEX_CONFLICT:
-                        continue
-                    raise
+                    if exc.code is not ErrorCode.INDEX_CONFLICT:
+                        raise
+                    state, fresh = await self.state(path), True
+                    continue
+                if replayed:
+                    # A twin (a retry, in another process) committed these
+                    # ids first: answer as the fresh state says (a duplicate).
+                    fresh = True
+                    continue
                 return decision.answer(state)
         raise A2Error(
             ErrorCode.STORE_UNAVAILABLE,
