@@ -148,13 +148,16 @@ class PrometheusMetrics:
         histogram = self._durations.get((contract, event_type))
         if histogram is None:
             histogram = self._durations[contract, event_type] = _Histogram(self._buckets)
-        histogram.observe(seconds)
+        # _Histogram.observe, inlined: a call per attempt showed in the bench.
+        histogram.counts[bisect_left(histogram.bounds, seconds)] += 1
+        histogram.total += seconds
 
     def store_call(self, operation: str, seconds: float, *, failed: bool) -> None:
         histogram = self._store.get(operation)
         if histogram is None:
             histogram = self._store[operation] = _Histogram(STORE_BUCKETS)
-        histogram.observe(seconds)
+        histogram.counts[bisect_left(histogram.bounds, seconds)] += 1
+        histogram.total += seconds
         if failed:
             self._store_errors[operation] = self._store_errors.get(operation, 0) + 1
 

@@ -19,9 +19,16 @@ event, and the lane moves on. The same from the command line::
     python -m a2trio.inspect --app examples.payments:server dead-letters
     python -m a2trio.inspect --app examples.payments:server redrive acct-1 1 --reason "gateway back"
 
+Its numbers, as Prometheus text (the ``metrics`` extra): the dead letter
+shows as ``a2trio_dead_letters{contract="payments"} 1.0`` and the failed
+attempt in ``a2trio_handler_attempts_total``::
+
+    curl localhost:8000/_a2/metrics
+
 Who may look and act: :func:`operators_on_this_machine`, the app's
-``authorize`` policy, lets loopback clients inspect and act, and everyone
-push. A real app checks its operators' credentials there instead.
+``authorize`` policy, lets loopback clients inspect, act and scrape the
+metrics, and everyone push. A real app checks its operators' credentials
+there instead.
 """
 
 from __future__ import annotations
@@ -29,8 +36,10 @@ from __future__ import annotations
 import msgspec
 
 import a2trio
+from a2trio.metrics import PrometheusMetrics
 from a2trio.transport import (
     InspectOperation,
+    MetricsOperation,
     Operation,
     RedriveOperation,
     Request,
@@ -68,14 +77,16 @@ server = a2trio.Server(
     payments,
     handlers={"charge": a2trio.handler(collect, lane="payments")},
     timings=a2trio.Timings(max_failures=1),
+    metrics=PrometheusMetrics(),
 )
 
 
 def operators_on_this_machine(request: Request, op: Operation) -> bool:
-    """Inspection and operator actions from loopback only; pushes from anyone."""
-    if isinstance(op, InspectOperation | RedriveOperation | SkipOperation | RetryNowOperation):
+    """Inspection, operator actions and metrics from loopback only; pushes from anyone."""
+    operator = InspectOperation | RedriveOperation | SkipOperation | RetryNowOperation
+    if isinstance(op, operator | MetricsOperation):
         return request.client is not None and request.client[0] in ("127.0.0.1", "::1")
     return True
 
 
-app = asgi(server, inspect=True, authorize=operators_on_this_machine)
+app = asgi(server, inspect=True, metrics=True, authorize=operators_on_this_machine)

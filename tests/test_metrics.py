@@ -6,6 +6,7 @@ nothing is counted, and nothing costs, without metrics."""
 from __future__ import annotations
 
 import builtins
+import importlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -268,3 +269,27 @@ async def test_without_metrics_nothing_is_counted(autojump_clock: trio.testing.M
         await _run(server)
         assert watching.gauges == []
     assert [s for family in watching.collect() for s in family.samples] == []
+
+
+async def test_the_payments_example_shows_its_dead_letter(
+    monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
+) -> None:
+    monkeypatch.setenv("A2_STORE", "memory:")
+    import examples.payments
+
+    example = importlib.reload(examples.payments)  # its server on the memory store
+    charge = {"charge_id": "c1", "cents": 1250, "card": "flaky"}
+    transport = httpx.ASGITransport(app=example.app)  # a loopback client
+    async with example.server, httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        pushed = await c.post(
+            "/payments/acct-1", json={"events": [{"type": "charge", "payload": charge}]}
+        )
+        assert pushed.status_code == 200, pushed.text
+        await example.server.settle()
+        await trio.sleep(DEPTH_MAX_AGE_S)
+        got = _samples((await c.get("/_a2/metrics")).text)
+    assert got[_at("a2trio_dead_letters", contract="payments")] == 1
+    dead = _at(
+        "a2trio_handler_attempts_total", contract="payments", type="charge", outcome="dead_lettered"
+    )
+    assert got[dead] == 1
