@@ -24,6 +24,7 @@ from a2trio.engine.gauges import DEPTH_MAX_AGE_S
 from a2trio.metrics import PrometheusMetrics, require_prometheus_client
 from a2trio.otel import OpenTelemetryMetrics
 from a2trio.stores import memory
+from a2trio.stores.memory import MemoryStore
 from a2trio.transport import MetricsOperation, Operation, Request, asgi
 
 from .apps import Ordered, Shipped, orders
@@ -293,3 +294,52 @@ async def test_the_payments_example_shows_its_dead_letter(
         "a2trio_handler_attempts_total", contract="payments", type="charge", outcome="dead_lettered"
     )
     assert got[dead] == 1
+
+
+class _CompletionsDown(MemoryStore):
+    """A memory store whose completions fail."""
+
+    async def complete_attempt(self, *args: Any, **kwargs: Any) -> Any:
+        await trio.lowlevel.checkpoint()
+        raise a2trio.A2Error("STORE_UNAVAILABLE", "completions are down")
+
+
+async def test_store_errors_and_live_feeds_are_counted(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    metrics = PrometheusMetrics()
+
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> None:
+        pass
+
+    server = a2trio.Server(
+        orders,
+        store=_CompletionsDown(clock=a2trio.TrioClock()),
+        handlers={"ordered": ship},
+        metrics=metrics,
+        sweep=False,
+    )
+    async with server:
+        session = server.session("s1")
+        async with session.stream(), session.subscribe():
+            assert server.gauges.live_feeds() == 2
+            got = _samples(_exposition(metrics))
+            assert got[_at("a2trio_live_feeds", contract="orders")] == 2
+            await session.append(orders.event("ordered", Ordered("pen")))
+            await server.settle()
+        assert server.gauges.live_feeds() == 0
+    got = _samples(_exposition(metrics))
+    assert got[_at("a2trio_store_call_errors_total", operation="complete")] == 1
+    assert got[_at("a2trio_store_call_errors_total", operation="append")] == 0
+    surrendered = _at(
+        "a2trio_handler_attempts_total", contract="orders", type="ordered", outcome="surrendered"
+    )
+    assert got[surrendered] == 1
+
+
+def _exposition(metrics: PrometheusMetrics) -> str:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(metrics)
+    return generate_latest(registry).decode()
