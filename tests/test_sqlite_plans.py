@@ -259,12 +259,14 @@ PLANNED = {
     "CLAIMABLE": Planned(sql.CLAIMABLE, (LONG, NOW), "a2_events_dispatch_ready"),
     "CLAIM": Planned(sql.CLAIM, (LONG, NOW, "b", NOW + 1, "[]", 3), "a2_events_dispatch_ready"),
     "RETRY_AT": Planned(sql.RETRY_AT, (LONG, NOW), "a2_events_dispatch_ready"),
-    "READY_LANE": Planned(sql.READY_LANE, (LONG, "L"), "a2_events_lane_pending"),
+    "DRAINED": Planned(sql.DRAINED, (LONG,), "a2_events_unprocessed"),
+    "OPEN_LANE": Planned(sql.OPEN_LANE, (LONG, "L"), "a2_events_lane_pending"),
     "INSERT": Planned(
         sql.INSERT,
         (LONG, 1, "ordered", "{}", "x", NOW, None, "L", None, None),
         "a2_events_lane_pending",
     ),
+    "READY_LANE": Planned(sql.READY_LANE, (LONG, "L"), "a2_events_lane_pending"),
 }
 
 

@@ -13,12 +13,15 @@ backend's public API, so a backend whose spelling of a rule drifts fails by
 the rule's name.
 
 Who decides where: the memory store makes every decision by calling these
-functions. The SQL and Lua backends decide inside one statement or script
-(a round trip saved per operation), each rule spelled once per language as
+functions, and so does SQLite (in process: no round trip to save) over the
+rows its transaction reads, but for the predicates that select rows through
+a partial index and a few decisions one statement makes cheaper. Postgres
+and Redis decide inside one statement or script (a round trip saved per
+operation). Each rule decided in SQL or Lua is spelled once per language as
 a named fragment whose numbers come from the constants here
 (:data:`RETRY_FIRST_MS`, :data:`RETRY_MAX_DOUBLINGS`, :data:`RETRY_CAP_MS`),
-and apply the message-building rules (replays, fences, refusals) to what
-their statement returns.
+and the message-building rules (replays, fences, refusals) apply to what
+the statement returns.
 """
 
 from __future__ import annotations

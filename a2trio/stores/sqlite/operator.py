@@ -57,16 +57,15 @@ class SqliteOperator:
         now = self._clock.now_ms()
 
         def work(conn: sqlite3.Connection) -> OperatorAction:
-            found = conn.execute(sql.ACTION_TARGET, (session_id, index)).fetchone()
-            row = None if found is None else sql.Target(*found)
+            found = conn.execute(sql.TARGET, (session_id, index)).fetchone()
+            row = None if found is None else sql.target(found)
             verdicts.check_action(action, session_id, index, row, now)
             assert row is not None
             if action == "redrive":
                 conn.execute(sql.REDRIVE, (session_id, index))
             else:
                 conn.execute(sql.SKIP, (now, session_id, index))
-                if row.lane is not None and row.lane_ready:
-                    conn.execute(sql.READY_LANE, (session_id, row.lane))
+                sql.hand_on(conn, session_id, row)
             conn.execute(sql.RECORD_ACTION, (session_id, index, action, by, reason, now))
             return OperatorAction(action, session_id, index, by, reason, now)
 

@@ -6,6 +6,15 @@ on the write path name their indexes with ``INDEXED BY``). Each is a named
 constant, so ``tests/test_sqlite_plans.py`` can plan and count the ones the
 write path runs.
 
+Where a statement selects the rows it reads through a partial index, the
+predicate that selects them stays SQL (it is what bounds the statement by
+the index), one fragment per rule below, its numbers from ``rules``. So do
+the few decisions that reading their rows into Python would make measurably
+dearer (issue 31; each statement names the rule it spells: lane readiness of
+an unclaimed row, the lane hand-off, the ``drained`` hint, a claim's
+``Busy``). Every other verdict is the ``rules`` function's, called in Python
+on the columns the transaction read (:mod:`.store`).
+
 Rows are encoded and decoded here and nowhere else: :func:`stored` reads
 :data:`EVENT_COLUMNS` in their order, JSON columns go through the encoder and
 decoders built once below, and the statements one call runs and decodes
@@ -21,26 +30,27 @@ from typing import Any, Final, NamedTuple
 
 import msgspec
 
+from .. import rules
 from ..base import AppendEvent, ClaimRequest, EventCause, StoredEvent
 
 __all__ = [
-    "ACTION_TARGET",
-    "ATTEMPT_COUNT",
     "BOOKKEEPING",
     "CLAIM",
     "CLAIMABLE",
     "CLAIMABLE_SESSIONS",
-    "CLAIM_RANGE",
     "COMPLETE",
     "COMPLETION_TARGET",
     "DEAD_LETTERS",
+    "DRAINED",
     "EVENT_COLUMNS",
     "FAIL",
     "INSERT",
+    "INSERT_CLAIMED",
     "LIST_SESSIONS",
     "LIST_SNAPSHOTS",
     "NEXT_INDEX",
     "NO_LIMIT",
+    "OPEN_LANE",
     "PENDING",
     "PRESENCE_DELETE",
     "PRESENCE_NEWER",
@@ -62,22 +72,77 @@ __all__ = [
     "RETRY_CANDIDATES",
     "ROWS_BY_IDS",
     "SKIP",
+    "TARGET",
     "TOP_AND_PENDING",
     "Bookkeeping",
+    "Completion",
+    "Dispatch",
     "Target",
-    "claim_range",
     "claimable",
+    "completion",
     "decode",
     "decode_ids",
+    "drained",
+    "hand_on",
     "has_pending",
     "index_of",
     "insert",
     "next_index",
+    "open_lanes",
     "prefix_end",
     "rows_by_ids",
     "stored",
+    "target",
     "text",
 ]
+
+# -- the rules the statements select by -------------------------------------
+#
+# Each fragment spells one `rules` function over a row's columns, for the
+# statements that decide by it in SQL; ``now`` names the statement's parameter
+# for the clock. A spelling that drifts from `rules` fails the rule table
+# (``a2trio.stores.conformance.verdicts``) by name, and tests/test_sqlite_rules.py.
+
+# rules.alive
+_ALIVE: Final = "processed_at is null and failed_at is null"
+
+
+# rules.claim_free
+def _claim_free(now: str) -> str:
+    return f"(claim_expires_at is null or claim_expires_at <= {now})"
+
+
+# rules.claimable
+def _claimable(now: str) -> str:
+    return f"{_ALIVE} and lane_ready and {_claim_free(now)}"
+
+
+# rules.due, with rules.retry_backoff_ms as a shift (tests/test_verdicts.py pins it)
+def _due(now: str) -> str:
+    backoff = (
+        f"min({rules.RETRY_FIRST_MS} << min(failure_count - 1, {rules.RETRY_MAX_DOUBLINGS}), "
+        f"{rules.RETRY_CAP_MS})"
+    )
+    return f"(failure_count = 0 or last_failed_at + {backoff} <= {now})"
+
+
+# rules.held
+def _held(now: str) -> str:
+    return f"{_ALIVE} and lane_ready and not {_claim_free(now)}"
+
+
+# rules.ready_at_insert, for the new row's session and lane
+def _ready_at_insert(session: str, lane: str) -> str:
+    return f"""({lane} is null or not exists (
+    select 1 from a2_events indexed by a2_events_lane_pending
+    where session_id = {session} and lane = {lane} and processed_at is null
+  ))"""
+
+
+# rules.sweepable
+def _sweepable(now: str) -> str:
+    return f"{_claimable(now)} and {_due(now)}"
+
 
 # -- events ----------------------------------------------------------------
 
@@ -89,18 +154,25 @@ EVENT_COLUMNS: Final = (
     "failed_at, claim_holder, claim_expires_at, trace_context"
 )
 
-INSERT: Final = """
-insert into a2_events
-  (session_id, idx, event_type, payload, event_id, created_at, cause, lane, lane_ready,
-   processed_at, trace_context)
-values (
-  ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8,
-  ?8 is null or not exists (
-    select 1 from a2_events indexed by a2_events_lane_pending
-    where session_id = ?1 and lane = ?8 and processed_at is null
-  ),
-  ?9, ?10
+_INSERTED: Final = (
+    "session_id, idx, event_type, payload, event_id, created_at, cause, lane, lane_ready, "
+    "processed_at, trace_context"
 )
+
+#: One new unclaimed row, ready in its lane as the fragment decides: a lane
+#: lookup of its own would cost a tenth more instructions of a laned append
+#: (issue 31).
+INSERT: Final = f"""
+insert into a2_events ({_INSERTED})
+values (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {_ready_at_insert("?1", "?8")}, ?9, ?10)
+"""
+
+#: One new row claimed as it is written (:func:`insert` decides), so ready in
+#: its lane; ``?6``, its creation, is the claim's time.
+INSERT_CLAIMED: Final = f"""
+insert into a2_events
+  ({_INSERTED}, attempt_count, first_claimed_at, last_claimed_at, claim_holder, claim_expires_at)
+values (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 1, ?9, ?10, 1, ?6, ?6, ?11, ?12)
 """
 
 #: Events after ``?2`` through ``?3`` (None: the end). The upper bound is one
@@ -135,14 +207,36 @@ NEXT_INDEX: Final = f"select coalesce(({_TOP}), 0) + 1"
 #: Both at once, as the seed's `maxRows` query.
 TOP_AND_PENDING: Final = f"select coalesce(({_TOP}), 0), {_ANY_PENDING}"
 
+# -- lanes -----------------------------------------------------------------
+
+#: Lane ``?2`` if the session has an unprocessed event in it: the open lanes
+#: `rules.ready_at_insert` reads, narrowed to the new event's.
+OPEN_LANE: Final = """
+select lane from a2_events indexed by a2_events_lane_pending
+where session_id = ?1 and lane = ?2 and processed_at is null
+limit 1
+"""
+
+# rules.next_in_lane: readies lane ``?2``'s first unprocessed event, once the
+# head that hands it on (`rules.hands_on`) is written processed. Reading the
+# head into Python and readying it by key costs a sixth more instructions of
+# a lane head's completion (issue 31).
+READY_LANE: Final = """
+update a2_events set lane_ready = 1
+where session_id = ?1 and idx = (
+  select idx from a2_events indexed by a2_events_lane_pending
+  where session_id = ?1 and lane = ?2 and processed_at is null
+  order by idx limit 1
+)
+"""
+
 # -- claims ----------------------------------------------------------------
 
 #: Whether a claim would take any event now: the live, ready rows only.
-CLAIMABLE: Final = """
+CLAIMABLE: Final = f"""
 select exists(
   select 1 from a2_events indexed by a2_events_dispatch_ready
-  where session_id = ?1 and lane_ready and processed_at is null and failed_at is null
-    and (claim_expires_at is null or claim_expires_at <= ?2)
+  where session_id = ?1 and {_claimable("?2")}
 )
 """
 
@@ -155,15 +249,11 @@ update a2_events indexed by a2_events_dispatch_ready set
   claim_holder = ?3,
   claim_expires_at = ?4
 where session_id = ?1
-  and processed_at is null
-  and failed_at is null
-  and lane_ready
-  and (claim_expires_at is null or claim_expires_at <= ?2)
+  and {_claimable("?2")}
   and idx not in (select value from json_each(?5))
   and idx <= coalesce((
     select idx from a2_events indexed by a2_events_dispatch_ready
-    where session_id = ?1 and lane_ready and processed_at is null and failed_at is null
-      and (claim_expires_at is null or claim_expires_at <= ?2)
+    where session_id = ?1 and {_claimable("?2")}
       and idx not in (select value from json_each(?5))
     order by idx limit 1 offset ?6 - 1
   ), idx)
@@ -173,45 +263,42 @@ returning {EVENT_COLUMNS}
 #: An offset past any session's end: "no limit" for the claim's bound lookup.
 NO_LIMIT: Final = 2**62
 
-#: Claims the just-written events in ``[?2, ?3]`` that are claimable.
-CLAIM_RANGE: Final = f"""
-update a2_events set
-  attempt_count = 1, first_claimed_at = ?4, last_claimed_at = ?4,
-  claim_holder = ?5, claim_expires_at = ?6
-where session_id = ?1 and idx between ?2 and ?3
-  and lane_ready and processed_at is null
-returning {EVENT_COLUMNS}
-"""
-
-#: When the earliest live claim lapses (nothing claimable now).
-RETRY_AT: Final = """
+# rules.busy_until: when the earliest live claim lapses (nothing claimable
+# now). Reading the held rows into Python costs a fifth more instructions of
+# such a claim (issue 31).
+RETRY_AT: Final = f"""
 select min(claim_expires_at) from a2_events indexed by a2_events_dispatch_ready
-where session_id = ?1 and processed_at is null and failed_at is null
-  and lane_ready and claim_expires_at > ?2
+where session_id = ?1 and {_held("?2")}
 """
 
-# Sessions with work a claim would take now (`claimable_sessions`). The index
-# holds only dispatch-ready rows, so the cost is the pending work; a failed
-# row waits out `rules.retry_backoff_ms`, spelled here in SQL.
-CLAIMABLE_SESSIONS: Final = """
-    select distinct session_id from a2_events indexed by a2_events_dispatch_ready
-    where lane_ready and processed_at is null and failed_at is null
-      and session_id >= ? and session_id < ?
-      and (claim_expires_at is null or claim_expires_at <= ?)
-      and (failure_count = 0
-           or last_failed_at + min(1000 << min(failure_count - 1, 6), 60000) <= ?)
-    order by session_id limit ?
+#: The retry-now candidates (`rules.retry_targets`): the live rows first in
+#: their lane, by index.
+RETRY_CANDIDATES: Final = f"""
+select idx, claim_expires_at from a2_events indexed by a2_events_dispatch_ready
+where session_id = ?1 and {_ALIVE} and lane_ready
+order by idx
 """
 
-RENEW: Final = """
-update a2_events set claim_expires_at = ?
-where session_id = ? and idx = ? and attempt_count = ?
-  and processed_at is null and failed_at is null
-  and claim_holder = ? and claim_expires_at > ?
-returning idx
+# rules.drained: a completion's hint, after its writes, that nothing alive is
+# left (the first alive unprocessed row ends the read, dead letters are passed).
+# Reading the open rows into Python costs a sixth more of a completion (issue 31).
+DRAINED: Final = f"""
+select not exists(
+  select 1 from a2_events indexed by a2_events_unprocessed
+  where session_id = ?1 and {_ALIVE}
+)
 """
 
-ATTEMPT_COUNT: Final = "select attempt_count from a2_events where session_id = ? and idx = ?"
+# Sessions with work a sweep would claim now (`claimable_sessions`). The index
+# holds only dispatch-ready rows, so the cost is the pending work.
+CLAIMABLE_SESSIONS: Final = f"""
+select distinct session_id from a2_events indexed by a2_events_dispatch_ready
+where session_id >= ?1 and session_id < ?2 and {_sweepable("?3")}
+order by session_id limit ?4
+"""
+
+#: A renewal `rules.renew_verdict` granted.
+RENEW: Final = "update a2_events set claim_expires_at = ? where session_id = ? and idx = ?"
 
 # -- outcomes --------------------------------------------------------------
 
@@ -223,7 +310,7 @@ BOOKKEEPING: Final = (
 READ_BOOKKEEPING: Final = f"select {BOOKKEEPING} from a2_events where session_id = ? and idx = ?"
 
 COMPLETION_TARGET: Final = (
-    f"select {BOOKKEEPING}, processed_by_attempt, returned_event_ids, lane "
+    f"select {BOOKKEEPING}, processed_by_attempt, returned_event_ids, lane, lane_ready "
     "from a2_events where session_id = ? and idx = ?"
 )
 
@@ -232,16 +319,6 @@ update a2_events set
   processed_at = ?, processed_by_attempt = ?, returned_event_ids = ?,
   lane_ready = 0, claim_holder = null, claim_expires_at = null
 where session_id = ? and idx = ?
-"""
-
-#: Readies the first unprocessed event of a lane whose head was completed.
-READY_LANE: Final = """
-update a2_events set lane_ready = 1
-where session_id = ?1 and idx = (
-  select idx from a2_events indexed by a2_events_lane_pending
-  where session_id = ?1 and lane = ?2 and processed_at is null
-  order by idx limit 1
-)
 """
 
 FAIL: Final = """
@@ -330,7 +407,8 @@ where failed_at is not null and session_id < ?3
 order by session_id, idx limit ?4
 """
 
-ACTION_TARGET: Final = (
+#: What the renewal and an operator action's fence read, by key.
+TARGET: Final = (
     f"select {BOOKKEEPING}, claim_expires_at, lane, lane_ready from a2_events "
     "where session_id = ? and idx = ?"
 )
@@ -348,13 +426,6 @@ where session_id = ? and idx = ?
 RECORD_ACTION: Final = """
 insert into a2_operator_actions (session_id, idx, action, actor, reason, at)
 values (?, ?, ?, ?, ?, ?)
-"""
-
-RETRY_CANDIDATES: Final = """
-select idx, claim_expires_at from a2_events indexed by a2_events_dispatch_ready
-where session_id = ? and lane_ready and processed_at is null
-  and failed_at is null
-order by idx
 """
 
 READ_ACTIONS: Final = (
@@ -380,7 +451,8 @@ class Bookkeeping(NamedTuple):
 
 
 class Target(NamedTuple):
-    """What an operator action's fence reads (``rules.ActionTarget``)."""
+    """What the renewal and an operator action's fence read (``rules.Claim``,
+    ``rules.ActionTarget``, ``rules.Laned``): :data:`TARGET`'s row."""
 
     processed_at_ms: int | None
     failed_at_ms: int | None
@@ -390,7 +462,47 @@ class Target(NamedTuple):
     last_failed_attempt: int | None
     claim_expires_at_ms: int | None
     lane: str | None
-    lane_ready: int
+    lane_ready: bool
+
+
+class Completion(NamedTuple):
+    """What the completion fence and the lane hand-off read
+    (``rules.Completion``, ``rules.Laned``): :data:`COMPLETION_TARGET`'s row."""
+
+    processed_at_ms: int | None
+    failed_at_ms: int | None
+    attempt_count: int
+    claim_holder: str | None
+    failure_count: int
+    last_failed_attempt: int | None
+    processed_by_attempt: int | None
+    returned_event_ids: list[str] | None
+    lane: str | None
+    lane_ready: bool
+
+
+class Dispatch(NamedTuple):
+    """A new row's claim columns (``rules.Dispatch``), before it is written."""
+
+    processed_at_ms: int | None
+    failed_at_ms: int | None
+    lane_ready: bool
+    claim_expires_at_ms: int | None
+
+
+def target(row: tuple[Any, ...]) -> Target:
+    processed, failed, attempts, holder, failures, last_failed, expires, lane, ready = row
+    return Target(
+        processed, failed, attempts, holder, failures, last_failed, expires, lane, bool(ready)
+    )
+
+
+def completion(row: tuple[Any, ...]) -> Completion:
+    processed, failed, attempts, holder, failures, last_failed, by, returned, lane, ready = row
+    ids = None if returned is None else decode_ids(returned)
+    return Completion(
+        processed, failed, attempts, holder, failures, last_failed, by, ids, lane, bool(ready)
+    )
 
 
 def text(value: Any) -> str:
@@ -420,7 +532,8 @@ def prefix_end(prefix: str) -> str:
 # -- one statement each, its rows decoded ----------------------------------
 #
 # Shared by the store's append, claim and completion transactions and
-# by its planes; each runs inside the caller's transaction.
+# by its planes; each runs inside the caller's transaction, and the rules'
+# verdicts over what it read are the rules functions'.
 
 
 def next_index(conn: sqlite3.Connection, session_id: str) -> int:
@@ -434,18 +547,13 @@ def claimable(conn: sqlite3.Connection, session_id: str, now: int) -> bool:
     return bool(found)
 
 
-def claim_range(
-    conn: sqlite3.Connection, session_id: str, first: int, last: int, now: int, claim: ClaimRequest
-) -> list[StoredEvent]:
-    """Claim the just-written events in ``[first, last]`` that are claimable."""
-    rows = conn.execute(
-        CLAIM_RANGE, (session_id, first, last, now, claim.holder, now + claim.ttl_ms)
-    ).fetchall()
-    return sorted((stored(r) for r in rows), key=index_of)
-
-
 def has_pending(conn: sqlite3.Connection, session_id: str) -> bool:
     return bool(conn.execute(PENDING, (session_id,)).fetchone()[0])
+
+
+def drained(conn: sqlite3.Connection, session_id: str) -> bool:
+    """A completion's ``drained`` hint (:data:`DRAINED`), after its writes."""
+    return bool(conn.execute(DRAINED, (session_id,)).fetchone()[0])
 
 
 def rows_by_ids(conn: sqlite3.Connection, ids: Sequence[str]) -> list[StoredEvent]:
@@ -453,6 +561,24 @@ def rows_by_ids(conn: sqlite3.Connection, ids: Sequence[str]) -> list[StoredEven
         return []  # no query for the common batch, which supplies none
     rows = conn.execute(ROWS_BY_IDS, (text(list(ids)),)).fetchall()
     return [stored(row) for row in rows]
+
+
+def open_lanes(conn: sqlite3.Connection, session_id: str, lane: str | None) -> list[str]:
+    """``[lane]`` if the session has an unprocessed event in it, else ``[]``
+    (no read without a lane): what ``rules.ready_at_insert`` reads."""
+    if lane is None:
+        return []
+    return [found for (found,) in conn.execute(OPEN_LANE, (session_id, lane))]
+
+
+def hand_on(conn: sqlite3.Connection, session_id: str, row: rules.Laned) -> None:
+    """Ready the next event of a settled row's lane (a completion, a skip),
+    if the row was its head (``rules.hands_on``; :data:`READY_LANE`).
+
+    Args:
+      row: the row as read before its settling write, which has run."""
+    if row.lane is not None and rules.hands_on(row):
+        conn.execute(READY_LANE, (session_id, row.lane))
 
 
 def insert(
@@ -463,24 +589,14 @@ def insert(
     event_id: str,
     cause: EventCause | None,
     now: int,
+    claim: ClaimRequest | None = None,
 ) -> StoredEvent:
+    """Write one event: given ``claim``, claimed as it is written if
+    ``rules.claimable`` says so (a claim in the same transaction), its lane
+    readiness ``rules.ready_at_insert``'s; unclaimed, ready as
+    :data:`INSERT`'s fragment decides."""
     processed_at = now if event.settled else None
-    conn.execute(
-        INSERT,
-        (
-            session_id,
-            index,
-            event.type,
-            text(event.payload),
-            event_id,
-            now,
-            None if cause is None else text(cause),
-            event.lane,
-            processed_at,
-            event.trace_context,
-        ),
-    )
-    return StoredEvent(
+    row = StoredEvent(
         id=event_id,
         type=event.type,
         payload=event.payload,
@@ -492,3 +608,31 @@ def insert(
         processed_at_ms=processed_at,
         trace_context=event.trace_context,
     )
+    columns = (
+        session_id,
+        index,
+        event.type,
+        text(event.payload),
+        event_id,
+        now,
+        None if cause is None else text(cause),
+        event.lane,
+    )
+    if claim is not None:
+        ready = rules.ready_at_insert(event.lane, open_lanes(conn, session_id, event.lane))
+        if rules.claimable(Dispatch(processed_at, None, ready, None), now):
+            expires_at = now + claim.ttl_ms
+            conn.execute(
+                INSERT_CLAIMED,
+                (*columns, processed_at, event.trace_context, claim.holder, expires_at),
+            )
+            return msgspec.structs.replace(
+                row,
+                first_claimed_at_ms=now,
+                last_claimed_at_ms=now,
+                attempt_count=1,
+                claim_holder=claim.holder,
+                claim_expires_at_ms=expires_at,
+            )
+    conn.execute(INSERT, (*columns, processed_at, event.trace_context))
+    return row

@@ -12,6 +12,18 @@ cancelled task never leaves a transaction open. Timestamps are read from the
 injected clock on the Trio side, before the thread call, as the seed reads
 ``clock.now()`` before its query: a ``Clock`` need not work from a thread.
 
+Verdicts (issue 31). SQLite runs in process, so a decision inside a
+statement saves no round trip: the transactions read a row's bookkeeping by
+key and decide with :mod:`a2trio.stores.rules` in Python, as the memory store
+does, then write (the renewal, completion and failure verdicts, the attempt
+and operator fences, whether a settled row hands its lane on, and the claim
+of appended rows with their lane readiness). What stays SQL, one fragment per
+rule in :mod:`.sql`: the predicates that select rows through a partial index
+(what a claim takes, whether one would take anything, what a sweep finds),
+and the decisions a read into Python measurably costs more than the
+statement (an unclaimed row's lane readiness, the lane's next event, the
+``drained`` hint, a claim's ``Busy`` or ``Settled``).
+
 Index-bounded statements (issue 17). No statement on the append, claim or
 completion path reads a session's history: each seeks an index by its key and
 stops after the rows it needs, so an append costs the same at 60,000 events
@@ -126,20 +138,15 @@ def _append_rows(
     others_claimable = claim is not None and sql.claimable(conn, session_id, now)
     if ids is None:
         ids = [e.id or random_id() for e in events]
+    # Claimed as they are written, when `claim` asks: a claim in the same transaction.
     inserted = [
-        sql.insert(conn, session_id, base + i, e, event_id, e.cause, now)
+        sql.insert(conn, session_id, base + i, e, event_id, e.cause, now, claim)
         for i, (e, event_id) in enumerate(zip(events, ids, strict=True))
     ]
-    claimed: list[StoredEvent] = []
-    if claim is not None:
-        # Claimed as they are written: a claim in the same transaction.
-        claimed = sql.claim_range(conn, session_id, base, base + len(events) - 1, now, claim)
-        by_index = {row.index: row for row in claimed}
-        inserted = [by_index.get(row.index, row) for row in inserted]
     return AppendResult(
         inserted,
         verdicts.has_pending(bool(had_pending), events),
-        claimed,
+        [row for row in inserted if row.claim_holder is not None],
         others_claimable,
     ), True
 
@@ -175,21 +182,18 @@ def _complete_rows(
     now: int,
 ) -> tuple[CompleteResult, bool]:
     """The completion transaction's statements; whether it wrote, beside the result."""
-    row = conn.execute(sql.COMPLETION_TARGET, (session_id, index)).fetchone()
-    if row is None:
+    found = conn.execute(sql.COMPLETION_TARGET, (session_id, index)).fetchone()
+    if found is None:
         raise verdicts.no_event(session_id, index)
-    parent = sql.Bookkeeping(*row[:6])
-    by_attempt, stored_ids, lane = row[6:]
-    if parent.processed_at_ms is not None:
-        stored = None if stored_ids is None else sql.decode_ids(stored_ids)
-        if not verdicts.replays_completion(attempt, returned_ids, by_attempt, stored):
-            return CompleteResult("superseded"), False
+    parent = sql.completion(found)
+    verdict = verdicts.complete_verdict(parent, attempt, returned_ids)
+    if verdict == "superseded":
+        return CompleteResult("superseded"), False
+    if verdict == "replay":
         committed = verdicts.replayed_completion(
             session_id, index, attempt, events, sql.rows_by_ids(conn, returned_ids)
         )
         return CompleteResult("completed", committed), False
-    if not verdicts.holds_claim(parent, attempt):
-        return CompleteResult("superseded"), False
     if sql.rows_by_ids(conn, returned_ids):
         raise verdicts.returned_id_taken()
     base = sql.next_index(conn, session_id)
@@ -199,9 +203,8 @@ def _complete_rows(
         for i, e in enumerate(events)
     ]
     conn.execute(sql.COMPLETE, (now, attempt, sql.text(returned_ids), session_id, index))
-    if lane is not None:
-        conn.execute(sql.READY_LANE, (session_id, lane))
-    return CompleteResult("completed", inserted), bool(inserted)
+    sql.hand_on(conn, session_id, parent)
+    return CompleteResult("completed", inserted, sql.drained(conn, session_id)), bool(inserted)
 
 
 class _SqliteSweep:
@@ -222,7 +225,7 @@ class _SqliteSweep:
         end = sql.prefix_end(prefix)
 
         def work(conn: sqlite3.Connection) -> list[str]:
-            rows = conn.execute(sql.CLAIMABLE_SESSIONS, (prefix, end, now, now, limit)).fetchall()
+            rows = conn.execute(sql.CLAIMABLE_SESSIONS, (prefix, end, now, limit)).fetchall()
             return [str(session_id) for (session_id,) in rows]
 
         return await self._transactions.read("sweep", work)
@@ -395,14 +398,13 @@ class SqliteStore:
             renewed: list[int] = []
             superseded: list[int] = []
             for claim in claims:
-                moved = conn.execute(
-                    sql.RENEW, (expires_at, session_id, claim.index, claim.attempt, holder, now)
-                ).fetchone()
-                if moved is not None:
+                found = conn.execute(sql.TARGET, (session_id, claim.index)).fetchone()
+                row = None if found is None else sql.target(found)
+                verdict = verdicts.renew_verdict(row, claim.attempt, holder, now)
+                if verdict == "renewed":
+                    conn.execute(sql.RENEW, (expires_at, session_id, claim.index))
                     renewed.append(claim.index)
-                    continue
-                current = conn.execute(sql.ATTEMPT_COUNT, (session_id, claim.index)).fetchone()
-                if current is not None and current[0] > claim.attempt:
+                elif verdict == "superseded":
                     superseded.append(claim.index)
             return RenewResult(sorted(renewed), sorted(superseded))
 
