@@ -339,3 +339,26 @@ async def test_a_socket_that_leaves_before_connecting_is_left_alone() -> None:
         grants=a2trio.transport.App([server]).grants,
     )
     assert sent == []
+
+
+@guarded(20)
+async def test_a_call_checks_its_ids_once_on_each_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    from a2trio import identifiers
+    from a2trio.engine import actor_calls
+    from a2trio.transport.server import actors
+
+    checked: list[str] = []
+
+    def counting(value: object) -> str:
+        checked.append(str(value))
+        return identifiers.check_message_id(value)
+
+    monkeypatch.setattr(actors, "check_message_id", counting)
+    monkeypatch.setattr(actor_calls, "check_message_id", counting)
+    server = a2trio.Server(vault, store=memory())
+    async with serving(asgi(server, limits=FAST)) as base, client(base) as c:
+        answered = await c.post("/vault/carol", json=_deposit(5, "m-http"))
+        assert answered.status_code == 200, answered.text
+        assert checked == ["m-http"], "the HTTP lane checks the messageId at its edge only"
+        await server.actor("carol").call("deposit", {"amount": 1}, message_id="m-api")
+        assert checked == ["m-http", "m-api"], "an in-process call is checked by its handle"

@@ -120,11 +120,11 @@ class ActorCalls:
         message_id: str | None,
         trace_parent: str | None = None,
     ) -> ActorState[Any]:
-        """See :meth:`ActorHandle.call`."""
+        """See :meth:`ActorHandle.call`; ``actor_id`` and ``message_id`` were
+        checked by the caller (the handle, or the transport's actor lane at
+        its edge, before authorization)."""
         actor = self.actor
         spec, typed_input = actor.input_of(name, input)
-        if message_id is not None:
-            check_message_id(message_id)
         self.engine.background.require_open()
         view = SessionView(self.engine, self.appends, actor_id)
         async with self._turn(actor_id):
@@ -329,6 +329,13 @@ class ActorHandle:
     def __repr__(self) -> str:
         return f"ActorHandle({self._calls.actor.name!r}, {self.id!r})"
 
+    @property
+    def calls(self) -> ActorCalls:
+        """The server's call runner for this actor's contract: its
+        :meth:`ActorCalls.call` takes ids already checked (the transport's
+        entry, which checks them at its edge)."""
+        return self._calls
+
     async def call(
         self,
         name: str,
@@ -367,6 +374,8 @@ class ActorHandle:
         Cancellation: a checkpoint. Cancelled, all of its events were
         committed or none; retrying with the same ``message_id`` is safe.
         """
+        if message_id is not None:
+            check_message_id(message_id)
         return await self._calls.call(self.id, name, input, message_id, trace_parent)
 
     async def state(self) -> ActorState[Any]:
