@@ -84,7 +84,9 @@ class ServerGauges:
             try:
                 await self.read_depth()
             except Exception:
-                logger.warning("reading the backlog of %r for metrics failed", self.contract)
+                logger.warning(
+                    "reading the backlog of %r for metrics failed", self.contract, exc_info=True
+                )
             await trio.sleep(DEPTH_POLL_S)
 
     async def _read(self) -> Depth | None:
