@@ -513,10 +513,11 @@ async def test_schedules_cancelled_mid_group_commit_whole_or_not_at_all(
                 for n in range(total):
                     scopes[n] = trio.CancelScope()
                     nursery.start_soon(schedule, n)
-                # The first writes commit alone; once they have, the rest are
-                # in groups, queued or in flight: cancel every third caller.
-                while scheduler.statistics().writes < 2:  # noqa: ASYNC110 - a counter
-                    await trio.sleep(0.0005)
+                # Once every caller waits, the first write and a gathered
+                # group are in flight and the rest queued (polling a write
+                # counter instead raced a fast server, which committed all
+                # before the poll woke): cancel every third caller.
+                await trio.testing.wait_all_tasks_blocked()
                 for n in range(0, total, 3):
                     scopes[n].cancel()
         assert scheduler.statistics().largest_group > 1
