@@ -73,7 +73,14 @@ SPELLINGS: dict[str, Spelling] = {
     "alive": Spelling(
         _pattern(sql.alive, "row"),
         _users(
-            *CLAIMING, "RENEW", "COMPLETE", "FINISH", "FAIL", "LIST_SESSIONS", "RETRY_CANDIDATES"
+            *CLAIMING,
+            "RENEW",
+            "COMPLETE",
+            "FINISH",
+            "FAIL",
+            "RELEASE",
+            "LIST_SESSIONS",
+            "RETRY_CANDIDATES",
         ),
         signature=r"failed_at is null",
     ),
@@ -90,6 +97,11 @@ SPELLINGS: dict[str, Spelling] = {
     "dispatch_ready": Spelling(
         _pattern(sql.dispatch_ready, "row"), _users(*CLAIMING, "RETRY_CANDIDATES")
     ),
+    "ripe": Spelling(
+        _pattern(sql.ripe, "row", "sql"),
+        _users(*CLAIMING),
+        signature=r"not_before (is null|<=)",
+    ),
     "claimable": Spelling(_pattern(sql.claimable, "row", "sql"), _users(*CLAIMING)),
     "held": Spelling(_pattern(sql.held, "row", "sql"), _users("CLAIM")),
     "retry_backoff_ms": Spelling(
@@ -102,7 +114,7 @@ SPELLINGS: dict[str, Spelling] = {
     ),
     "sweepable": Spelling(_pattern(sql.sweepable, "row", "sql"), _users("CLAIMABLE_SESSIONS")),
     "holds_claim": Spelling(
-        _pattern(sql.holds_claim, "row", "sql"), _users("COMPLETE", "FINISH", "FAIL")
+        _pattern(sql.holds_claim, "row", "sql"), _users("COMPLETE", "FINISH", "FAIL", "RELEASE")
     ),
     "renews": Spelling(_pattern(sql.renews, "row", "sql", "sql", "sql"), _users("RENEW")),
     "cause_fenced": Spelling(_pattern(sql.cause_fenced, "row", "sql"), _users("APPEND")),
@@ -170,7 +182,7 @@ async def test_sql_backoff_is_the_rules_backoff() -> None:
 _ROW = (
     "name text, lane text, lane_ready boolean, processed_at bigint, failed_at bigint,"
     " attempt_count int, claim_holder text, claim_expires_at bigint, failure_count int,"
-    " last_failed_at bigint"
+    " last_failed_at bigint, not_before bigint"
 )
 
 
@@ -186,6 +198,7 @@ def _columns(name: str, facts: rules.Facts) -> dict[str, object]:
         "claim_expires_at": facts.claim_expires_at_ms,
         "failure_count": facts.failure_count,
         "last_failed_at": facts.last_failed_at_ms,
+        "not_before": facts.not_before_ms,
     }
 
 
@@ -205,6 +218,7 @@ async def test_each_fragment_decides_as_its_rule_on_the_tables_states(
             lambda r: not rules.claim_free(r.claim_expires_at_ms, rules.NOW),
         ),
         "dispatch_ready": (sql.dispatch_ready("e"), lambda r: rules.alive(r) and r.lane_ready),
+        "ripe": (sql.ripe("e", now), lambda r: rules.ripe(r.not_before_ms, rules.NOW)),
         "claimable": (sql.claimable("e", now), lambda r: rules.claimable(r, rules.NOW)),
         "held": (sql.held("e", now), lambda r: rules.held(r, rules.NOW)),
         "due": (sql.due("e", now), lambda r: rules.due(r, rules.NOW)),

@@ -29,6 +29,7 @@ from tests.backends.redis import REDIS_URL, reachable
 FUNCTIONS = {
     "alive": {"alive"},
     "claim_free": {"claim_free"},
+    "ripe": {"ripe"},
     "claimable": {"claimable"},
     "held": {"held"},
     "busy_until": {"busy_until"},
@@ -50,6 +51,7 @@ SPELLINGS = {
     "the backoff's doubling": (r"\b2\s*\^", {"retry_backoff_ms"}),
     "the backoff's numbers": (r"\bRETRY_", {"retry_backoff_ms"}),
     "the last failure's time": (r"\.lf\b", {"due"}),
+    "the not-before compared": (r"\.nb\b", {"ripe"}),
     "an attempt compared": (
         r"[~=]=\s*attempt\b|\battempt\s*[~=]=",
         {"cause_current", "holds_claim", "renew_verdict"},
@@ -148,7 +150,7 @@ local out = {}
 for _, c in ipairs(cjson.decode(ARGV[1])) do
   local m, now, ready, attempt = c.m, c.now, c.ready, c.attempt
   out[#out + 1] = {
-    alive(m), claim_free(m, now), claimable(m, ready, now), held(m, ready, now),
+    alive(m), claim_free(m, now), ripe(m, now), claimable(m, ready, now), held(m, ready, now),
     busy_until(false, m, ready, now) or false, due(m, now), sweepable(m, ready, now),
     cause_current(m, attempt), holds_claim(m, attempt), renew_verdict(m, attempt, c.holder, now),
   }
@@ -178,6 +180,7 @@ def _meta(row: rules.Facts) -> dict[str, Any]:
         "p": row.processed_at_ms,
         "pb": row.processed_by_attempt,
         "l": row.lane,
+        "nb": row.not_before_ms,
     }
     return {k: v for k, v in fields.items() if v is not None}
 
@@ -195,6 +198,9 @@ def _rows() -> list[tuple[rules.Facts, list[int]]]:
             if row.failure_count:
                 at = (row.last_failed_at_ms or 0) + rules.retry_backoff_ms(row.failure_count)
                 instants += [at - 1, at, at + 1]
+            if row.not_before_ms is not None:
+                at = row.not_before_ms
+                instants += [at - 1, at, at + 1]
             rows.append((row, instants))
     for failures in range(1, 10):
         row = rules.Facts(
@@ -209,6 +215,7 @@ def _rows() -> list[tuple[rules.Facts, list[int]]]:
 DECIDED = (
     "alive",
     "claim_free",
+    "ripe",
     "claimable",
     "held",
     "busy_until",
@@ -234,6 +241,7 @@ def _expected(row: rules.Facts, now: int, ready: bool, attempt: int, holder: str
     return [
         rules.alive(row),
         rules.claim_free(row.claim_expires_at_ms, now),
+        rules.ripe(row.not_before_ms, now),
         rules.claimable(laned, now),
         rules.held(laned, now),
         rules.busy_until([laned], now) or False,

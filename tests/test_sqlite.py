@@ -144,7 +144,21 @@ async def test_a_version_2_database_gains_the_trace_context_column(tmp_path: Pat
         old, new = await store.read("s")
     assert (old.id, old.payload, old.trace_context) == ("old-1", {"item": "old"}, None)
     assert (new.id, new.trace_context) == ("new-2", '{"traceparent":"x"}')
-    assert await trio.to_thread.run_sync(_user_version, path) == SCHEMA_VERSION == 3
+    assert await trio.to_thread.run_sync(_user_version, path) == SCHEMA_VERSION
+
+
+async def test_a_version_3_database_gains_the_not_before_column(tmp_path: Path) -> None:
+    path = str(tmp_path / "dev.db")
+    await trio.to_thread.run_sync(_database_at, path, 3)
+    async with sqlite(path) as store:
+        await store.append("s", [_event(2, "new-2")])
+        await store.claim_available("s", holder="h", ttl_ms=1_000, limit=1)
+        released = await store.release_attempt("s", index=2, attempt=1, delay_ms=5_000)
+        old, new = await store.read("s")
+    assert (old.id, old.not_before_ms) == ("old-1", None)
+    assert released.not_before_ms is not None
+    assert (new.id, new.not_before_ms) == ("new-2", released.not_before_ms)
+    assert await trio.to_thread.run_sync(_user_version, path) == SCHEMA_VERSION
 
 
 async def test_a_database_from_a_newer_release_is_refused(tmp_path: Path) -> None:

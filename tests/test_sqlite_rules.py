@@ -31,6 +31,7 @@ FRAGMENTS: dict[str, tuple[str, Callable[[rules.Facts, int], bool]]] = {
         sql._claim_free(NOW),
         lambda row, now: rules.claim_free(row.claim_expires_at_ms, now),
     ),
+    "ripe": (sql._ripe(NOW), lambda row, now: rules.ripe(row.not_before_ms, now)),
     "claimable": (sql._claimable(NOW), rules.claimable),
     "held": (sql._held(NOW), rules.held),
     "due": (sql._due(NOW), rules.due),
@@ -43,10 +44,10 @@ def _table(rows: dict[str, rules.Facts]) -> sqlite3.Connection:
     conn.execute(
         "create table a2_events (name text, lane_ready integer, processed_at integer,"
         " failed_at integer, claim_expires_at integer, failure_count integer,"
-        " last_failed_at integer)"
+        " last_failed_at integer, not_before integer)"
     )
     conn.executemany(
-        "insert into a2_events values (?, ?, ?, ?, ?, ?, ?)",
+        "insert into a2_events values (?, ?, ?, ?, ?, ?, ?, ?)",
         [
             (
                 name,
@@ -56,6 +57,7 @@ def _table(rows: dict[str, rules.Facts]) -> sqlite3.Connection:
                 row.claim_expires_at_ms,
                 row.failure_count,
                 row.last_failed_at_ms,
+                row.not_before_ms,
             )
             for name, row in rows.items()
         ],
@@ -174,6 +176,7 @@ SIGNATURES = {
     r"claim_expires_at is null": {"CLAIMABLE", "CLAIM", "CLAIMABLE_SESSIONS", "RETRY_AT"},
     r"<<": {"CLAIMABLE_SESSIONS"},
     r"last_failed_at \+": {"CLAIMABLE_SESSIONS"},
+    r"not_before is null": {"CLAIMABLE", "CLAIM", "CLAIMABLE_SESSIONS"},
 }
 
 

@@ -272,7 +272,17 @@ def test_the_rules_give_every_case_of_the_table_its_verdict(case: verdicts.Case)
 
 def test_the_table_covers_every_rule_and_state() -> None:
     rules = {c.rule for c in verdicts.CASES}
-    assert rules == {"claim", "sweep", "renew", "complete", "fail", "redrive", "skip", "retry_now"}
+    assert rules == {
+        "claim",
+        "sweep",
+        "renew",
+        "complete",
+        "fail",
+        "release",
+        "redrive",
+        "skip",
+        "retry_now",
+    }
     assert {c.before for c in verdicts.CASES} == set(verdicts.STATES)
     # Unique requests: a case written twice with two verdicts would pass one.
     requests = [(c.rule, c.before, c.attempt, c.holder, c.max_failures) for c in verdicts.CASES]

@@ -56,7 +56,9 @@ class EventStatus(msgspec.Struct, frozen=True):
     attempt ``last_failed_attempt``, at ``last_failed_at_ms``. The other
     times (epoch milliseconds, the store's clock) are when the event was
     first and last claimed, processed, and dead-lettered; ``lane`` is its
-    handler's lane (None outside one).
+    handler's lane (None outside one). ``not_before_ms`` is the instant
+    before which no attempt starts (a backoff's retry-at, a wake time; None
+    for none).
     """
 
     state: State
@@ -73,6 +75,7 @@ class EventStatus(msgspec.Struct, frozen=True):
     processed_at_ms: int | None = None
     dead_lettered_at_ms: int | None = None
     lane: str | None = None
+    not_before_ms: int | None = None
 
 
 class InspectedEvent(msgspec.Struct, frozen=True):
@@ -227,6 +230,7 @@ def event_status(
         row.processed_at_ms,
         row.failed_at_ms,
         row.lane,
+        row.not_before_ms if state in ("pending", "failed") else None,
     )
 
 

@@ -25,8 +25,11 @@ Obligations every backend keeps:
 * **Lanes**: ``lane_ready`` is true only for the oldest unprocessed event of
   its lane; completing it hands readiness to the next.
 * **Settled** events (types without a handler) are stored processed.
-* **Claims** are fenced by ``attempt``: completion, failure and renewal of an
-  attempt that is no longer the latest report ``superseded`` and change nothing.
+* **Claims** are fenced by ``attempt``: completion, failure, release and
+  renewal of an attempt that is no longer the latest report ``superseded``
+  and change nothing.
+* **Not before**: an event whose stored ``not_before_ms`` is still to come
+  is claimed by no claim and found by no sweep (``rules.ripe``).
 * **Snapshots** never move backwards.
 * **Presence** is field-wise last-writer-wins on the sender's ``at`` (ties go
   to the incoming write); expiry runs on the store's own clock.
@@ -75,6 +78,7 @@ from .records import (
     OperatorActionError,
     PresenceRow,
     RefusalReason,
+    ReleaseResult,
     RenewResult,
     SessionPage,
     SessionSummary,
@@ -108,6 +112,7 @@ __all__ = [
     "PresenceRow",
     "PresenceStore",
     "RefusalReason",
+    "ReleaseResult",
     "RenewResult",
     "SessionPage",
     "SessionSummary",
@@ -323,9 +328,32 @@ class Store(Protocol):
         attempt: int,
         error: str,
         max_failures: int,
+        retry_after_ms: int | None = None,
     ) -> FailResult:
         """Record a failure of ``attempt``, release the claim, dead-letter at
-        ``max_failures``. Repeats by the same attempt are idempotent."""
+        ``max_failures``. Repeats by the same attempt are idempotent.
+
+        ``retry_after_ms`` (a per-handler backoff, issue 33): a recorded
+        failure that does not dead-letter stores the not-before ``now +
+        retry_after_ms`` (``result.retry_at_ms``), so no claim takes the event
+        before it (``rules.ripe``). None, or a dead letter, stores none: the
+        seed's rule (a drain may retry at once, the sweep waits out
+        ``rules.retry_backoff_ms``)."""
+        ...
+
+    async def release_attempt(
+        self, session_id: str, *, index: int, attempt: int, delay_ms: int
+    ) -> ReleaseResult:
+        """Give up ``attempt``'s claim without counting a failure, the event
+        claimable again from ``now + delay_ms`` (``not_before_ms``), by a
+        later attempt (``attempt_count`` advances at that claim). Fenced by
+        ``rules.release_verdict``: only the attempt holding the claim (a
+        lapsed but untaken claim still holds) releases; anything else is
+        ``superseded`` and writes nothing. An a2trio addition (issue 33).
+
+        Raises:
+          ValueError: no event at ``index``.
+        """
         ...
 
     async def read_state(self, session_id: str, reducer: str) -> StateRead:

@@ -31,6 +31,7 @@ __all__ = [
     "OperatorActionError",
     "PresenceRow",
     "RefusalReason",
+    "ReleaseResult",
     "RenewResult",
     "SessionPage",
     "SessionSummary",
@@ -78,7 +79,10 @@ class AppendEvent(msgspec.Struct, frozen=True):
 class StoredEvent(msgspec.Struct, frozen=True):
     """An event row with its dispatch bookkeeping (the seed's ``StoredEvent``).
 
-    Times are epoch milliseconds from the store's clock.
+    Times are epoch milliseconds from the store's clock. ``not_before_ms``
+    (an a2trio addition, issue 33) is the instant before which no claim takes
+    the event (``rules.ripe``): a per-handler backoff's retry-at, a released
+    attempt's wake time; None for none.
     """
 
     id: str
@@ -103,6 +107,7 @@ class StoredEvent(msgspec.Struct, frozen=True):
     claim_holder: str | None = None
     claim_expires_at_ms: int | None = None
     trace_context: str | None = None
+    not_before_ms: int | None = None
 
 
 class Claimed(msgspec.Struct, frozen=True, tag="claimed"):
@@ -183,10 +188,25 @@ class CompleteResult(msgspec.Struct, frozen=True):
 
 
 class FailResult(msgspec.Struct, frozen=True):
-    """``failed`` (retryable), ``dead_lettered`` (at the limit) or ``superseded``."""
+    """``failed`` (retryable), ``dead_lettered`` (at the limit) or ``superseded``.
+
+    ``retry_at_ms``: the not-before this failure stored (``fail_attempt``'s
+    ``retry_after_ms`` after the store's now), when it recorded a retryable
+    failure with one; else None.
+    """
 
     outcome: Literal["failed", "dead_lettered", "superseded"]
     failure_count: int
+    retry_at_ms: int | None = None
+
+
+class ReleaseResult(msgspec.Struct, frozen=True):
+    """``released`` (the claim cleared, no failure spent, the event not
+    claimable before ``not_before_ms``) or ``superseded`` (the attempt no
+    longer held the claim: nothing written, ``not_before_ms`` None)."""
+
+    outcome: Literal["released", "superseded"]
+    not_before_ms: int | None = None
 
 
 class Snapshot(msgspec.Struct, frozen=True):

@@ -34,6 +34,7 @@ from ..stores.base import (
     Inspection,
     OperatorActions,
     PresenceStore,
+    ReleaseResult,
     RenewResult,
     StateRead,
     Store,
@@ -56,6 +57,7 @@ Operation = Literal[
     "renew_claims",
     "complete_attempt",
     "fail_attempt",
+    "release_attempt",
     "read_state",
     "read_states",
     "put_snapshot",
@@ -487,11 +489,27 @@ class FaultyStore:
         attempt: int,
         error: str,
         max_failures: int,
+        retry_after_ms: int | None = None,
     ) -> FailResult:
         return await self._call(
             "fail_attempt",
             lambda: self.inner.fail_attempt(
-                session_id, index=index, attempt=attempt, error=error, max_failures=max_failures
+                session_id,
+                index=index,
+                attempt=attempt,
+                error=error,
+                max_failures=max_failures,
+                retry_after_ms=retry_after_ms,
+            ),
+        )
+
+    async def release_attempt(
+        self, session_id: str, *, index: int, attempt: int, delay_ms: int
+    ) -> ReleaseResult:
+        return await self._call(
+            "release_attempt",
+            lambda: self.inner.release_attempt(
+                session_id, index=index, attempt=attempt, delay_ms=delay_ms
             ),
         )
 

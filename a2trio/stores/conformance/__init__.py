@@ -57,6 +57,8 @@ and build rows):
 * ``lifecycle``: cancelled calls, ``aclose``;
 * ``claims``: ``claim_available``, lanes, the sweep, ``renew_claims``;
 * ``completions``: ``complete_attempt`` and ``fail_attempt``;
+* ``notbefore``: the stored not-before (``release_attempt``, a failure's
+  ``retry_after_ms``) against claims, lanes and the sweep;
 * ``states``: snapshots, ``read_state`` and ``read_states``;
 * ``feeds``: ``stream``;
 * ``presence``, ``inspection``, ``operator``: the optional capabilities;
@@ -139,6 +141,11 @@ from .lifecycle import (
     check_aclose_is_idempotent,
     check_cancelled_calls_commit_all_or_nothing,
 )
+from .notbefore import (
+    check_fail_attempt_stores_a_retry_at,
+    check_not_before_holds_its_lane_and_the_sweep,
+    check_release_attempt,
+)
 from .operator import (
     check_operator_dead_letters,
     check_operator_redrive,
@@ -201,11 +208,13 @@ __all__ = [
     "check_every_call_fails_unavailable_when_unreachable",
     "check_every_protocol_method_fails_unavailable_translated_once",
     "check_fail_attempt",
+    "check_fail_attempt_stores_a_retry_at",
     "check_find_event",
     "check_generated_ids_come_from_the_id_source",
     "check_identifiers_and_values_at_the_limits",
     "check_inspect_list_sessions",
     "check_inspect_read_events_and_snapshots",
+    "check_not_before_holds_its_lane_and_the_sweep",
     "check_operator_dead_letters",
     "check_operator_redrive",
     "check_operator_retry_now",
@@ -215,6 +224,7 @@ __all__ = [
     "check_presence_subscribe",
     "check_read_bounds",
     "check_read_states",
+    "check_release_attempt",
     "check_renew_claims",
     "check_rule_table_claims_and_outcomes",
     "check_rule_table_operator_actions",
@@ -263,6 +273,9 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_complete_attempt_fences_zombies,
     check_complete_attempt_drained_hint,
     check_fail_attempt,
+    check_release_attempt,
+    check_fail_attempt_stores_a_retry_at,
+    check_not_before_holds_its_lane_and_the_sweep,
     check_snapshots,
     check_read_states,
     check_stream_catches_up_then_follows,

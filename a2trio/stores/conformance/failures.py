@@ -200,6 +200,10 @@ def _every_call(store: Store) -> list[tuple[str, Callable[[], Awaitable[object]]
             "fail_attempt",
             lambda: store.fail_attempt(sid, index=1, attempt=1, error="e", max_failures=3),
         ),
+        (
+            "release_attempt",
+            lambda: store.release_attempt(sid, index=1, attempt=1, delay_ms=1_000),
+        ),
         ("read_state", lambda: store.read_state(sid, "r")),
         ("read_states", lambda: store.read_states([sid, new_sid("unreachable")], "r")),
         ("put_snapshot", lambda: store.put_snapshot(sid, "r", 1, {"n": 1})),

@@ -5,7 +5,8 @@ through the store's public API only, so a backend whose spelling of a rule
 name and the state it started from.
 
 One session per case; the :class:`ManualClock` moves only forward, by the
-lease or the backoff a state needs (``rules.LEASE_MS``, ``RETRY_FIRST_MS``).
+lease, the backoff or the delay a state needs (``rules.LEASE_MS``,
+``RETRY_FIRST_MS``, ``DEFER_MS``).
 """
 
 from __future__ import annotations
@@ -82,6 +83,16 @@ async def _build(target: _Target, state: str) -> None:
             target.clock.advance(rules.RETRY_FIRST_MS)
     elif state == "dead":
         await store.fail_attempt(sid, index=1, attempt=1, error="built", max_failures=1)
+    elif state in ("deferred", "deferred_due"):
+        released = await store.release_attempt(sid, index=1, attempt=1, delay_ms=rules.DEFER_MS)
+        assert released.outcome == "released", f"building {state!r}: the release got {released!r}"
+        if state == "deferred_due":
+            target.clock.advance(rules.DEFER_MS)
+    elif state == "backing_off":
+        await store.fail_attempt(
+            sid, index=1, attempt=1, error="built", max_failures=10, retry_after_ms=rules.DEFER_MS
+        )
+        target.clock.advance(rules.RETRY_FIRST_MS)
     elif state == "processed":
         await store.complete_attempt(sid, index=1, attempt=1, events=[])
     else:
@@ -140,6 +151,11 @@ async def _answer(target: _Target, case: rules.Case) -> str:
             )
             recorded = await _failure_count(target) != before
             return failed.outcome + (" + recorded" if recorded else "")
+        if case.rule == "release":
+            released = await store.release_attempt(
+                sid, index=index, attempt=case.attempt, delay_ms=rules.DEFER_MS
+            )
+            return released.outcome
     except ValueError as missing:
         if isinstance(missing, OperatorActionError):
             raise
@@ -177,9 +193,10 @@ async def _play(open_store: StoreFactory, rule_names: set[str]) -> None:
 
 
 async def check_rule_table_claims_and_outcomes(open_store: StoreFactory) -> None:
-    """Claims, renewals, completions and failures decide every case of the
-    rule table as :mod:`a2trio.stores.rules` does."""
-    await _play(open_store, {"claim", "renew", "complete", "fail"})
+    """Claims, renewals, completions, failures and releases decide every
+    case of the rule table as :mod:`a2trio.stores.rules` does (the stored
+    not-before and its boundary included)."""
+    await _play(open_store, {"claim", "renew", "complete", "fail", "release"})
 
 
 async def check_rule_table_sweep(open_store: StoreFactory) -> None:

@@ -44,6 +44,7 @@ class Row:
     claim_holder: str | None = None
     claim_expires_at_ms: int | None = None
     trace_context: str | None = None
+    not_before_ms: int | None = None
 
     def stored(self) -> StoredEvent:
         return StoredEvent(
@@ -71,6 +72,7 @@ class Row:
             claim_holder=self.claim_holder,
             claim_expires_at_ms=self.claim_expires_at_ms,
             trace_context=self.trace_context,
+            not_before_ms=self.not_before_ms,
         )
 
 

@@ -39,6 +39,7 @@ from ..base import (
     EventPage,
     FailResult,
     OperatorActions,
+    ReleaseResult,
     RenewResult,
     SessionPage,
     SessionSummary,
@@ -406,24 +407,44 @@ class MemoryStore:
         attempt: int,
         error: str,
         max_failures: int,
+        retry_after_ms: int | None = None,
     ) -> FailResult:
         await trio.lowlevel.checkpoint()
+        row = self._row(session_id, index)
+        verdict = rules.fail_verdict(row, attempt, max_failures)
+        if not verdict.record:
+            return verdict.result
+        now = self.clock.now_ms()
+        row.failure_count = verdict.result.failure_count
+        row.last_error = error
+        row.last_failed_at_ms = now
+        row.last_failed_attempt = attempt
+        row.not_before_ms = None
+        if verdict.result.outcome == "dead_lettered":
+            row.failed_at_ms = now
+        elif retry_after_ms is not None:
+            row.not_before_ms = now + retry_after_ms
+        row.claim_holder = None
+        row.claim_expires_at_ms = None
+        return FailResult(verdict.result.outcome, row.failure_count, row.not_before_ms)
+
+    async def release_attempt(
+        self, session_id: str, *, index: int, attempt: int, delay_ms: int
+    ) -> ReleaseResult:
+        await trio.lowlevel.checkpoint()
+        row = self._row(session_id, index)
+        if rules.release_verdict(row, attempt) == "superseded":
+            return ReleaseResult("superseded")
+        row.not_before_ms = self.clock.now_ms() + delay_ms
+        row.claim_holder = None
+        row.claim_expires_at_ms = None
+        return ReleaseResult("released", row.not_before_ms)
+
+    def _row(self, session_id: str, index: int) -> Row:
         rows = self._sessions.get(session_id, [])
         if not 1 <= index <= len(rows):
             raise rules.no_event(session_id, index)
-        row = rows[index - 1]
-        verdict = rules.fail_verdict(row, attempt, max_failures)
-        if verdict.record:
-            now = self.clock.now_ms()
-            row.failure_count = verdict.result.failure_count
-            row.last_error = error
-            row.last_failed_at_ms = now
-            row.last_failed_attempt = attempt
-            if verdict.result.outcome == "dead_lettered":
-                row.failed_at_ms = now
-            row.claim_holder = None
-            row.claim_expires_at_ms = None
-        return verdict.result
+        return rows[index - 1]
 
     def _state_read(self, session_id: str, reducer: str) -> StateRead:
         snap = self._snapshots.get((session_id, reducer))

@@ -46,6 +46,7 @@ __all__ = [
     "ready_at_insert",
     "renews",
     "retry_backoff_ms",
+    "ripe",
     "schema_sql",
     "sweepable",
 ]
@@ -140,6 +141,18 @@ begin
     alter table a2_events add column trace_context text;
   end if;
 end $$;
+
+-- Each event's not-before instant (issue 33: a per-handler backoff's
+-- retry-at, a released attempt's wake time): no claim takes the row before
+-- it. Nullable (none), guarded as `trace_context` is.
+do $$
+begin
+  if not exists (select 1 from pg_attribute
+                  where attrelid = 'a2_events'::regclass
+                    and attname = 'not_before' and not attisdropped) then
+    alter table a2_events add column not_before bigint;
+  end if;
+end $$;
 """
 
 # Notifications are transactional: delivered at commit, never for a rollback.
@@ -218,7 +231,7 @@ EVENT_COLUMNS = (
     " processed_at, processed_by_attempt, returned_event_ids, first_claimed_at,"
     " last_claimed_at, attempt_count, failure_count, last_failed_at,"
     " last_failed_attempt, last_error, failed_at, claim_holder, claim_expires_at,"
-    " trace_context"
+    " trace_context, not_before"
 )
 
 
@@ -272,9 +285,14 @@ def dispatch_ready(row: str) -> str:
     return f"{row}.lane_ready and {alive(row)}"
 
 
+# rules.ripe
+def ripe(row: str, now: str) -> str:
+    return f"({row}.not_before is null or {row}.not_before <= {now})"
+
+
 # rules.claimable
 def claimable(row: str, now: str) -> str:
-    return f"{dispatch_ready(row)} and {claim_free(row, now)}"
+    return f"{dispatch_ready(row)} and {claim_free(row, now)} and {ripe(row, now)}"
 
 
 # rules.held
@@ -766,8 +784,11 @@ select pg_advisory_xact_lock(hashtext($1::text))
 )
 
 
-# store-postgres.ts `failAttempt`, verbatim.
-#   $1 session, $2 idx, $3 attempt, $4 error, $5 max failures, $6 now
+# store-postgres.ts `failAttempt`, and the not-before of a per-handler backoff
+# (issue 33): a recorded failure that does not dead-letter stores `$6 + $7`
+# (none when $7 is null), every other recorded failure clears it.
+#   $1 session, $2 idx, $3 attempt, $4 error, $5 max failures, $6 now,
+#   $7 retry after ms (null: the seed's rule)
 FAIL = Statement(
     f"""
 with current as materialized (
@@ -781,13 +802,14 @@ with current as materialized (
     last_failed_at = $6::bigint,
     last_failed_attempt = $3::int,
     failed_at = case when e.failure_count + 1 >= $5::int then $6::bigint else e.failed_at end,
+    not_before = case when e.failure_count + 1 < $5::int then $6::bigint + $7::bigint end,
     claim_holder = null,
     claim_expires_at = null
   from current
   where e.session_id = $1::text
     and e.idx = $2::bigint
     and {holds_claim("current", "$3::int")}
-  returning e.failure_count, e.failed_at
+  returning e.failure_count, e.failed_at, e.not_before
 )
 select case
   when not exists (select 1 from current) then 'missing'
@@ -801,7 +823,36 @@ select case
   else 'superseded'
 end as outcome,
 coalesce((select failure_count from updated), (select failure_count from current))
-  as failure_count
+  as failure_count,
+(select not_before from updated) as retry_at
+"""
+)
+
+# `Store.release_attempt` (issue 33): the claim given up by the attempt that
+# holds it (`rules.release_verdict`), no failure counted, the not-before stored.
+#   $1 session, $2 idx, $3 attempt, $4 not before
+RELEASE = Statement(
+    f"""
+with current as materialized (
+  select e.* from a2_events e
+   where e.session_id = $1::text and e.idx = $2::bigint
+   for update of e
+), released as (
+  update a2_events e set
+    not_before = $4::bigint,
+    claim_holder = null,
+    claim_expires_at = null
+  from current
+  where e.session_id = $1::text
+    and e.idx = $2::bigint
+    and {holds_claim("current", "$3::int")}
+  returning e.idx
+)
+select case
+  when not exists (select 1 from current) then 'missing'
+  when exists (select 1 from released) then 'released'
+  else 'superseded'
+end
 """
 )
 

@@ -102,6 +102,7 @@ from ..base import (
     CompleteResult,
     FailResult,
     OperatorActions,
+    ReleaseResult,
     RenewResult,
     Snapshot,
     StateRead,
@@ -422,13 +423,31 @@ class PostgresStore:
         attempt: int,
         error: str,
         max_failures: int,
+        retry_after_ms: int | None = None,
     ) -> FailResult:
         """Record a failure in one statement (the seed's ``failAttempt``).
 
         Cancellation: recorded or not; a repeat by the same attempt is idempotent.
         """
         return await self._writes.fail_attempt(
-            session_id, index=index, attempt=attempt, error=error, max_failures=max_failures
+            session_id,
+            index=index,
+            attempt=attempt,
+            error=error,
+            max_failures=max_failures,
+            retry_after_ms=retry_after_ms,
+        )
+
+    async def release_attempt(
+        self, session_id: str, *, index: int, attempt: int, delay_ms: int
+    ) -> ReleaseResult:
+        """Give up the attempt's claim in one statement (issue 33; see
+        :meth:`Store.release_attempt`).
+
+        Cancellation: released or not; a repeat is ``superseded``.
+        """
+        return await self._writes.release_attempt(
+            session_id, index=index, attempt=attempt, delay_ms=delay_ms
         )
 
     async def read_state(self, session_id: str, reducer: str) -> StateRead:

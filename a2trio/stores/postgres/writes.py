@@ -35,6 +35,7 @@ from ..base import (
     CompleteResult,
     EventCause,
     FailResult,
+    ReleaseResult,
     RenewResult,
     Settled,
     StoredEvent,
@@ -397,13 +398,31 @@ class PostgresWrites:
         attempt: int,
         error: str,
         max_failures: int,
+        retry_after_ms: int | None = None,
     ) -> FailResult:
+        now = self._clock.now_ms()
         with errors("fail"):
-            [(outcome, failure_count)] = await self._db.query(
-                sql.FAIL, (session_id, index, attempt, error, max_failures, self._clock.now_ms())
+            [(outcome, failure_count, retry_at)] = await self._db.query(
+                sql.FAIL, (session_id, index, attempt, error, max_failures, now, retry_after_ms)
             )
         if outcome == "missing":
             raise verdicts.no_event(session_id, index)
         return FailResult(
-            cast(Literal["failed", "dead_lettered", "superseded"], outcome), failure_count
+            cast(Literal["failed", "dead_lettered", "superseded"], outcome),
+            failure_count,
+            retry_at,
         )
+
+    async def release_attempt(
+        self, session_id: str, *, index: int, attempt: int, delay_ms: int
+    ) -> ReleaseResult:
+        not_before = self._clock.now_ms() + delay_ms
+        with errors("release"):
+            [(outcome,)] = await self._db.query(
+                sql.RELEASE, (session_id, index, attempt, not_before)
+            )
+        if outcome == "missing":
+            raise verdicts.no_event(session_id, index)
+        if outcome == "superseded":
+            return ReleaseResult("superseded")
+        return ReleaseResult("released", not_before)

@@ -1,8 +1,9 @@
 """The Redis store's claims: the drain's side of the store.
 
-Claiming the eligible set, renewing claims, recording a failure (the verdict
-is ``rules.fail_verdict`` itself, written back by a compare-and-set script),
-and the sweep of the sessions with claimable work.
+Claiming the eligible set, renewing claims, recording a failure or a
+release (the verdict is ``rules.fail_verdict`` or ``rules.release_verdict``
+itself, written back by a compare-and-set script), and the sweep of the
+sessions with claimable work.
 :class:`~a2trio.stores.redis.RedisStore`'s methods of the same names call
 these; the sweep is the store's ``store.sweep``.
 """
@@ -17,7 +18,16 @@ import trio
 
 from ...errors import A2Error, ErrorCode
 from .. import rules as verdicts
-from ..base import Busy, Claimed, ClaimRef, ClaimResult, FailResult, RenewResult, Settled
+from ..base import (
+    Busy,
+    Claimed,
+    ClaimRef,
+    ClaimResult,
+    FailResult,
+    ReleaseResult,
+    RenewResult,
+    Settled,
+)
 from . import codec
 from . import scripts as lua
 from .conn import errors
@@ -125,24 +135,20 @@ class RedisClaims:
         attempt: int,
         error: str,
         max_failures: int,
+        retry_after_ms: int | None = None,
     ) -> FailResult:
         """``rules.fail_verdict`` over the row as read, written back by
         ``FAIL_WRITE`` only if the row is unchanged; read again if it moved
         (``CAS_ROUNDS`` times at most)."""
-        meta_key = self._keys.key(session_id, "meta")
         with errors("fail"):
             for _ in range(CAS_ROUNDS):
-                front, raw = await self._conn.run(
-                    lua.FAIL_READ, self._keys.session_keys(session_id), [index]
-                )
-                if not 1 <= index <= int(front):
-                    raise verdicts.no_event(session_id, index)
-                row = codec.SETTLED if raw is None else codec.decode_meta(raw)
+                raw, row = await self._read_meta(session_id, index)
                 verdict = verdicts.fail_verdict(row, attempt, max_failures)
                 if not verdict.record:
                     return verdict.result
                 now = self._clock.now_ms()
                 dead = verdict.result.outcome == "dead_lettered"
+                retry_at = None if dead or retry_after_ms is None else now + retry_after_ms
                 failed = msgspec.structs.replace(
                     row,
                     failure_count=verdict.result.failure_count,
@@ -152,18 +158,53 @@ class RedisClaims:
                     failed_at_ms=now if dead else row.failed_at_ms,
                     claim_holder=None,
                     claim_expires_at_ms=None,
+                    not_before_ms=retry_at,
                 )
-                written = await self._conn.run(
-                    lua.FAIL_WRITE,
-                    [
-                        meta_key,
-                        self._keys.key(session_id, "open"),
-                        self._keys.key(session_id, "head"),
-                    ],
-                    [index, raw, codec.encode(failed), "1" if dead else "0"],
-                )
-                if written:
-                    return verdict.result
+                if await self._write_meta(session_id, index, raw, failed, dead=dead):
+                    return FailResult(verdict.result.outcome, failed.failure_count, retry_at)
         raise A2Error(
             ErrorCode.STORE_UNAVAILABLE, "fail failed: the event's row kept changing under it"
         )
+
+    async def release_attempt(
+        self, session_id: str, *, index: int, attempt: int, delay_ms: int
+    ) -> ReleaseResult:
+        """``rules.release_verdict`` over the row as read, written back as a
+        failure is (compare-and-set, ``CAS_ROUNDS`` times at most)."""
+        with errors("release"):
+            for _ in range(CAS_ROUNDS):
+                raw, row = await self._read_meta(session_id, index)
+                if verdicts.release_verdict(row, attempt) == "superseded":
+                    return ReleaseResult("superseded")
+                not_before = self._clock.now_ms() + delay_ms
+                released = msgspec.structs.replace(
+                    row, claim_holder=None, claim_expires_at_ms=None, not_before_ms=not_before
+                )
+                if await self._write_meta(session_id, index, raw, released, dead=False):
+                    return ReleaseResult("released", not_before)
+        raise A2Error(
+            ErrorCode.STORE_UNAVAILABLE, "release failed: the event's row kept changing under it"
+        )
+
+    async def _read_meta(self, session_id: str, index: int) -> tuple[bytes | None, codec.Meta]:
+        """``FAIL_READ``: the event's meta as stored and decoded (a settled
+        event's: ``codec.SETTLED``).
+
+        Raises:
+          ValueError: no event at ``index``."""
+        front, raw = await self._conn.run(
+            lua.FAIL_READ, self._keys.session_keys(session_id), [index]
+        )
+        if not 1 <= index <= int(front):
+            raise verdicts.no_event(session_id, index)
+        return raw, codec.SETTLED if raw is None else codec.decode_meta(raw)
+
+    async def _write_meta(
+        self, session_id: str, index: int, raw: bytes | None, meta: codec.Meta, *, dead: bool
+    ) -> bool:
+        """``FAIL_WRITE``: ``meta`` written if the row is still ``raw``."""
+        keys = [self._keys.key(session_id, s) for s in ("meta", "open", "head")]
+        written = await self._conn.run(
+            lua.FAIL_WRITE, keys, [index, raw, codec.encode(meta), "1" if dead else "0"]
+        )
+        return bool(written)

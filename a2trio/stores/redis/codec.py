@@ -136,6 +136,7 @@ class Meta(msgspec.Struct, omit_defaults=True):
     #: The returned event ids, as JSON text.
     returned_ids: str | None = msgspec.field(default=None, name="r")
     lane: str | None = msgspec.field(default=None, name="l")
+    not_before_ms: int | None = msgspec.field(default=None, name="nb")
 
 
 class Action(msgspec.Struct, frozen=True, array_like=True):
@@ -207,6 +208,7 @@ def row(session_id: str, index: int, entry: bytes, meta: bytes | None) -> Stored
         failed_at_ms=m.failed_at_ms,
         claim_holder=m.claim_holder,
         claim_expires_at_ms=m.claim_expires_at_ms,
+        not_before_ms=m.not_before_ms,
     )
 
 

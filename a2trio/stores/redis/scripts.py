@@ -19,7 +19,8 @@ collides across sessions):
   as a JSON object (``a`` attempts, ``f`` failures, ``h`` holder, ``x`` claim
   expiry, ``fc``/``lc`` first/last claimed, ``lf``/``la`` last failure time
   and attempt, ``e`` error, ``d`` dead-lettered at, ``p`` processed at,
-  ``pb`` processed by attempt, ``r`` returned ids as JSON text, ``l`` lane).
+  ``pb`` processed by attempt, ``r`` returned ids as JSON text, ``l`` lane,
+  ``nb`` not before: issue 33).
   Settled events have none: they are processed at creation.
 * ``P:S:open``: sorted set of the unprocessed indexes (dead letters
   included: they stall their lane), scored by index. Lane readiness is
@@ -101,9 +102,14 @@ local function claim_free(m, now)
   return not m.x or m.x <= now
 end
 
+-- rules.ripe: a not-before of exactly now is ripe
+local function ripe(m, now)
+  return not m.nb or m.nb <= now
+end
+
 -- rules.claimable
 local function claimable(m, ready, now)
-  return alive(m) and ready and claim_free(m, now)
+  return alive(m) and ready and claim_free(m, now) and ripe(m, now)
 end
 
 -- rules.held
@@ -563,7 +569,8 @@ return {frontier(), redis.call('HGET', META, ARGV[1]) or false}
 """
 )
 
-#: ``failAttempt``, second half: write the verdict if the row is as read.
+#: ``failAttempt``, second half: write the verdict if the row is as read
+#: (also ``release_attempt``'s write, which never dead-letters).
 #: KEYS: meta, open, head. ARGV: index, meta as read, new meta, dead ('1'
 #: when this failure dead-letters). Returns 1, or 0 if the row moved.
 FAIL_WRITE = r"""

@@ -31,6 +31,7 @@ from ..base import (
     EventCause,
     FailResult,
     OperatorActions,
+    ReleaseResult,
     RenewResult,
     StateRead,
     StoredEvent,
@@ -437,6 +438,7 @@ class RedisStore:
         attempt: int,
         error: str,
         max_failures: int,
+        retry_after_ms: int | None = None,
     ) -> FailResult:
         """Record a failure: ``rules.fail_verdict`` over the row as read,
         written back by a compare-and-set script (retried if the row moved).
@@ -444,7 +446,24 @@ class RedisStore:
         Cancellation: recorded or not; a repeat by the same attempt is idempotent.
         """
         return await self._claims.fail_attempt(
-            session_id, index=index, attempt=attempt, error=error, max_failures=max_failures
+            session_id,
+            index=index,
+            attempt=attempt,
+            error=error,
+            max_failures=max_failures,
+            retry_after_ms=retry_after_ms,
+        )
+
+    async def release_attempt(
+        self, session_id: str, *, index: int, attempt: int, delay_ms: int
+    ) -> ReleaseResult:
+        """``rules.release_verdict`` over the row as read, written back by a
+        compare-and-set (issue 33; see :meth:`Store.release_attempt`).
+
+        Cancellation: released or not; a repeat is ``superseded``.
+        """
+        return await self._claims.release_attempt(
+            session_id, index=index, attempt=attempt, delay_ms=delay_ms
         )
 
     # -- state and feeds -------------------------------------------------------

@@ -1,8 +1,9 @@
 """Every seed rule of the event lifecycle, written once (h11's ``_state.py``
 is the model: everything that decides an event's fate lives here).
 
-An event row is *alive* (unprocessed, not dead-lettered), *claimable* (alive,
-first in its lane, no live claim), *due* (no failure backoff to wait out),
+An event row is *alive* (unprocessed, not dead-lettered), *ripe* (no stored
+not-before instant still to come), *claimable* (alive, first in its lane, no
+live claim, ripe), *due* (no failure backoff to wait out),
 *fenced* (its attempt lost the row), *failed* (waiting out a backoff) or
 *dead* (a dead letter, which still blocks its lane). The rules are pure
 functions over the bookkeeping columns of one row (:class:`Bookkeeping`,
@@ -48,17 +49,20 @@ from .dispatch import (
     ready_at_insert,
     renew_verdict,
     retry_backoff_ms,
+    ripe,
     sweepable,
 )
 from .fences import (
     CompleteVerdict,
     FailVerdict,
+    ReleaseVerdict,
     check_cause,
     complete_verdict,
     fail_verdict,
     has_pending,
     holds_claim,
     no_event,
+    release_verdict,
     replayed_batch,
     replayed_completion,
     replays_completion,
@@ -79,6 +83,7 @@ from .rows import (
 )
 from .table import (
     CASES,
+    DEFER_MS,
     LEASE_MS,
     NOW,
     STATES,
@@ -90,6 +95,7 @@ from .table import (
 
 __all__ = [
     "CASES",
+    "DEFER_MS",
     "EVENT_RETRY",
     "LEASE_MS",
     "NOW",
@@ -107,6 +113,7 @@ __all__ = [
     "Facts",
     "FailVerdict",
     "Laned",
+    "ReleaseVerdict",
     "RenewVerdict",
     "Retrying",
     "Rule",
@@ -128,6 +135,7 @@ __all__ = [
     "next_in_lane",
     "no_event",
     "ready_at_insert",
+    "release_verdict",
     "renew_verdict",
     "replayed_batch",
     "replayed_completion",
@@ -136,6 +144,7 @@ __all__ = [
     "retry_targets",
     "returned_id_taken",
     "returned_ids",
+    "ripe",
     "stale_index",
     "superseded_attempt",
     "supplied_ids",

@@ -1,8 +1,9 @@
 """Which events a claim takes and a sweep finds, lanes, renewals.
 
-The claim-free test, claim eligibility, the failure backoff, lane readiness
-and hand-off, the renewal verdict (store-postgres.ts ``claimAvailable``,
-``renewClaims``, the insert's and the completion's lane columns).
+The claim-free test, claim eligibility, the not-before instant, the failure
+backoff, lane readiness and hand-off, the renewal verdict (store-postgres.ts
+``claimAvailable``, ``renewClaims``, the insert's and the completion's lane
+columns).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ __all__ = [
     "ready_at_insert",
     "renew_verdict",
     "retry_backoff_ms",
+    "ripe",
     "sweepable",
 ]
 
@@ -69,10 +71,24 @@ def claim_free(expires_at_ms: int | None, now_ms: int) -> bool:
     return expires_at_ms is None or expires_at_ms <= now_ms
 
 
+def ripe(not_before_ms: int | None, now_ms: int) -> bool:
+    """No stored not-before instant, or it has come (an event whose
+    not-before is exactly now is ripe). An a2trio addition (issue 33): a
+    per-handler backoff's retry-at (``fail_attempt(retry_after_ms=...)``), a
+    released attempt's wake time (``release_attempt``), a debounce window."""
+    return not_before_ms is None or not_before_ms <= now_ms
+
+
 def claimable(row: Dispatch, now_ms: int) -> bool:
     """Claim eligibility (store-postgres.ts ``claimAvailable``): alive, first
-    in its lane, and free. The failure backoff does not hold a claim back."""
-    return alive(row) and row.lane_ready and claim_free(row.claim_expires_at_ms, now_ms)
+    in its lane, free, and ripe (:func:`ripe`). The seed's failure backoff
+    does not hold a claim back; a stored not-before does."""
+    return (
+        alive(row)
+        and row.lane_ready
+        and claim_free(row.claim_expires_at_ms, now_ms)
+        and ripe(row.not_before_ms, now_ms)
+    )
 
 
 def held(row: Dispatch, now_ms: int) -> bool:
@@ -88,7 +104,8 @@ def due(row: Retrying, now_ms: int) -> bool:
 
 
 def sweepable(row: Retrying, now_ms: int) -> bool:
-    """What a sweep (``claimable_sessions``) looks for: claimable and due."""
+    """What a sweep (``claimable_sessions``) looks for: claimable (so ripe)
+    and due."""
     return claimable(row, now_ms) and due(row, now_ms)
 
 

@@ -18,12 +18,14 @@ from .rows import Bookkeeping, Completion
 __all__ = [
     "CompleteVerdict",
     "FailVerdict",
+    "ReleaseVerdict",
     "check_cause",
     "complete_verdict",
     "fail_verdict",
     "has_pending",
     "holds_claim",
     "no_event",
+    "release_verdict",
     "replayed_batch",
     "replayed_completion",
     "replays_completion",
@@ -257,6 +259,17 @@ def fail_verdict(row: Bookkeeping, attempt: int, max_failures: int) -> FailVerdi
     else:
         result = FailResult("superseded", row.failure_count)
     return FailVerdict(result, record=False)
+
+
+ReleaseVerdict = Literal["released", "superseded"]
+
+
+def release_verdict(row: Bookkeeping, attempt: int) -> ReleaseVerdict:
+    """The verdict of ``release_attempt`` (an a2trio addition; issue 33):
+    ``released`` when ``attempt`` holds the claim (:func:`holds_claim`: the
+    caller clears the claim and stores the not-before, spending no failure),
+    else ``superseded`` and nothing is written."""
+    return "released" if holds_claim(row, attempt) else "superseded"
 
 
 CompleteVerdict = Literal["completed", "replay", "superseded"]

@@ -15,10 +15,11 @@ import msgspec
 from ..base import OperatorActionError
 from .actions import check_action, retry_targets
 from .dispatch import RETRY_FIRST_MS, alive, claimable, renew_verdict, sweepable
-from .fences import complete_verdict, fail_verdict
+from .fences import complete_verdict, fail_verdict, release_verdict
 
 __all__ = [
     "CASES",
+    "DEFER_MS",
     "LEASE_MS",
     "NOW",
     "STATES",
@@ -45,17 +46,24 @@ class Facts(msgspec.Struct, frozen=True, kw_only=True):
     last_failed_at_ms: int | None = None
     last_failed_attempt: int | None = None
     failed_at_ms: int | None = None
+    not_before_ms: int | None = None
 
 
-#: The table's clock, and the lease its claims took.
+#: The table's clock, the lease its claims took, and the delay of its
+#: releases and backoffs (the not-before states).
 NOW = 1_000_000
 LEASE_MS = 1_000
+DEFER_MS = 5_000
 
 #: The rows the table starts from. Each is reachable through a store's
 #: public API (``a2trio.stores.conformance.verdicts`` builds it so): ``h1``
 #: claims attempt 1; ``h2`` claims attempt 2 after ``h1``'s lapsed. The lane
 #: states are the second event of a lane whose first is held by a live
-#: claim, completed, or dead-lettered. ``missing`` is an index past the end.
+#: claim, completed, or dead-lettered. ``deferred`` is ``claimed`` released
+#: (``release_attempt``) for :data:`DEFER_MS`, ``deferred_due`` once that
+#: passed; ``backing_off`` failed with a per-handler backoff of
+#: :data:`DEFER_MS` (``fail_attempt(retry_after_ms=...)``), whose seed
+#: backoff passed but not its own. ``missing`` is an index past the end.
 STATES: dict[str, Facts | None] = {
     "new": Facts(),
     "claimed": Facts(attempt_count=1, claim_holder="h1", claim_expires_at_ms=NOW + LEASE_MS),
@@ -83,10 +91,22 @@ STATES: dict[str, Facts | None] = {
     "waiting": Facts(lane="l", lane_ready=False),
     "handed_on": Facts(lane="l"),
     "behind_dead": Facts(lane="l", lane_ready=False),
+    "deferred": Facts(attempt_count=1, not_before_ms=NOW + DEFER_MS),
+    # Its not-before is exactly now: ripe (the boundary of `ripe`).
+    "deferred_due": Facts(attempt_count=1, not_before_ms=NOW),
+    "backing_off": Facts(
+        attempt_count=1,
+        failure_count=1,
+        last_failed_at_ms=NOW - RETRY_FIRST_MS,
+        last_failed_attempt=1,
+        not_before_ms=NOW - RETRY_FIRST_MS + DEFER_MS,
+    ),
     "missing": None,
 }
 
-Rule = Literal["claim", "sweep", "renew", "complete", "fail", "redrive", "skip", "retry_now"]
+Rule = Literal[
+    "claim", "sweep", "renew", "complete", "fail", "release", "redrive", "skip", "retry_now"
+]
 
 
 class Case(msgspec.Struct, frozen=True):
@@ -97,6 +117,7 @@ class Case(msgspec.Struct, frozen=True):
     Verdicts: ``claim`` ``claimed``/``passed``; ``sweep`` ``swept``/``passed``;
     ``renew`` a :data:`RenewVerdict`; ``complete`` a :data:`CompleteVerdict`
     (returning no events); ``fail`` the outcome, ``+ recorded`` when it writes;
+    ``release`` a :data:`ReleaseVerdict`;
     the operator actions ``done`` or their refusal's reason; ``no_event`` for
     an index the session lacks.
     """
@@ -126,14 +147,16 @@ CASES: tuple[Case, ...] = (
         "claim",
         "new: claimed, claimed: passed, lapsed: claimed, reclaimed: passed, failed: claimed,"
         " failed_due: claimed, dead: passed, processed: passed, waiting: passed,"
-        " handed_on: claimed, behind_dead: passed",
+        " handed_on: claimed, behind_dead: passed, deferred: passed, deferred_due: claimed,"
+        " backing_off: passed",
         holder="h9",
     ),
     *_cases(
         "sweep",
         "new: swept, claimed: passed, lapsed: swept, reclaimed: passed, failed: passed,"
         " failed_due: swept, dead: passed, processed: passed, waiting: passed,"
-        " handed_on: swept, behind_dead: passed",
+        " handed_on: swept, behind_dead: passed, deferred: passed, deferred_due: swept,"
+        " backing_off: passed",
     ),
     *_cases(
         "renew",
@@ -157,6 +180,15 @@ CASES: tuple[Case, ...] = (
     ),
     *_cases("fail", "claimed: dead_lettered + recorded", max_failures=1),
     *_cases("fail", "reclaimed: failed + recorded, failed: superseded", attempt=2),
+    *_cases("fail", "deferred: superseded, backing_off: failed"),
+    *_cases("complete", "deferred: superseded"),
+    *_cases(
+        "release",
+        "claimed: released, lapsed: released, reclaimed: superseded, failed: superseded,"
+        " dead: superseded, processed: superseded, new: superseded, deferred: superseded,"
+        " missing: no_event",
+    ),
+    *_cases("release", "reclaimed: released", attempt=2),
     *_cases(
         "redrive",
         "dead: done, claimed: claimed, lapsed: not_dead_lettered, new: not_dead_lettered,"
@@ -179,7 +211,7 @@ def decide(case: Case) -> str:
     """The verdict the rules above give ``case`` (``tests/test_verdicts.py``
     checks it against ``case.verdict``)."""
     row = STATES[case.before]
-    if row is None and case.rule in ("complete", "fail"):
+    if row is None and case.rule in ("complete", "fail", "release"):
         return "no_event"
     if case.rule == "claim":
         return "claimed" if row is not None and claimable(row, NOW) else "passed"
@@ -195,6 +227,9 @@ def decide(case: Case) -> str:
         assert row is not None
         verdict = fail_verdict(row, case.attempt, case.max_failures)
         return verdict.result.outcome + (" + recorded" if verdict.record else "")
+    if case.rule == "release":
+        assert row is not None
+        return release_verdict(row, case.attempt)
     try:
         if case.rule == "retry_now":
             ready = row is not None and alive(row) and row.lane_ready

@@ -116,8 +116,13 @@ _V2 = (
 # process continues its trace. Null for events written before.
 _V3 = ("alter table a2_events add column trace_context text",)
 
+# Each event's not-before instant (issue 33: a per-handler backoff's retry-at,
+# a released attempt's wake time): no claim takes the row before it. Null for
+# none, and for events written before.
+_V4 = ("alter table a2_events add column not_before integer",)
+
 #: Statements per migration; entry ``n`` upgrades ``user_version`` ``n`` to ``n + 1``.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4)
 
 #: The version this release writes and reads.
 SCHEMA_VERSION = len(MIGRATIONS)

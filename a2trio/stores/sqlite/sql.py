@@ -67,6 +67,7 @@ __all__ = [
     "READ_TAIL",
     "RECORD_ACTION",
     "REDRIVE",
+    "RELEASE",
     "RENEW",
     "RETRY_AT",
     "RETRY_CANDIDATES",
@@ -112,9 +113,14 @@ def _claim_free(now: str) -> str:
     return f"(claim_expires_at is null or claim_expires_at <= {now})"
 
 
+# rules.ripe
+def _ripe(now: str) -> str:
+    return f"(not_before is null or not_before <= {now})"
+
+
 # rules.claimable
 def _claimable(now: str) -> str:
-    return f"{_ALIVE} and lane_ready and {_claim_free(now)}"
+    return f"{_ALIVE} and lane_ready and {_claim_free(now)} and {_ripe(now)}"
 
 
 # rules.due, with rules.retry_backoff_ms as a shift (tests/test_verdicts.py pins it)
@@ -151,7 +157,7 @@ EVENT_COLUMNS: Final = (
     "event_id, event_type, payload, idx, session_id, created_at, cause, lane, processed_at, "
     "processed_by_attempt, returned_event_ids, first_claimed_at, last_claimed_at, "
     "attempt_count, failure_count, last_failed_at, last_failed_attempt, last_error, "
-    "failed_at, claim_holder, claim_expires_at, trace_context"
+    "failed_at, claim_holder, claim_expires_at, trace_context, not_before"
 )
 
 _INSERTED: Final = (
@@ -324,8 +330,15 @@ where session_id = ? and idx = ?
 FAIL: Final = """
 update a2_events set
   failure_count = ?, last_error = ?, last_failed_at = ?,
-  last_failed_attempt = ?, failed_at = ?,
+  last_failed_attempt = ?, failed_at = ?, not_before = ?,
   claim_holder = null, claim_expires_at = null
+where session_id = ? and idx = ?
+"""
+
+#: A release `rules.release_verdict` granted (issue 33): the claim cleared,
+#: the not-before stored, no failure counted.
+RELEASE: Final = """
+update a2_events set not_before = ?, claim_holder = null, claim_expires_at = null
 where session_id = ? and idx = ?
 """
 
@@ -488,6 +501,7 @@ class Dispatch(NamedTuple):
     failed_at_ms: int | None
     lane_ready: bool
     claim_expires_at_ms: int | None
+    not_before_ms: int | None
 
 
 def target(row: tuple[Any, ...]) -> Target:
@@ -620,7 +634,7 @@ def insert(
     )
     if claim is not None:
         ready = rules.ready_at_insert(event.lane, open_lanes(conn, session_id, event.lane))
-        if rules.claimable(Dispatch(processed_at, None, ready, None), now):
+        if rules.claimable(Dispatch(processed_at, None, ready, None, None), now):
             expires_at = now + claim.ttl_ms
             conn.execute(
                 INSERT_CLAIMED,

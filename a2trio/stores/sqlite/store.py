@@ -79,6 +79,7 @@ from ..base import (
     EventCause,
     FailResult,
     OperatorActions,
+    ReleaseResult,
     RenewResult,
     Settled,
     Snapshot,
@@ -442,6 +443,7 @@ class SqliteStore:
         attempt: int,
         error: str,
         max_failures: int,
+        retry_after_ms: int | None = None,
     ) -> FailResult:
         """See :meth:`Store.fail_attempt` (the seed's ``failAttempt``).
 
@@ -456,24 +458,48 @@ class SqliteStore:
             if row is None:
                 raise verdicts.no_event(session_id, index)
             verdict = verdicts.fail_verdict(sql.Bookkeeping(*row), attempt, max_failures)
-            if verdict.record:
-                failures = verdict.result.failure_count
-                dead = verdict.result.outcome == "dead_lettered"
-                conn.execute(
-                    sql.FAIL,
-                    (
-                        failures,
-                        error,
-                        now,
-                        attempt,
-                        now if dead else None,
-                        session_id,
-                        index,
-                    ),
-                )
-            return verdict.result
+            if not verdict.record:
+                return verdict.result
+            failures = verdict.result.failure_count
+            dead = verdict.result.outcome == "dead_lettered"
+            retry_at = None if dead or retry_after_ms is None else now + retry_after_ms
+            conn.execute(
+                sql.FAIL,
+                (
+                    failures,
+                    error,
+                    now,
+                    attempt,
+                    now if dead else None,
+                    retry_at,
+                    session_id,
+                    index,
+                ),
+            )
+            return FailResult(verdict.result.outcome, failures, retry_at)
 
         return await self._transactions.write("fail", work)
+
+    async def release_attempt(
+        self, session_id: str, *, index: int, attempt: int, delay_ms: int
+    ) -> ReleaseResult:
+        """See :meth:`Store.release_attempt`.
+
+        Cancellation: committed entirely or not at all; a repeat is
+        ``superseded`` (the claim is gone).
+        """
+        not_before = self.clock.now_ms() + delay_ms
+
+        def work(conn: sqlite3.Connection) -> ReleaseResult:
+            row = conn.execute(sql.READ_BOOKKEEPING, (session_id, index)).fetchone()
+            if row is None:
+                raise verdicts.no_event(session_id, index)
+            if verdicts.release_verdict(sql.Bookkeeping(*row), attempt) == "superseded":
+                return ReleaseResult("superseded")
+            conn.execute(sql.RELEASE, (not_before, session_id, index))
+            return ReleaseResult("released", not_before)
+
+        return await self._transactions.write("release", work)
 
     # -- state -----------------------------------------------------------
 

@@ -73,6 +73,7 @@ class WireEventStatus(msgspec.Struct, frozen=True, rename="camel"):
     processed_at_ms: int | None
     dead_lettered_at_ms: int | None
     lane: str | None
+    not_before_ms: int | None = None
 
 
 class WireOperatorAction(msgspec.Struct, frozen=True, rename="camel"):
