@@ -43,7 +43,7 @@ LAYERS: list[set[str]] = [
     {"engine.context"},
     {"engine.fanout", "engine.state", "engine.watchdogs"},
     # The nursery, the mailbox and the outcome rules: they import nothing of the engine.
-    {"engine.background", "engine.mailbox", "engine.attempt"},
+    {"engine.background", "engine.mailbox", "engine.attempt", "engine.pacing"},
     {"schedulers"},
     {"push", "scheduler"},
     {"stores"},

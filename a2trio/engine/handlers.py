@@ -8,10 +8,11 @@ server checks at construction what it can: the event type is declared, and a
 handler annotated ``HandlerContext[X]`` is registered for an event whose
 payload is an ``X`` (:mod:`a2trio.signatures`).
 
-Both take the handler's flow options (issue 33): ``retry=`` (a :class:`Retry`:
-how many failed attempts before a dead letter, and which exceptions
-dead-letter at once) and ``timeout=`` (seconds an attempt may run before it is
-cancelled and counted as a failure).
+Both take the handler's flow options (issue 33): ``retry=`` (a
+:class:`~a2trio.Retry`, in :mod:`.pacing`: how many failed attempts before a
+dead letter, how long each retry waits, and which exceptions dead-letter at
+once) and ``timeout=`` (seconds an attempt may run before it is cancelled and
+counted as a failure).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import trio
 from ..contract import AppendInput, Contract, Event, EventType
 from ..signatures import accepts, parameter_annotation, type_name
 from .context import LaneFn
+from .pacing import Retry
 
 if TYPE_CHECKING:
     from .abort import AbortMatcher
@@ -94,77 +96,6 @@ class HandlerContext(Generic[P_co]):
 
     def __repr__(self) -> str:
         return f"HandlerContext(event={self.event.type}#{self.event.index}, attempt={self.attempt})"
-
-
-class Retry:
-    """A handler's retry policy: ``a2trio.handler(fn, retry=a2trio.Retry(3))``.
-
-    A failed attempt (the handler raised, or ran past its ``timeout``) is
-    retried until ``max_attempts`` attempts have failed; that failure
-    dead-letters the event, and its lane stays blocked behind it until
-    redriven. An attempt that did not fail (its lease lapsed, it was
-    superseded, the server shut down) spends none. A handler without
-    ``retry=`` dead-letters at the server's ``Timings.max_failures``.
-
-    Retries wait out the seed's backoff schedule
-    (:data:`a2trio.stores.rules.EVENT_RETRY`), the stores' rule for every
-    handler: a per-handler backoff needs a stored retry-at, which the stores
-    do not keep yet.
-
-    Args:
-      max_attempts: failed attempts before the event is dead-lettered (1: no
-        retry).
-      non_retryable: exception classes that dead-letter the event on its first
-        failure (``isinstance``; an exception group does when every exception
-        in it is one). Timeouts raise :class:`TimeoutError`, so
-        ``non_retryable=(TimeoutError,)`` gives a timed-out event up at once.
-
-    Raises:
-      ValueError: ``max_attempts`` is below 1.
-      TypeError: ``max_attempts`` is not an int, or ``non_retryable`` is not a
-        tuple of exception classes.
-    """
-
-    __slots__ = ("max_attempts", "non_retryable")
-
-    def __init__(
-        self, max_attempts: int = 10, *, non_retryable: tuple[type[BaseException], ...] = ()
-    ) -> None:
-        if not isinstance(max_attempts, int) or isinstance(max_attempts, bool):
-            raise TypeError(f"Retry(max_attempts=...) must be an int, got {max_attempts!r}")
-        if max_attempts < 1:
-            raise ValueError(f"Retry(max_attempts=...) must be at least 1, got {max_attempts!r}")
-        if not isinstance(non_retryable, tuple) or not all(
-            isinstance(kind, type) and issubclass(kind, BaseException) for kind in non_retryable
-        ):
-            raise TypeError(
-                "Retry(non_retryable=...) must be a tuple of exception classes, "
-                f"got {non_retryable!r}"
-            )
-        self.max_attempts = max_attempts
-        self.non_retryable = non_retryable
-
-    def retryable(self, error: BaseException) -> bool:
-        """False if ``error`` dead-letters at once (see ``non_retryable``)."""
-        if not self.non_retryable:
-            return True
-        if isinstance(error, BaseExceptionGroup):
-            _, rest = error.split(self.non_retryable)
-            return rest is not None
-        return not isinstance(error, self.non_retryable)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Retry):
-            return NotImplemented
-        return (self.max_attempts, self.non_retryable) == (other.max_attempts, other.non_retryable)
-
-    def __hash__(self) -> int:
-        return hash((self.max_attempts, self.non_retryable))
-
-    def __repr__(self) -> str:
-        kinds = ", ".join(kind.__name__ for kind in self.non_retryable)
-        more = f", non_retryable=({kinds}{',' if len(self.non_retryable) == 1 else ''})"
-        return f"Retry({self.max_attempts}{more if self.non_retryable else ''})"
 
 
 class HandlerSpec:
@@ -416,5 +347,4 @@ def on(
 
 
 HandlerSpec.__module__ = "a2trio"
-Retry.__module__ = "a2trio"
 HandlerContext.__module__ = "a2trio"

@@ -324,12 +324,22 @@ class AttemptRunner:
 
         The handler's ``retry=`` sets ``max_failures``; a non-retryable error
         passes 1, so the store dead-letters on this failure
-        (:func:`a2trio.stores.rules.fail_verdict`)."""
+        (:func:`a2trio.stores.rules.fail_verdict`). Its backoff's wait is
+        stored as the retry-at, and a drain is armed for it."""
         retry = registration.retry if registration is not None else None
         max_attempts = retry.max_attempts if retry is not None else self.engine.timings.max_failures
         retryable = retry is None or retry.retryable(error)
         max_failures = max_attempts if retryable else 1
         verb = "timed out" if timed_out else "failed"
+        retry_after_ms = None
+        try:
+            if retry is not None and retryable:
+                retry_after_ms = retry.retry_after_ms(event.failure_count + 1)
+        except ValueError as bad:
+            # A broken backoff function: the retry falls back to the seed's rule.
+            self._log(
+                logging.ERROR, event, lease, "%s: %s; the seed's rule retries it", bad, error=bad
+            )
         try:
             call = self.engine.store.fail_attempt(
                 self.key,
@@ -337,6 +347,7 @@ class AttemptRunner:
                 attempt=event.attempt_count,
                 error=stored_error(error),
                 max_failures=max_failures,
+                retry_after_ms=retry_after_ms,
             )
             metrics = self.engine.metrics
             failure = await (call if metrics is None else measured(metrics, "fail", call))
@@ -354,6 +365,8 @@ class AttemptRunner:
             )
             return None
         span.set_attribute("a2.event.outcome", failure.outcome)
+        if failure.retry_at_ms is not None:
+            self.engine.watchdogs.wake(self.session_id, failure.retry_at_ms)
         if failure.outcome == "dead_lettered" and not retryable:
             self._log(
                 logging.ERROR,

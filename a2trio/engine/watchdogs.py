@@ -150,6 +150,17 @@ class Watchdogs:
         if self.claim_slot(session_id, slot):
             self.background.spawn(self._arm_background, session_id, slot)
 
+    def wake(self, session_id: str, at_ms: int) -> None:
+        """Arm a drain of ``session_id`` at exactly ``at_ms`` (epoch ms): the
+        not-before a failure's backoff or a debounce stored, when the event
+        becomes claimable (a slot would be up to a second late). Once per
+        instant, in the background, as :meth:`arm`; without a scheduler the
+        sweep finds the event instead."""
+        if self.scheduler is None or not self.background.is_open:
+            return
+        if self.claim_slot(session_id, at_ms):
+            self.background.spawn(self._arm_background, session_id, at_ms)
+
     async def _arm_background(self, session_id: str, slot_ms: int) -> None:
         try:
             with trio.fail_after(self.timings.scheduler_arm_timeout_s):

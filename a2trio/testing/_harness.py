@@ -103,6 +103,9 @@ class Outcome(msgspec.Struct, frozen=True):
       failures: how many attempts failed.
       last_error: the last failure's traceback text, if any.
       returned_ids: ids of the events its handler returned, once processed.
+      last_failed_at_ms: when the last attempt failed (the store's clock).
+      not_before_ms: the stored instant before which no attempt starts (a
+        backoff's retry-at), None for none.
     """
 
     status: OutcomeStatus
@@ -110,6 +113,8 @@ class Outcome(msgspec.Struct, frozen=True):
     failures: int
     last_error: str | None = None
     returned_ids: list[str] = msgspec.field(default_factory=list)
+    last_failed_at_ms: int | None = None
+    not_before_ms: int | None = None
 
 
 class Harness:
@@ -400,6 +405,8 @@ class Harness:
             row.failure_count,
             row.last_error,
             list(row.returned_event_ids or []),
+            row.last_failed_at_ms,
+            row.not_before_ms,
         )
 
     # -- assertions ----------------------------------------------------------------
