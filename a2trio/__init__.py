@@ -46,6 +46,7 @@ from .telemetry import (
 )
 from .timings import DEFAULT_TIMINGS, Timings
 from .tuning import tune_gc
+from .upcasting import UpcastError
 
 __version__ = "0.1.0"
 
@@ -104,6 +105,7 @@ __all__ = [
     "Telemetry",
     "Timings",
     "TrioClock",
+    "UpcastError",
     "actor",
     "call",
     "contract",

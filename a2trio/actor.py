@@ -21,7 +21,7 @@ everything and does no I/O.
 from __future__ import annotations
 
 import types
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 import msgspec
@@ -29,6 +29,7 @@ import msgspec
 from .contract import AppendInput, Contract, EventType, Reducer
 from .errors import A2Error, ErrorCode
 from .signatures import accepts, parameter_annotation, type_name
+from .upcasting import Upcaster
 
 if TYPE_CHECKING:
     from typing import _SpecialForm
@@ -112,8 +113,11 @@ class Actor(Contract, Generic[S]):
         state: Reducer[S],
         calls: Mapping[str, ActorCall],
         presence: Mapping[str, Any] | None = None,
+        *,
+        versions: Mapping[Any, Sequence[Any]] | None = None,
+        upcasters: Mapping[Any, Sequence[Upcaster]] | None = None,
     ) -> None:
-        super().__init__(name, events, presence)
+        super().__init__(name, events, presence, versions=versions, upcasters=upcasters)
         if not isinstance(state, Reducer):
             raise TypeError(f"actor {name!r}: state= takes an a2trio.Reducer, got {state!r}")
         if not isinstance(calls, Mapping) or not calls:
@@ -265,9 +269,12 @@ def actor(
     state: Reducer[S],
     calls: Mapping[str, ActorCall],
     presence: Mapping[str, Any] | None = None,
+    versions: Mapping[Any, Sequence[Any]] | None = None,
+    upcasters: Mapping[Any, Sequence[Upcaster]] | None = None,
 ) -> Actor[S]:
-    """Declare an actor: a contract (``events``, optional ``presence``) with a
-    state fold and calls.
+    """Declare an actor: a contract (``events``, optional ``presence``,
+    ``versions`` and ``upcasters`` as in :func:`a2trio.contract`) with a state
+    fold and calls: its state folds every event as its current version.
 
     Raises:
       TypeError: a bad contract, a ``state`` that is not a Reducer, no calls, a
@@ -275,7 +282,7 @@ def actor(
         input type than its call's, or another state type than the reducer's.
       ValueError: a call that emits an undeclared event type.
     """
-    return Actor(name, events, state, calls, presence)
+    return Actor(name, events, state, calls, presence, versions=versions, upcasters=upcasters)
 
 
 for _cls in (Actor, ActorCall, Refused):

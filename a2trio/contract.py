@@ -17,7 +17,7 @@ types cannot be typed per key, so the string forms (``orders.event("placed",
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Generic, TypeVar, overload
 
@@ -26,6 +26,7 @@ import msgspec
 from .errors import A2Error, ErrorCode
 from .identifiers import check_event_id
 from .signatures import type_name
+from .upcasting import Upcaster, Versions
 
 __all__ = [
     "MAX_DEPTH",
@@ -225,6 +226,13 @@ class Contract:
 
     Create one with :func:`contract`. Construction validates the declaration
     and does no I/O.
+
+    Attributes:
+      name: the contract's name.
+      events: event type -> the msgspec type of its payload (its current version).
+      presence: presence field -> the msgspec type of its value.
+      versions: the declared payload versions and their upcasters
+        (:mod:`a2trio.upcasting`).
     """
 
     def __init__(
@@ -232,6 +240,9 @@ class Contract:
         name: str,
         events: Mapping[str, Any] | Iterable[EventType[Any]],
         presence: Mapping[str, Any] | None = None,
+        *,
+        versions: Mapping[Any, Sequence[Any]] | None = None,
+        upcasters: Mapping[Any, Sequence[Upcaster]] | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError(f"contract name must be a non-empty string, got {name!r}")
@@ -248,6 +259,7 @@ class Contract:
         self.name = name
         self.events: dict[str, Any] = declared
         self.presence: dict[str, Any] = dict(presence or {})
+        self.versions = Versions(name, declared, versions, upcasters)
 
     @property
     def declares_presence(self) -> bool:
@@ -296,11 +308,45 @@ class Contract:
         return self.convert(schema, value, f"presence field '{field}'")[1]
 
     def decode(self, type: str, payload: Any) -> Any:
-        """Convert stored JSON builtins back to the declared type (trusted data)."""
+        """Convert JSON builtins of the current version (a wire event's
+        payload: the server upcast it) back to the declared type (trusted data)."""
         schema = self.events.get(type)
         if schema is None:
             return payload
         return msgspec.convert(payload, schema)
+
+    def upcast(
+        self,
+        type: str,
+        payload: Any,
+        version: int | None,
+        *,
+        session_id: str,
+        index: int,
+        event_id: str,
+    ) -> Any:
+        """A stored event's payload (JSON builtins, stored at ``version``; None
+        is version 1) as the current version of its type: decoded as the type
+        of its version, then upcast step by step. A type the contract no longer
+        declares passes as the builtins. The location names the event in the
+        error.
+
+        Raises:
+          UpcastError: the payload cannot be read as the current version.
+        """
+        schema = self.events.get(type)
+        if schema is None:
+            return payload
+        return self.versions.upcast(
+            schema,
+            type,
+            payload,
+            version,
+            contract=self.name,
+            session_id=session_id,
+            index=index,
+            event_id=event_id,
+        )
 
     def decode_presence(self, field: str, value: Any) -> Any:
         """Convert a stored presence value back to the declared type."""
@@ -408,6 +454,9 @@ def contract(
     name: str,
     events: Mapping[str, Any] | Iterable[EventType[Any]],
     presence: Mapping[str, Any] | None = None,
+    *,
+    versions: Mapping[Any, Sequence[Any]] | None = None,
+    upcasters: Mapping[Any, Sequence[Upcaster]] | None = None,
 ) -> Contract:
     """Declare a contract.
 
@@ -417,12 +466,20 @@ def contract(
       events: the :func:`event_type` handles of its event types (the typed
         form), or a mapping event type -> msgspec type of its payload.
       presence: presence field -> msgspec type of its value (optional).
+      versions: event type (name or handle) -> its payload types, oldest
+        first; the last is its payload type in ``events`` (optional; see
+        :mod:`a2trio.upcasting`). Stored events are read as the current one.
+      upcasters: event type -> one function per version step, each taking a
+        value of version ``n`` and returning version ``n + 1``.
 
     Raises:
-      TypeError: an empty name, no events, or a type msgspec cannot validate.
-      ValueError: a list of handles that names one event type twice.
+      TypeError: an empty name, no events, a type msgspec cannot validate,
+        an upcaster that is not callable.
+      ValueError: a list of handles that names one event type twice; versions
+        of an undeclared type or whose last type is not its payload type; a
+        missing or extra upcaster.
     """
-    return Contract(name, events, presence)
+    return Contract(name, events, presence, versions=versions, upcasters=upcasters)
 
 
 @overload

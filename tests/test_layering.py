@@ -47,7 +47,7 @@ LAYERS: list[set[str]] = [
     {"schedulers"},
     {"push", "scheduler"},
     {"stores"},
-    {"contract", "actor"},
+    {"contract", "actor", "upcasting"},
     {
         "identifiers",
         "ids",

@@ -161,6 +161,18 @@ async def test_a_version_3_database_gains_the_not_before_column(tmp_path: Path) 
     assert await trio.to_thread.run_sync(_user_version, path) == SCHEMA_VERSION
 
 
+async def test_a_version_4_database_gains_the_version_column(tmp_path: Path) -> None:
+    # Issue 35: events written before versions read as version None (1).
+    path = str(tmp_path / "dev.db")
+    await trio.to_thread.run_sync(_database_at, path, 4)
+    async with sqlite(path) as store:
+        await store.append("s", [msgspec.structs.replace(_event(2, "new-2"), version=2)])
+        old, new = await store.read("s")
+    assert (old.id, old.payload, old.version) == ("old-1", {"item": "old"}, None)
+    assert (new.id, new.version) == ("new-2", 2)
+    assert await trio.to_thread.run_sync(_user_version, path) == SCHEMA_VERSION
+
+
 async def test_a_database_from_a_newer_release_is_refused(tmp_path: Path) -> None:
     path = str(tmp_path / "dev.db")
     await trio.to_thread.run_sync(_set_user_version, path, SCHEMA_VERSION + 1)

@@ -141,11 +141,37 @@ class Engine:
         return key[len(self.prefix) :] if key.startswith(self.prefix) else None
 
     def to_public(self, row: StoredEvent) -> Event[Any]:
-        """A stored row as a typed event (payload decoded to the contract's type)."""
+        """A stored row as a typed event: the one place a stored payload is
+        decoded, as the current version of its type (upcast from the version
+        it was stored at: :mod:`a2trio.upcasting`).
+
+        Raises:
+          UpcastError: the payload cannot be read as the current version.
+        """
+        session_id = row.session_id[len(self.prefix) :]
         return Event(
             id=row.id,
             type=row.type,
-            payload=self.contract.decode(row.type, row.payload),
+            payload=self.contract.upcast(
+                row.type,
+                row.payload,
+                row.version,
+                session_id=session_id,
+                index=row.index,
+                event_id=row.id,
+            ),
+            index=row.index,
+            session_id=session_id,
+            created_at=ms_to_datetime(row.created_at_ms),
+        )
+
+    def as_stored(self, row: StoredEvent) -> Event[Any]:
+        """A stored row as an event whose payload is as stored (JSON builtins,
+        not upcast): what inspection shows of an event :meth:`to_public` refuses."""
+        return Event(
+            id=row.id,
+            type=row.type,
+            payload=row.payload,
             index=row.index,
             session_id=row.session_id[len(self.prefix) :],
             created_at=ms_to_datetime(row.created_at_ms),

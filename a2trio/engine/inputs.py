@@ -49,7 +49,8 @@ def validate(
 
     With ``dispatch=False`` (schedules) no lane is resolved and nothing is
     marked settled: the events are appended later, by a scheduler.
-    ``trace_context`` is stored with every event (the appender's span).
+    ``trace_context`` is stored with every event (the appender's span), and
+    each event's version is its type's current one (``contract.versions``).
 
     Raises:
       TypeError: no events, or an input not built with ``contract.event``.
@@ -58,6 +59,7 @@ def validate(
     if not events:
         raise TypeError("append requires at least one event")
     validated = []
+    versions = engine.contract.versions
     for event in events:
         if not isinstance(event, AppendInput | PushedEvent):
             raise TypeError(f"append takes events built with contract.event(...), got {event!r}")
@@ -83,7 +85,16 @@ def validate(
                             f"got {lane!r}"
                         )
         validated.append(
-            AppendEvent(event.type, builtins, event.id, None, lane, settled, trace_context)
+            AppendEvent(
+                event.type,
+                builtins,
+                event.id,
+                None,
+                lane,
+                settled,
+                trace_context,
+                versions.stored(event.type),
+            )
         )
     return validated
 

@@ -36,6 +36,7 @@ from ..stores.base import (
     StoredEvent,
 )
 from ..telemetry import trace_id_of
+from ..upcasting import UpcastError
 from .actions import (
     DEFAULT_BULK_LIMIT,
     MAX_ACTOR_CHARS,
@@ -223,8 +224,14 @@ class ServerInspection:
     def _inspected(
         self, row: StoredEvent, now_ms: int, actions: list[OperatorAction]
     ) -> InspectedEvent:
+        try:
+            event = self._engine.to_public(row)
+        except UpcastError:
+            # The operator still sees it, as stored: its handler's failure
+            # (its dead letter's last error) names why it cannot be read.
+            event = self._engine.as_stored(row)
         return InspectedEvent(
-            self._engine.to_public(row),
+            event,
             event_status(row, now_ms, actions),
             actions,
             trace_id_of(row.trace_context),

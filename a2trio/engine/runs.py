@@ -24,6 +24,7 @@ import trio
 
 from ..stores.base import AppendEvent, CompleteResult, FailResult, StoredEvent
 from ..telemetry import NOOP_TELEMETRY, AttemptOutcome, Span
+from ..upcasting import UpcastError
 from .abort import AbortHub, AbortSubscription
 from .attempt import (
     SUPERSEDED,
@@ -328,7 +329,8 @@ class AttemptRunner:
         stored as the retry-at, and a drain is armed for it."""
         retry = registration.retry if registration is not None else None
         max_attempts = retry.max_attempts if retry is not None else self.engine.timings.max_failures
-        retryable = retry is None or retry.retryable(error)
+        # An event that cannot be upcast fails the same way on every read.
+        retryable = not isinstance(error, UpcastError) and (retry is None or retry.retryable(error))
         max_failures = max_attempts if retryable else 1
         verb = "timed out" if timed_out else "failed"
         retry_after_ms = None

@@ -65,6 +65,10 @@ class AppendEvent(msgspec.Struct, frozen=True):
     the appender's trace context, opaque to the store (the telemetry's
     encoding, see :mod:`a2trio.telemetry`): stored with the event and returned
     with it, so a handler in another process continues the appender's trace.
+    ``version`` is the schema version of the payload's type (the contract's
+    ``versions=``), stored with the event and returned with it; None is
+    version 1, which is what every event written before versions existed
+    reads as.
     """
 
     type: str
@@ -74,6 +78,7 @@ class AppendEvent(msgspec.Struct, frozen=True):
     lane: str | None = None
     settled: bool = False
     trace_context: str | None = None
+    version: int | None = None
 
 
 class StoredEvent(msgspec.Struct, frozen=True):
@@ -82,7 +87,9 @@ class StoredEvent(msgspec.Struct, frozen=True):
     Times are epoch milliseconds from the store's clock. ``not_before_ms``
     (an a2trio addition, issue 33) is the instant before which no claim takes
     the event (``rules.ripe``): a per-handler backoff's retry-at, a released
-    attempt's wake time; None for none.
+    attempt's wake time; None for none. ``version`` is the payload's schema
+    version as appended (None: version 1); the engine upcasts the payload to
+    its type's current version when it reads it.
     """
 
     id: str
@@ -108,6 +115,7 @@ class StoredEvent(msgspec.Struct, frozen=True):
     claim_expires_at_ms: int | None = None
     trace_context: str | None = None
     not_before_ms: int | None = None
+    version: int | None = None
 
 
 class Claimed(msgspec.Struct, frozen=True, tag="claimed"):

@@ -65,6 +65,7 @@ and build rows):
 * ``verdicts``: the rule table of :mod:`a2trio.stores.rules` (``CASES``), every
   case built and asked through the public API, so a backend's spelling of a
   rule that drifts fails by the rule's name and its starting state;
+* ``versions``: each event's schema version, stored and read back;
 * ``failures``: :data:`UNREACHABLE_CHECKS`.
 
 A new check goes in its capability's module and into :data:`CHECKS` here, in
@@ -167,6 +168,7 @@ from .verdicts import (
     check_rule_table_operator_actions,
     check_rule_table_sweep,
 )
+from .versions import check_version_is_stored_with_the_event
 
 __all__ = [
     "CHECKS",
@@ -234,6 +236,7 @@ __all__ = [
     "check_stream_close_stops_the_feed",
     "check_stream_concurrent_feeds",
     "check_trace_context_is_stored_with_the_event",
+    "check_version_is_stored_with_the_event",
     "raises",
     "refused",
 ]
@@ -254,6 +257,7 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_append_expected_index,
     check_find_event,
     check_trace_context_is_stored_with_the_event,
+    check_version_is_stored_with_the_event,
     check_cancelled_calls_commit_all_or_nothing,
     check_aclose_is_idempotent,
     check_aclose_inside_the_block_ends_only_the_stores_tasks,

@@ -45,6 +45,7 @@ class Row:
     claim_expires_at_ms: int | None = None
     trace_context: str | None = None
     not_before_ms: int | None = None
+    version: int | None = None
 
     def stored(self) -> StoredEvent:
         return StoredEvent(
@@ -73,6 +74,7 @@ class Row:
             claim_expires_at_ms=self.claim_expires_at_ms,
             trace_context=self.trace_context,
             not_before_ms=self.not_before_ms,
+            version=self.version,
         )
 
 

@@ -214,6 +214,7 @@ class MemoryStore:
             lane_ready=lane_ready,
             processed_at_ms=now if event.settled else None,
             trace_context=event.trace_context,
+            version=event.version,
         )
         rows.append(row)
         self._ids[event_id] = row

@@ -60,4 +60,5 @@ def stored_event(row: Row, at: int = 0) -> StoredEvent:
         claim_expires_at_ms=r[20],
         trace_context=r[21],
         not_before_ms=r[22],
+        version=r[23],
     )

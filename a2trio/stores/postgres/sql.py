@@ -153,6 +153,18 @@ begin
     alter table a2_events add column not_before bigint;
   end if;
 end $$;
+
+-- Each event's payload schema version (issue 35, upcasting): null for
+-- events written before (and by the seed), which read as version 1.
+-- Checked in the catalog first, as trace_context is.
+do $$
+begin
+  if not exists (select 1 from pg_attribute
+                  where attrelid = 'a2_events'::regclass
+                    and attname = 'version' and not attisdropped) then
+    alter table a2_events add column version integer;
+  end if;
+end $$;
 """
 
 # Notifications are transactional: delivered at commit, never for a rollback.
@@ -231,7 +243,7 @@ EVENT_COLUMNS = (
     " processed_at, processed_by_attempt, returned_event_ids, first_claimed_at,"
     " last_claimed_at, attempt_count, failure_count, last_failed_at,"
     " last_failed_attempt, last_error, failed_at, claim_holder, claim_expires_at,"
-    " trace_context, not_before"
+    " trace_context, not_before, version"
 )
 
 
@@ -457,7 +469,7 @@ select v.had_pending, v.base, {claimed}, v.others_claimable from verdict v"""
 with batch as (
   select * from jsonb_to_recordset($2::jsonb)
     as b(ord bigint, id text, type text, payload jsonb, {cause[0]}lane text, settled boolean,
-         trace text)
+         trace text, version int)
 ),{head}
 ready as materialized (
   -- Materialized so each row's readiness (two subqueries) is computed once,
@@ -471,7 +483,7 @@ inserted as (
   insert into a2_events
     (session_id, idx, event_type, payload, event_id, created_at, {cause[1]}lane,
      lane_ready, processed_at, attempt_count, first_claimed_at, last_claimed_at,
-     claim_holder, claim_expires_at, trace_context)
+     claim_holder, claim_expires_at, trace_context, version)
   select $1::text, r.idx, r.type, coalesce(r.payload, 'null'::jsonb), r.id,
          {now}::bigint, {cause[2]}r.lane, r.lane_ready,
          case when r.settled then {now}::bigint end,
@@ -480,7 +492,7 @@ inserted as (
          case when r.claim then {now}::bigint end,
          case when r.claim then {holder}::text end,
          case when r.claim then {expiry}::bigint end,
-         r.trace
+         r.trace, r.version
     from ready r
   returning idx, claim_holder
 ){tail.replace("{claimed}", claimed)}
@@ -648,17 +660,17 @@ verdict as (
 batch as (
   select * from jsonb_to_recordset($5::jsonb)
     as b(ord bigint, id text, type text, payload jsonb, lane text, settled boolean,
-         trace text)
+         trace text, version int)
 ),
 inserted as (
   insert into a2_events
     (session_id, idx, event_type, payload, event_id, created_at, cause, lane,
-     lane_ready, processed_at, trace_context)
+     lane_ready, processed_at, trace_context, version)
   select $1::text, v.base + b.ord, b.type, coalesce(b.payload, 'null'::jsonb), b.id,
          $6::bigint, $7::jsonb, b.lane,
          {ready_at_insert("b", "$1::text", "<> $2::bigint")},
          case when b.settled then $6::bigint end,
-         b.trace
+         b.trace, b.version
     from batch b, verdict v
    where v.outcome = 'completed'
   returning *

@@ -153,6 +153,7 @@ class PostgresWrites:
                     "lane": e.lane,
                     "settled": e.settled,
                     "trace": e.trace_context,
+                    "version": e.version,
                 }
                 for ord_, (e, event_id) in enumerate(zip(events, ids, strict=True), 1)
             ]
@@ -209,6 +210,7 @@ class PostgresWrites:
                 lane=e.lane,
                 processed_at_ms=now if e.settled else None,
                 trace_context=e.trace_context,
+                version=e.version,
             )
             for ord_, (e, event_id) in enumerate(zip(events, ids, strict=True), 1)
         ]
@@ -317,6 +319,7 @@ class PostgresWrites:
                 "lane": e.lane,
                 "settled": e.settled,
                 "trace": e.trace_context,
+                "version": e.version,
             }
             for ord_, e in enumerate(events, 1)
         ]

@@ -104,7 +104,9 @@ class Cause(msgspec.Struct, frozen=True, array_like=True):
 
 class Entry(msgspec.Struct, frozen=True, array_like=True):
     """An event's immutable half, as stored in the stream. Entries written
-    before the trace context existed end at ``settled`` and still decode."""
+    before the trace context existed end at ``settled``, and those written
+    before versions at ``trace_context``: both still decode (a missing
+    version is version 1)."""
 
     id: str
     type: str
@@ -114,6 +116,7 @@ class Entry(msgspec.Struct, frozen=True, array_like=True):
     lane: str | None
     settled: bool
     trace_context: str | None = None
+    version: int | None = None
 
 
 class Meta(msgspec.Struct, omit_defaults=True):
@@ -183,6 +186,7 @@ def row(session_id: str, index: int, entry: bytes, meta: bytes | None) -> Stored
             lane=e.lane,
             processed_at_ms=e.created_at_ms if e.settled else None,
             trace_context=e.trace_context,
+            version=e.version,
         )
     m = decode_meta(meta)
     return StoredEvent(
@@ -195,6 +199,7 @@ def row(session_id: str, index: int, entry: bytes, meta: bytes | None) -> Stored
         cause=cause,
         lane=e.lane,
         trace_context=e.trace_context,
+        version=e.version,
         processed_at_ms=m.processed_at_ms,
         processed_by_attempt=m.processed_by_attempt,
         returned_event_ids=None if m.returned_ids is None else decode_ids(m.returned_ids),
@@ -254,6 +259,7 @@ def entry(event: AppendEvent, event_id: str, now: int, cause: EventCause | None)
             event.lane,
             event.settled,
             event.trace_context,
+            event.version,
         )
     )
 
@@ -322,6 +328,7 @@ def appended_rows(
                 lane=event.lane,
                 processed_at_ms=now if event.settled else None,
                 trace_context=event.trace_context,
+                version=event.version,
                 first_claimed_at_ms=now if claimed else None,
                 last_claimed_at_ms=now if claimed else None,
                 attempt_count=1 if claimed else 0,
@@ -354,6 +361,7 @@ def returned_rows(
             lane=event.lane,
             processed_at_ms=now if event.settled else None,
             trace_context=event.trace_context,
+            version=event.version,
         )
         for ord_, (event, event_id) in enumerate(zip(events, ids, strict=True), 1)
     ]

@@ -14,7 +14,8 @@ collides across sessions):
 
 * ``P:S:log``: the session's Redis Stream. FeedEntry id ``<index>-0`` (so
   ``XRANGE`` reads by index), one field ``r``: the immutable row as JSON,
-  ``[id, type, payload, created_at_ms, cause, lane, settled, trace_context]``.
+  ``[id, type, payload, created_at_ms, cause, lane, settled, trace_context,
+  version]``.
 * ``P:S:meta``: hash, index -> the mutable bookkeeping of an unsettled event
   as a JSON object (``a`` attempts, ``f`` failures, ``h`` holder, ``x`` claim
   expiry, ``fc``/``lc`` first/last claimed, ``lf``/``la`` last failure time

@@ -121,8 +121,12 @@ _V3 = ("alter table a2_events add column trace_context text",)
 # none, and for events written before.
 _V4 = ("alter table a2_events add column not_before integer",)
 
+# Each event's payload schema version (issue 35, upcasting). Null for events
+# written before, which read as version 1.
+_V5 = ("alter table a2_events add column version integer",)
+
 #: Statements per migration; entry ``n`` upgrades ``user_version`` ``n`` to ``n + 1``.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5)
 
 #: The version this release writes and reads.
 SCHEMA_VERSION = len(MIGRATIONS)

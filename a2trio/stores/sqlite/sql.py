@@ -157,12 +157,12 @@ EVENT_COLUMNS: Final = (
     "event_id, event_type, payload, idx, session_id, created_at, cause, lane, processed_at, "
     "processed_by_attempt, returned_event_ids, first_claimed_at, last_claimed_at, "
     "attempt_count, failure_count, last_failed_at, last_failed_attempt, last_error, "
-    "failed_at, claim_holder, claim_expires_at, trace_context, not_before"
+    "failed_at, claim_holder, claim_expires_at, trace_context, not_before, version"
 )
 
 _INSERTED: Final = (
     "session_id, idx, event_type, payload, event_id, created_at, cause, lane, lane_ready, "
-    "processed_at, trace_context"
+    "processed_at, trace_context, version"
 )
 
 #: One new unclaimed row, ready in its lane as the fragment decides: a lane
@@ -170,7 +170,7 @@ _INSERTED: Final = (
 #: (issue 31).
 INSERT: Final = f"""
 insert into a2_events ({_INSERTED})
-values (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {_ready_at_insert("?1", "?8")}, ?9, ?10)
+values (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {_ready_at_insert("?1", "?8")}, ?9, ?10, ?11)
 """
 
 #: One new row claimed as it is written (:func:`insert` decides), so ready in
@@ -178,7 +178,7 @@ values (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {_ready_at_insert("?1", "?8")}, ?9, ?10)
 INSERT_CLAIMED: Final = f"""
 insert into a2_events
   ({_INSERTED}, attempt_count, first_claimed_at, last_claimed_at, claim_holder, claim_expires_at)
-values (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 1, ?9, ?10, 1, ?6, ?6, ?11, ?12)
+values (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 1, ?9, ?10, ?11, 1, ?6, ?6, ?12, ?13)
 """
 
 #: Events after ``?2`` through ``?3`` (None: the end). The upper bound is one
@@ -621,6 +621,7 @@ def insert(
         lane=event.lane,
         processed_at_ms=processed_at,
         trace_context=event.trace_context,
+        version=event.version,
     )
     columns = (
         session_id,
@@ -638,7 +639,14 @@ def insert(
             expires_at = now + claim.ttl_ms
             conn.execute(
                 INSERT_CLAIMED,
-                (*columns, processed_at, event.trace_context, claim.holder, expires_at),
+                (
+                    *columns,
+                    processed_at,
+                    event.trace_context,
+                    event.version,
+                    claim.holder,
+                    expires_at,
+                ),
             )
             return msgspec.structs.replace(
                 row,
@@ -648,5 +656,5 @@ def insert(
                 claim_holder=claim.holder,
                 claim_expires_at_ms=expires_at,
             )
-    conn.execute(INSERT, (*columns, processed_at, event.trace_context))
+    conn.execute(INSERT, (*columns, processed_at, event.trace_context, event.version))
     return row
