@@ -35,7 +35,15 @@ from .scheduler import (
 )
 from .schedulers import DurableScheduler, LocalScheduler
 from .server import Server
-from .stores.base import OperatorAction, OperatorActionError, Store
+from .stores.base import (
+    ArchivedSnapshot,
+    Erased,
+    OperatorAction,
+    OperatorActionError,
+    RetentionError,
+    SessionArchive,
+    Store,
+)
 from .telemetry import (
     NOOP_TELEMETRY,
     Metrics,
@@ -61,6 +69,7 @@ __all__ = [
     "ActorState",
     "AppendInput",
     "AppendTask",
+    "ArchivedSnapshot",
     "Clock",
     "Contract",
     "Cron",
@@ -68,6 +77,7 @@ __all__ = [
     "DrainResult",
     "DrainTask",
     "DurableScheduler",
+    "Erased",
     "ErrorCode",
     "Event",
     "EventType",
@@ -90,6 +100,7 @@ __all__ = [
     "PushedPresence",
     "Reducer",
     "Refused",
+    "RetentionError",
     "Retry",
     "Returned",
     "ScheduledEvent",
@@ -98,6 +109,7 @@ __all__ = [
     "SchedulerTask",
     "Server",
     "Session",
+    "SessionArchive",
     "Span",
     "Store",
     "Subscription",

@@ -38,6 +38,7 @@ from .engine.drain import DrainResult
 from .engine.gauges import ServerGauges
 from .engine.handlers import Handlers, registrations
 from .engine.inspection import ServerInspection
+from .engine.retention import ServerRetention
 from .engine.session import Session
 from .engine.writes import Writes
 from .errors import A2Error, ErrorCode
@@ -204,6 +205,9 @@ class Server:
         #: The contract's sessions and events with their processing status
         #: (:class:`~a2trio.engine.inspection.ServerInspection`).
         self.inspect = ServerInspection(self._engine, self._drains.wake, self._crons)
+        #: Export, archive and erase the contract's sessions
+        #: (:class:`~a2trio.engine.retention.ServerRetention`).
+        self.retention = ServerRetention(self._engine)
         #: The gauges shown with :attr:`metrics` while the server is open.
         self.gauges = ServerGauges(self._engine)
         self.asyncio_loop = asyncio_loop

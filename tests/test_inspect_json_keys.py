@@ -122,6 +122,7 @@ def test_every_key_the_cli_and_the_inspector_answer_is_camel_case(
         ["redrive", "s3", "1"],
         ["retry-now", "s3"],
         ["skip", "s3", "1", "--reason", "on_purpose"],
+        ["erase", "s3", "--reason", "on_purpose"],
     ):
         assert main(["--app", name, "--store", url, "--json", *argv]) == 0, argv
         answers[" ".join(argv)] = json.loads(capsys.readouterr().out)
@@ -133,13 +134,19 @@ def test_every_key_the_cli_and_the_inspector_answer_is_camel_case(
     assert answers["crons"][0]["sessionId"] == "journal"
     assert answers["POST bulk"]["items"][0]["sessionId"] == "s1"
     assert answers["bulk redrive --prefix s3 --dry-run"]["dryRun"] is True
+    assert answers["erase s3 --reason on_purpose"]["actions"] == 3
+    # An export's JSON lines too (an archive's file holds the same).
+    assert main(["--app", name, "--store", url, "export", "s1"]) == 0
+    exported = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["kind"] for line in exported] == ["session", "event", "event", "action"]
+    answers["export s1"] = exported
     assert answers["GET/s1"]["events"][0]["event"]["payload"] == {"job_name": "a"}
     keys = [key for asked, answer in answers.items() for key in _keys(answer, asked)]
     assert len(keys) > 100
     assert [key for key in keys if "_" in key.rpartition(".")[2]] == []
     # And the records' names, a snapshot's too (no app here keeps one).
     records = [getattr(inspection, name) for name in inspection.__all__ if name.startswith("Wire")]
-    assert len(records) == 13
+    assert len(records) == 14
     for record in records:
         for field in msgspec.structs.fields(record):
             assert "_" not in field.encode_name, (record, field)

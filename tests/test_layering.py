@@ -30,7 +30,7 @@ LAYERS: list[set[str]] = [
     {"drain", "session", "fanout", "actor_calls", "inspection"},
     # The engine, one layer per line (engine/__init__.py imports nothing).
     {"engine", "engine.inspection", "engine.actor_calls", "engine.gauges"},
-    {"engine.actions"},
+    {"engine.actions", "engine.retention"},
     {"engine.inspection_records", "engine.crons"},
     {"engine.writes"},
     {"engine.drains"},

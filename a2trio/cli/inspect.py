@@ -10,6 +10,9 @@ the actions that repair them.
     python -m a2trio.inspect --app module:server retry-now SESSION [--reason TEXT]
     python -m a2trio.inspect --app module:server bulk {redrive,skip} [--type T]... [--error TEXT]
         [--prefix P] [--from TIME] [--until TIME] [--dry-run] [--all] [--limit N] [--reason TEXT]
+    python -m a2trio.inspect --app module:server export SESSION
+    python -m a2trio.inspect --app module:server archive SESSION --to FILE --reason TEXT
+    python -m a2trio.inspect --app module:server erase SESSION --reason TEXT
 
 ``--app`` names the server as ``serve`` does (``module:attribute``, the
 attribute defaulting to ``server``; with a list of servers, ``--contract``
@@ -27,6 +30,13 @@ dead-lettered: ISO 8601 with an offset, or epoch milliseconds; from inclusive,
 until exclusive). ``--dry-run`` lists the matches and touches nothing; acting
 with no filter needs ``--all``; ``--limit`` bounds one run (1,000 by
 default). A refused event is listed as refused; the others go on.
+
+``export`` prints a session as JSON lines (its events with their
+bookkeeping, snapshots and operator actions; see ``ServerRetention.lines``)
+and removes nothing. ``archive`` writes that to a new file (``--to``), then
+erases the session; ``erase`` removes the session and everything derived
+from it. Both need ``--reason``, are refused while a claim on the session is
+live (``RetentionError``, exit 1), and are logged on ``a2trio.retention``.
 
 Only the store is opened, never the server: this process runs no handler and
 no sweep. The serving processes take an action up by themselves: at once on
@@ -57,7 +67,7 @@ from ..engine.inspection_records import (
 )
 from ..errors import A2Error
 from ..server import Server
-from ..stores.base import OperatorAction
+from ..stores.base import Erased, OperatorAction
 from ..transport import App, wire
 from .serve import TargetError, load_target
 
@@ -192,6 +202,14 @@ def _bulk_table(result: BulkResult) -> list[str]:
     return lines
 
 
+def _erased_table(erased: Erased) -> list[str]:
+    return [
+        f"removed session {erased.session_id!r}: {erased.events} events, "
+        f"{erased.snapshots} snapshots, {erased.actions} operator actions, "
+        f"{erased.presence} presence rows"
+    ]
+
+
 def _moment(name: str, text: str | None) -> int | None:
     """``--from`` / ``--until``: epoch milliseconds, or ISO 8601 with an offset."""
     if text is None:
@@ -267,6 +285,17 @@ async def _run(server: Server, args: argparse.Namespace) -> str:
                 limit=args.limit,
             )
             return _render(args, wire.bulk_result_to_wire(result), lambda: _bulk_table(result))
+        if args.command == "export":
+            archive = await server.retention.export(args.session)
+            return server.retention.lines(archive).decode().rstrip("\n")
+        if args.command in ("erase", "archive"):
+            if args.command == "erase":
+                erased = await server.retention.erase(args.session, by=args.by, reason=args.reason)
+            else:
+                erased = await server.retention.archive(
+                    args.session, args.to, by=args.by, reason=args.reason
+                )
+            return _render(args, wire.erased_to_wire(erased), lambda: _erased_table(erased))
         if args.command == "retry-now":
             actions = await inspect.retry_now(args.session, by=args.by, reason=args.reason)
         elif args.command == "redrive":
@@ -336,6 +365,16 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m a2trio.ins
     bulk.add_argument("--limit", type=int, default=DEFAULT_BULK_LIMIT, help="the most to touch")
     bulk.add_argument("--reason", default="", help="why (required to skip)")
     bulk.add_argument("--by", default=_login(), help="who acts (default: login name)")
+    export = commands.add_parser("export", help="print a session as JSON lines")
+    export.add_argument("session")
+    archive = commands.add_parser("archive", help="export a session to a new file, then erase it")
+    archive.add_argument("session")
+    archive.add_argument("--to", required=True, help="the new file (refused if it exists)")
+    erase = commands.add_parser("erase", help="remove a session and everything derived from it")
+    erase.add_argument("session")
+    for removal in (archive, erase):
+        removal.add_argument("--reason", required=True, help="why (logged)")
+        removal.add_argument("--by", default=_login(), help="who acts (default: login name)")
     args = parser.parse_args(argv)
     if args.store:
         os.environ["A2_STORE"] = args.store
@@ -344,10 +383,11 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m a2trio.ins
     try:
         server = load_server(args.app, args.contract)
         output: Any = trio.run(_run, server, args)
-    except (A2Error, InspectionUnsupportedError, _NoSession, TypeError, ValueError) as exc:
+    except (A2Error, InspectionUnsupportedError, _NoSession, TypeError, ValueError, OSError) as exc:
         # ValueError: TargetError, StoreURLError, a refused action
-        # (OperatorActionError), a bad filter (BulkFilterError), a bad
-        # argument value. An unreachable store
+        # (OperatorActionError, RetentionError), a bad filter
+        # (BulkFilterError), a bad argument value. OSError: an archive's
+        # file exists or cannot be written. An unreachable store
         # says why (the driver's error is the A2Error's cause).
         cause = ""
         if isinstance(exc, A2Error) and exc.__cause__ is not None:

@@ -43,8 +43,9 @@ Obligations every backend keeps:
 Optional capabilities are attributes of the store, each the capability
 object or None: ``presence`` (:class:`PresenceStore`), ``inspect``
 (:class:`Inspection`), ``sweep`` (:class:`SweepsClaimable`), ``pending``
-(:class:`WatchesPending`) and ``operator`` (:class:`OperatorActions`). A
-caller looks once, tests for None and calls the object; a backend points
+(:class:`WatchesPending`), ``operator`` (:class:`OperatorActions`) and
+``retention`` (:class:`Retention`). A caller looks once, tests for None
+and calls the object; a backend points
 each at the part of it that does the work, or sets None.
 
 Cancellation: every async operation is a checkpoint. A cancelled operation
@@ -90,17 +91,26 @@ from .records import (
     StoredPresencePatch,
     replay,
 )
+from .retention import (
+    ArchivedSnapshot,
+    Erased,
+    RetentionError,
+    RetentionRefusal,
+    SessionArchive,
+)
 
 __all__ = [
     "ActionKind",
     "AppendEvent",
     "AppendResult",
+    "ArchivedSnapshot",
     "Busy",
     "ClaimRef",
     "ClaimRequest",
     "ClaimResult",
     "Claimed",
     "CompleteResult",
+    "Erased",
     "EventCause",
     "EventPage",
     "FailResult",
@@ -114,6 +124,10 @@ __all__ = [
     "RefusalReason",
     "ReleaseResult",
     "RenewResult",
+    "Retention",
+    "RetentionError",
+    "RetentionRefusal",
+    "SessionArchive",
     "SessionPage",
     "SessionSummary",
     "Settled",
@@ -228,6 +242,11 @@ class Store(Protocol):
     @property
     def operator(self) -> OperatorActions | None:
         """The operator capability (dead letters, redrive, skip, retry now), or None."""
+        ...
+
+    @property
+    def retention(self) -> Retention | None:
+        """The retention capability (export, erase a session), or None."""
         ...
 
     async def __aenter__(self) -> Store: ...
@@ -467,4 +486,43 @@ class OperatorActions(Protocol):
     ) -> list[OperatorAction]:
         """The actions recorded on events in ``(after_index, through_index]``,
         by index, then in the order they were recorded."""
+        ...
+
+
+class Retention(Protocol):
+    """The optional retention capability (``store.retention``: memory,
+    SQLite, Postgres, Redis; issue 35): read a session whole, and erase it
+    with everything derived from it.
+
+    Every operation is one transaction (a script on Redis) that reads the
+    session's claims and decides with ``rules`` (``check_unclaimed``,
+    ``check_expected``) before it removes anything: a live
+    claim on any of the session's events (unexpired on the store's clock)
+    refuses it with :class:`RetentionError`, and a refused operation removes
+    nothing. None of them keeps a copy of what it removed.
+    """
+
+    async def export(self, session_id: str) -> SessionArchive:
+        """The session's events with their bookkeeping, its snapshots and the
+        operator actions recorded on it, read in one transaction (an empty
+        archive, index 0, for a session the store does not hold).
+
+        Cancellation: a read."""
+        ...
+
+    async def erase(self, session_id: str, *, expected_index: int | None = None) -> Erased:
+        """Remove the session and everything derived from it: its events (and
+        their ids, which may then be appended again, as new), snapshots,
+        operator actions and presence rows. An erased session reads as one
+        never written; its next append is index 1. Erasing a session the
+        store does not hold removes nothing and answers zeros.
+
+        With ``expected_index``, remove it only if its last index is still
+        that one (an export's ``index``: nothing appended since).
+
+        Raises:
+          RetentionError: ``claimed``, ``changed``.
+
+        Cancellation: removed entirely or not at all; repeating it is safe.
+        """
         ...

@@ -36,6 +36,7 @@ from ..stores.base import (
     PresenceStore,
     ReleaseResult,
     RenewResult,
+    Retention,
     StateRead,
     Store,
     StoredEvent,
@@ -171,7 +172,8 @@ class FaultyStore:
     """Wraps a store; fails or delays chosen operations on demand.
 
     Everything not listed in :data:`Operation` (presence, inspection,
-    operator actions, ``stream``, the lifecycle) is delegated untouched.
+    operator actions, retention, ``stream``, the lifecycle) is delegated
+    untouched.
     ``clock`` is the wrapped store's, so a server built on the wrapper
     stamps the same times. The store's wake-ups are not offered (``sweep``
     and ``pending`` are None): a server on the wrapper finds work only
@@ -376,6 +378,10 @@ class FaultyStore:
     @property
     def operator(self) -> OperatorActions | None:
         return self.inner.operator
+
+    @property
+    def retention(self) -> Retention | None:
+        return self.inner.retention
 
     async def __aenter__(self) -> FaultyStore:
         await self.inner.__aenter__()

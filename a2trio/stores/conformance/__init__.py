@@ -61,7 +61,8 @@ and build rows):
   ``retry_after_ms``) against claims, lanes and the sweep;
 * ``states``: snapshots, ``read_state`` and ``read_states``;
 * ``feeds``: ``stream``;
-* ``presence``, ``inspection``, ``operator``: the optional capabilities;
+* ``presence``, ``inspection``, ``operator``, ``retention``: the optional
+  capabilities;
 * ``verdicts``: the rule table of :mod:`a2trio.stores.rules` (``CASES``), every
   case built and asked through the public API, so a backend's spelling of a
   rule that drifts fails by the rule's name and its starting state;
@@ -159,6 +160,11 @@ from .presence import (
     check_presence_last_writer_wins,
     check_presence_subscribe,
 )
+from .retention import (
+    check_retention_erase_is_refused_while_claimed,
+    check_retention_export_and_erase,
+    rejected,
+)
 from .states import (
     check_read_states,
     check_snapshots,
@@ -228,6 +234,8 @@ __all__ = [
     "check_read_states",
     "check_release_attempt",
     "check_renew_claims",
+    "check_retention_erase_is_refused_while_claimed",
+    "check_retention_export_and_erase",
     "check_rule_table_claims_and_outcomes",
     "check_rule_table_operator_actions",
     "check_rule_table_sweep",
@@ -239,6 +247,7 @@ __all__ = [
     "check_version_is_stored_with_the_event",
     "raises",
     "refused",
+    "rejected",
 ]
 
 CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
@@ -297,6 +306,8 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_rule_table_claims_and_outcomes,
     check_rule_table_sweep,
     check_rule_table_operator_actions,
+    check_retention_export_and_erase,
+    check_retention_erase_is_refused_while_claimed,
 ]
 """Every check, in the order of ``base.py``'s obligations."""
 
@@ -325,4 +336,6 @@ REQUIRES: dict[str, frozenset[str]] = {
     check_operator_dead_letters.__name__: frozenset({"operator"}),
     check_rule_table_sweep.__name__: frozenset({"sweep"}),
     check_rule_table_operator_actions.__name__: frozenset({"operator"}),
+    check_retention_export_and_erase.__name__: frozenset({"retention"}),
+    check_retention_erase_is_refused_while_claimed.__name__: frozenset({"retention"}),
 }

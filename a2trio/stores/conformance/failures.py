@@ -20,6 +20,7 @@ from ..base import (
     Inspection,
     OperatorActions,
     PresenceStore,
+    Retention,
     Store,
     SweepsClaimable,
     WatchesPending,
@@ -90,7 +91,7 @@ async def check_every_protocol_method_fails_unavailable_translated_once(
     """Every async method of the :class:`~a2trio.stores.base.Store` protocol
     and of each capability the store has (:class:`PresenceStore`,
     :class:`Inspection`, :class:`SweepsClaimable`, :class:`WatchesPending`,
-    :class:`OperatorActions`),
+    :class:`OperatorActions`, :class:`Retention`),
     as ``base.py`` declares them (read from the protocols, not listed here),
     raises ``A2Error(STORE_UNAVAILABLE)`` against an unreachable backend,
     translated once, inside the store: no other ``A2Error`` below it in the
@@ -132,6 +133,8 @@ def _surfaces(store: Store) -> list[tuple[type, str]]:
         surfaces.append((WatchesPending, "pending."))
     if store.operator is not None:
         surfaces.append((OperatorActions, "operator."))
+    if store.retention is not None:
+        surfaces.append((Retention, "retention."))
     return surfaces
 
 
@@ -222,6 +225,12 @@ def _every_call(store: Store) -> list[tuple[str, Callable[[], Awaitable[object]]
                 "operator.read_actions",
                 lambda: operator.read_actions(sid, after_index=0, through_index=9),
             ),
+        ]
+    retention = store.retention
+    if retention is not None:
+        calls += [
+            ("retention.export", lambda: retention.export(sid)),
+            ("retention.erase", lambda: retention.erase(sid, expected_index=3)),
         ]
     presence = store.presence
     if presence is not None:

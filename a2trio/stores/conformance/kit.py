@@ -104,7 +104,8 @@ class CapabilityMissing(Exception):
 async def capabilities(open_store: StoreFactory) -> frozenset[str]:
     """The optional capabilities of the factory's stores, named as in
     :data:`REQUIRES`: ``presence``, ``presence push``, ``inspect``, ``sweep``,
-    ``operator``, and ``ids`` when the factory takes ``ids=`` (by its signature).
+    ``operator``, ``retention``, and ``ids`` when the factory takes ``ids=``
+    (by its signature).
 
     Lets a runner skip checks before running them. Opens one store.
     """
@@ -120,6 +121,8 @@ async def capabilities(open_store: StoreFactory) -> frozenset[str]:
             found.add("sweep")
         if store.operator is not None:
             found.add("operator")
+        if store.retention is not None:
+            found.add("retention")
         return frozenset(found)
 
 

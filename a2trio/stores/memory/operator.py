@@ -99,3 +99,11 @@ class MemoryOperator:
             a for a in self._actions.get(session_id, []) if after_index < a.index <= through_index
         ]
         return sorted(found, key=lambda a: a.index)
+
+    def recorded(self, session_id: str) -> list[OperatorAction]:
+        """Every action recorded on the session, in order (an export)."""
+        return sorted(self._actions.get(session_id, []), key=lambda a: a.index)
+
+    def forget(self, session_id: str) -> int:
+        """Drop the session's actions (an erasure); how many there were."""
+        return len(self._actions.pop(session_id, []))

@@ -97,5 +97,9 @@ class MemoryPresence:
 
         return unsubscribe
 
+    def forget(self, session_id: str) -> int:
+        """Drop the session's rows (an erasure); how many there were."""
+        return len(self._registers.pop(session_id, {}))
+
     def subscriber_count(self) -> int:
         return sum(len(listeners) for listeners in self._listeners.values())

@@ -29,18 +29,21 @@ from .. import rules
 from ..base import (
     AppendEvent,
     AppendResult,
+    ArchivedSnapshot,
     Busy,
     Claimed,
     ClaimRef,
     ClaimRequest,
     ClaimResult,
     CompleteResult,
+    Erased,
     EventCause,
     EventPage,
     FailResult,
-    OperatorActions,
     ReleaseResult,
     RenewResult,
+    Retention,
+    SessionArchive,
     SessionPage,
     SessionSummary,
     Settled,
@@ -140,9 +143,61 @@ class _MemorySweep:
         return sorted(found)[:limit]
 
 
+class _MemoryRetention:
+    """Retention (``store.retention``) over the store's rows: each operation
+    decides and removes without an await in between."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+
+    async def export(self, session_id: str) -> SessionArchive:
+        """See :meth:`Retention.export`."""
+        await trio.lowlevel.checkpoint()
+        store = self._store
+        rows = store._sessions.get(session_id, [])
+        snapshots = [
+            ArchivedSnapshot(reducer, index, decode(state), updated)
+            for (sid, reducer), (index, state, updated) in sorted(store._snapshots.items())
+            if sid == session_id
+        ]
+        return SessionArchive(
+            session_id,
+            len(rows),
+            [row.stored() for row in rows],
+            snapshots,
+            store.operator.recorded(session_id),
+        )
+
+    async def erase(self, session_id: str, *, expected_index: int | None = None) -> Erased:
+        """See :meth:`Retention.erase`."""
+        await trio.lowlevel.checkpoint()
+        store = self._store
+        now = store.clock.now_ms()
+        rows = store._sessions.get(session_id, [])
+        open_rows = store._open.get(session_id, {})
+        rules.check_unclaimed(session_id, rules.live_claim(open_rows.values(), now))
+        rules.check_expected(session_id, expected_index, len(rows))
+        store._sessions.pop(session_id, None)
+        store._open.pop(session_id, None)
+        for row in rows:
+            del store._ids[row.id]
+        snapshots = [key for key in store._snapshots if key[0] == session_id]
+        for key in snapshots:
+            del store._snapshots[key]
+        return Erased(
+            session_id,
+            len(rows),
+            len(snapshots),
+            store.operator.forget(session_id),
+            store.presence.forget(session_id),
+            now,
+        )
+
+
 class MemoryStore:
     """An in-memory :class:`~a2trio.stores.Store` with presence, inspection,
-    the sweep and operator actions (no cross-process wake-up: one process).
+    the sweep, operator actions and retention (no cross-process wake-up:
+    one process).
 
     Args:
       clock: where stored timestamps come from (``TrioClock`` under a mock clock).
@@ -164,7 +219,8 @@ class MemoryStore:
         self.inspect: _MemoryInspection = _MemoryInspection(self)
         self.sweep: SweepsClaimable = _MemorySweep(self)
         self.pending: WatchesPending | None = None
-        self.operator: OperatorActions = MemoryOperator(clock, self._sessions, self._open)
+        self.operator: MemoryOperator = MemoryOperator(clock, self._sessions, self._open)
+        self.retention: Retention = _MemoryRetention(self)
 
     async def __aenter__(self) -> MemoryStore:
         return self

@@ -104,6 +104,7 @@ from ..base import (
     OperatorActions,
     ReleaseResult,
     RenewResult,
+    Retention,
     Snapshot,
     StateRead,
     StoredEvent,
@@ -121,6 +122,7 @@ from .inspection import PostgresInspection
 from .listener import ListenerStatistics, StoreListener
 from .operator import PostgresOperator
 from .presence import PostgresPresence
+from .retention import PostgresRetention
 from .writes import PostgresWrites
 
 __all__ = ["PostgresStore", "postgres"]
@@ -215,6 +217,7 @@ class PostgresStore:
         self.sweep: SweepsClaimable = _PostgresSweep(self._db, clock)
         self.pending: WatchesPending = self._listener
         self.operator: OperatorActions = PostgresOperator(self._db, clock=clock)
+        self.retention: Retention = PostgresRetention(self._db, clock=clock)
 
     def __repr__(self) -> str:
         return f"PostgresStore(schema={self._schema!r}, listen={self.listen})"

@@ -33,6 +33,7 @@ from ..base import (
     OperatorActions,
     ReleaseResult,
     RenewResult,
+    Retention,
     StateRead,
     StoredEvent,
     SweepsClaimable,
@@ -48,6 +49,7 @@ from .conn import Connection, errors
 from .inspection import RedisInspection
 from .operator import RedisOperator
 from .presence import RedisPresence
+from .retention import RedisRetention
 from .subscriber import Subscriber, SubscriberStatistics
 
 if TYPE_CHECKING:
@@ -116,6 +118,7 @@ class RedisStore:
         self.operator: OperatorActions = RedisOperator(
             self._conn, self._keys, self.clock, self._origin
         )
+        self.retention: Retention = RedisRetention(self._conn, self._keys, self.clock)
 
     def __repr__(self) -> str:
         return f"RedisStore(key_prefix={self.key_prefix!r})"

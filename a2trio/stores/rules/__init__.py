@@ -72,6 +72,14 @@ from .fences import (
     superseded_attempt,
     supplied_ids,
 )
+from .retention import (
+    HeldClaim,
+    Holding,
+    check_expected,
+    check_finished,
+    check_unclaimed,
+    live_claim,
+)
 from .rows import (
     ActionTarget,
     Bookkeeping,
@@ -112,6 +120,8 @@ __all__ = [
     "Dispatch",
     "Facts",
     "FailVerdict",
+    "HeldClaim",
+    "Holding",
     "Laned",
     "ReleaseVerdict",
     "RenewVerdict",
@@ -121,6 +131,9 @@ __all__ = [
     "busy_until",
     "check_action",
     "check_cause",
+    "check_expected",
+    "check_finished",
+    "check_unclaimed",
     "claim_free",
     "claimable",
     "complete_verdict",
@@ -132,6 +145,7 @@ __all__ = [
     "has_pending",
     "held",
     "holds_claim",
+    "live_claim",
     "next_in_lane",
     "no_event",
     "ready_at_insert",

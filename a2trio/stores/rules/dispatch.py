@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Literal, TypeVar
 
 from ...backoff import Backoff
-from .rows import Claim, Dispatch, Laned, Retrying
+from .rows import Bookkeeping, Claim, Dispatch, Laned, Retrying
 
 __all__ = [
     "EVENT_RETRY",
@@ -60,7 +60,7 @@ def retry_backoff_ms(failure_count: int) -> int:
     return round(EVENT_RETRY.delay(failure_count) * 1000)
 
 
-def alive(row: Dispatch) -> bool:
+def alive(row: Dispatch | Bookkeeping) -> bool:
     """Unprocessed and not dead-lettered: the event still has work."""
     return row.processed_at_ms is None and row.failed_at_ms is None
 

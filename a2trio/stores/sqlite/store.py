@@ -47,9 +47,10 @@ Where the rest lives. This module holds the store and its event, claim,
 outcome and state transactions, and the sweep (``store.sweep``); the
 presence plane (the degraded tier) is :mod:`.presence`, the read-only views
 :mod:`.inspection`, the operator actions :mod:`.operator`
-(``store.operator``), every statement and the decoding of its rows
-:mod:`.sql`, and the one translation of sqlite3 failures, with the
-transactions it wraps, :mod:`.conn`.
+(``store.operator``), retention :mod:`.retention` (``store.retention``),
+every statement and the decoding of its rows :mod:`.sql`, and the one
+translation of sqlite3 failures, with the transactions it wraps,
+:mod:`.conn`.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ from ..base import (
     OperatorActions,
     ReleaseResult,
     RenewResult,
+    Retention,
     Settled,
     Snapshot,
     StateRead,
@@ -94,6 +96,7 @@ from .conn import ConnectionPool, Transactions
 from .inspection import SqliteInspection
 from .operator import SqliteOperator
 from .presence import SqlitePresence
+from .retention import SqliteRetention
 
 __all__ = ["DEFAULT_PATH", "SqliteStore", "sqlite"]
 
@@ -234,7 +237,7 @@ class _SqliteSweep:
 
 class SqliteStore:
     """A :class:`~a2trio.stores.Store` in one SQLite file, with presence
-    (degraded tier), inspection, the sweep and operator actions (no
+    (degraded tier), inspection, the sweep, operator actions and retention (no
     cross-process wake-up: other processes' sweeps find the work). Build it
     with :func:`sqlite`.
 
@@ -260,6 +263,7 @@ class SqliteStore:
         self.sweep: SweepsClaimable = _SqliteSweep(self._transactions, clock)
         self.pending: WatchesPending | None = None
         self.operator: OperatorActions = SqliteOperator(self._transactions, clock)
+        self.retention: Retention = SqliteRetention(self._transactions, clock)
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"

@@ -29,7 +29,7 @@ from ...engine.inspection_records import (
     SessionsPage,
     State,
 )
-from ...stores.base import ActionKind, OperatorAction
+from ...stores.base import ActionKind, Erased, OperatorAction
 from .records import WireEvent, event_to_wire
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "WireCron",
     "WireDeadLetterFilter",
     "WireDeadLettersPage",
+    "WireErased",
     "WireEventStatus",
     "WireInspectedEvent",
     "WireOperatorAction",
@@ -51,6 +52,7 @@ __all__ = [
     "crons_to_wire",
     "dead_letters_page_to_wire",
     "decode_bulk_request",
+    "erased_to_wire",
     "session_events_page_to_wire",
     "sessions_page_to_wire",
 ]
@@ -206,6 +208,17 @@ class WireBulkRequest(msgspec.Struct, frozen=True, rename="camel", forbid_unknow
 _decode_bulk = msgspec.json.Decoder(WireBulkRequest).decode
 
 
+class WireErased(msgspec.Struct, frozen=True, rename="camel"):
+    """What an erasure or an archive removed (:class:`~a2trio.stores.base.Erased`)."""
+
+    session_id: str
+    events: int
+    snapshots: int
+    actions: int
+    presence: int
+    at_ms: int
+
+
 def decode_bulk_request(raw: bytes) -> WireBulkRequest:
     """A bulk action's JSON body.
 
@@ -258,4 +271,9 @@ def crons_to_wire(crons: Sequence[CronInfo]) -> list[WireCron]:
 
 def bulk_result_to_wire(result: BulkResult) -> WireBulkResult:
     wired: WireBulkResult = _mirror(result, WireBulkResult)
+    return wired
+
+
+def erased_to_wire(erased: Erased) -> WireErased:
+    wired: WireErased = _mirror(erased, WireErased)
     return wired

@@ -1,0 +1,166 @@
+"""The ``retention`` capability (issue 35): a session exported whole, erased
+with everything derived from it, never under a live claim; a refusal
+removes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ..base import ClaimRequest, Retention, RetentionError, Store
+from .kit import (
+    T0,
+    CapabilityMissing,
+    ManualClock,
+    StoreFactory,
+    claim,
+    claimed_events,
+    ev,
+    new_sid,
+    new_uid,
+    unchanged,
+)
+
+__all__ = [
+    "check_retention_erase_is_refused_while_claimed",
+    "check_retention_export_and_erase",
+    "rejected",
+]
+
+
+def _retention(store: Store) -> Retention:
+    if store.retention is None:
+        raise CapabilityMissing("retention")
+    return store.retention
+
+
+@contextmanager
+def rejected(reason: str) -> Iterator[None]:
+    """Assert that the block raises :class:`RetentionError` for ``reason``."""
+    try:
+        yield
+    except RetentionError as exc:
+        if exc.reason != reason:
+            raise AssertionError(f"expected refusal {reason!r}, got {exc.reason!r}") from exc
+    else:
+        raise AssertionError(f"expected refusal {reason!r}, nothing was raised")
+
+
+async def _fill(store: Store, sid: str, first_id: str) -> None:
+    """Events of every kind (settled, processed, dead, open), a snapshot,
+    an operator action and, where the store has presence, a presence row."""
+    await store.append(
+        sid,
+        [
+            ev("a", {"n": 1}, id=first_id),
+            ev("s", settled=True),
+            ev("b", {"n": 2}),
+            ev("c", lane="z"),
+            ev("d", lane="z"),
+        ],
+    )
+    assert [e.index for e in claimed_events(await claim(store, sid))] == [1, 3, 4]
+    await store.complete_attempt(sid, index=1, attempt=1, events=[ev("r", id=new_uid("r"))])
+    await store.fail_attempt(sid, index=3, attempt=1, error="boom", max_failures=1)
+    await store.fail_attempt(sid, index=4, attempt=1, error="later", max_failures=1)
+    await store.put_snapshot(sid, "count", 2, {"count": 2})
+    if store.operator is not None:
+        await store.operator.redrive(sid, 3, by="op", reason="first look")
+    if store.presence is not None:
+        await store.presence.set(sid, "p1", {"cursor": 3}, seen=1, at_ms=T0, ttl_ms=60_000)
+
+
+async def check_retention_export_and_erase(open_store: StoreFactory) -> None:
+    """An export holds the session's events with their bookkeeping, its
+    snapshots and actions; an erasure removes all of it (and the presence
+    rows, and the ids: appended again they are new), leaves other sessions
+    alone, refuses an unexpected index and repeats as zeros."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        retention = _retention(store)
+        sid = new_sid("erase")
+        neighbour = sid + "x"  # shares the key as a prefix: must survive
+        first_id = new_uid("erase-first")
+        await _fill(store, sid, first_id)
+        await _fill(store, neighbour, new_uid("erase-neighbour"))
+        clock.advance(5_000)  # every claim lapsed
+        archive = await retention.export(sid)
+        stored = await store.read(sid)
+        assert (archive.session_id, archive.index) == (sid, 6), archive
+        assert archive.events == stored, "the export holds the rows as a read returns them"
+        assert [(s.reducer_name, s.index, s.state) for s in archive.snapshots] == [
+            ("count", 2, {"count": 2})
+        ]
+        if store.operator is not None:
+            assert [(a.action, a.index, a.by) for a in archive.actions] == [("redrive", 3, "op")]
+        empty = await retention.export(new_sid("never"))
+        assert (empty.index, empty.events, empty.snapshots, empty.actions) == (0, [], [], [])
+
+        with rejected("changed"):
+            await retention.erase(sid, expected_index=5)
+        await unchanged(store, sid, stored)
+        clock.advance(1)
+        erased = await retention.erase(sid, expected_index=6)
+        assert (erased.session_id, erased.events, erased.snapshots, erased.at_ms) == (
+            sid,
+            6,
+            1,
+            T0 + 5_001,
+        ), erased
+        assert erased.actions == (1 if store.operator is not None else 0), erased
+        assert erased.presence == (1 if store.presence is not None else 0), erased
+
+        assert await store.read(sid) == []
+        assert await store.find_event(sid, first_id) is None
+        state = await store.read_state(sid, "count")
+        assert (state.snapshot, state.events) == (None, [])
+        assert not (await store.append(sid, [])).has_pending
+        if store.presence is not None:
+            assert await store.presence.read(sid) == []
+        if store.operator is not None:
+            assert await store.operator.read_actions(sid, after_index=0, through_index=9) == []
+            dead = await store.operator.dead_letters(sid, limit=10)
+            assert [(d.session_id, d.index) for d in dead] == [(neighbour, 4)], dead
+        if store.inspect is not None:
+            page = await store.inspect.list_sessions(prefix=sid, limit=10)
+            assert [s.session_id for s in page.sessions] == [neighbour]
+            assert await store.inspect.list_snapshots(sid) == []
+        if store.sweep is not None:
+            assert sid not in await store.sweep.claimable_sessions(sid, limit=10)
+
+        again = await retention.erase(sid)
+        assert (again.events, again.snapshots, again.actions, again.presence) == (0, 0, 0, 0)
+        reborn = await store.append(sid, [ev("a", id=first_id)])
+        assert [(e.index, e.id, e.attempt_count) for e in reborn.events] == [(1, first_id, 0)]
+        assert len(await store.read(neighbour)) == 6, "the neighbour kept its events"
+        assert (await store.read_state(neighbour, "count")).snapshot is not None
+
+
+async def check_retention_erase_is_refused_while_claimed(open_store: StoreFactory) -> None:
+    """A live claim on any of the session's events (claimed by a claim or
+    at its append) refuses an erasure, removing nothing; once it lapses on
+    the store's clock, the erasure goes through."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        retention = _retention(store)
+        sid = new_sid("erase-claimed")
+        await store.append(sid, [ev("a"), ev("b", lane="z"), ev("c", lane="z")])
+        claimed_events(await claim(store, sid, ttl_ms=1_000))
+        await store.complete_attempt(sid, index=1, attempt=1, events=[])
+        before = await store.read(sid)
+        with rejected("claimed"):
+            await retention.erase(sid)
+        await unchanged(store, sid, before)
+        clock.advance(999)
+        with rejected("claimed"):
+            await retention.erase(sid)
+        clock.advance(1)  # the claim expires exactly now: free
+        assert (await retention.erase(sid)).events == 3
+
+        other = new_sid("erase-claimed-append")
+        await store.append(other, [ev("a")], claim=ClaimRequest("h2", 500))
+        with rejected("claimed"):
+            await retention.erase(other)
+        assert len(await store.read(other)) == 1
+        clock.advance(500)
+        assert (await retention.erase(other)).events == 1
