@@ -23,7 +23,8 @@ from .engine.handlers import HandlerContext, HandlerSpec, Retry, Returned, handl
 from .engine.inspection import InspectionUnsupportedError
 from .engine.presence import PresenceMap, PresencePatch, PresenceSnapshot, PresenceValue
 from .engine.session import HandlerSession, Session
-from .errors import A2Error, ErrorCode
+from .engine.transaction import Transaction
+from .errors import A2Error, ErrorCode, SqlError
 from .push import PushedEvent, PushedPresence, PushValidation
 from .scheduler import (
     AppendTask,
@@ -111,11 +112,13 @@ __all__ = [
     "Session",
     "SessionArchive",
     "Span",
+    "SqlError",
     "Store",
     "Subscription",
     "SystemClock",
     "Telemetry",
     "Timings",
+    "Transaction",
     "TrioClock",
     "UpcastError",
     "actor",

@@ -5,24 +5,28 @@ Every failure a caller can do something about is an :class:`A2Error` with a
 for an undeclared type) are plain :class:`TypeError` / :class:`ValueError`,
 raised before anything is written.
 
-=========================== ==========================================================
-code                        meaning
-=========================== ==========================================================
-``INVALID_PAYLOAD``         a payload or presence value failed its msgspec schema
-``FORBIDDEN``               ``authorize`` or ``validate_push`` refused the operation
-``UNKNOWN_EVENT_TYPE``      the contract declares no such event type
-``PARTIAL_DUPLICATE_BATCH`` a batch mixes stored and fresh ids, or reuses a foreign id
-``SUPERSEDED_ATTEMPT``      a newer attempt owns the triggering event (the fence)
-``CLAIM_EXPIRED``           the local lease estimate lapsed without renewal
-``STORE_UNAVAILABLE``       the backend failed; the original is ``__cause__``
-``STORE_NOT_CONFIGURED``    ``A2_ENV=production`` and no store was given
-``UNKNOWN_PRESENCE_FIELD``  the contract declares no such presence field
-``PRESENCE_NOT_SUPPORTED``  the store has no presence capability
-``INDEX_CONFLICT``          a conditional append found the log past its expected index
-``CALL_REFUSED``            an actor's call refused (:class:`a2trio.Refused`)
-=========================== ==========================================================
+============================== ==========================================================
+code                           meaning
+============================== ==========================================================
+``INVALID_PAYLOAD``            a payload or presence value failed its msgspec schema
+``FORBIDDEN``                  ``authorize`` or ``validate_push`` refused the operation
+``UNKNOWN_EVENT_TYPE``         the contract declares no such event type
+``PARTIAL_DUPLICATE_BATCH``    a batch mixes stored and fresh ids, or reuses a foreign id
+``SUPERSEDED_ATTEMPT``         a newer attempt owns the triggering event (the fence)
+``CLAIM_EXPIRED``              the local lease estimate lapsed without renewal
+``STORE_UNAVAILABLE``          the backend failed; the original is ``__cause__``
+``STORE_NOT_CONFIGURED``       ``A2_ENV=production`` and no store was given
+``UNKNOWN_PRESENCE_FIELD``     the contract declares no such presence field
+``PRESENCE_NOT_SUPPORTED``     the store has no presence capability
+``TRANSACTIONS_NOT_SUPPORTED`` the store has no app transactions (``Server.transaction``)
+``INDEX_CONFLICT``             a conditional append found the log past its expected index
+``CALL_REFUSED``               an actor's call refused (:class:`a2trio.Refused`)
+============================== ==========================================================
 
 HTTP statuses for these codes live in one table, ``a2trio.transport.wire``.
+
+:class:`SqlError` is the one exception of an app's own SQL statements in an
+app transaction (``Server.transaction``): the database refused the statement.
 """
 
 from __future__ import annotations
@@ -34,11 +38,12 @@ from typing import Any
 
 import trio
 
-__all__ = ["A2Error", "ErrorCode", "store_unavailable"]
+__all__ = ["A2Error", "ErrorCode", "SqlError", "store_unavailable"]
 
 
 class ErrorCode(enum.StrEnum):
-    """The seed's ten error codes and the actors' two, spelled as on the wire."""
+    """The seed's ten error codes, the actors' two and the app transaction's one,
+    spelled as on the wire."""
 
     INVALID_PAYLOAD = "INVALID_PAYLOAD"
     FORBIDDEN = "FORBIDDEN"
@@ -50,6 +55,7 @@ class ErrorCode(enum.StrEnum):
     STORE_NOT_CONFIGURED = "STORE_NOT_CONFIGURED"
     UNKNOWN_PRESENCE_FIELD = "UNKNOWN_PRESENCE_FIELD"
     PRESENCE_NOT_SUPPORTED = "PRESENCE_NOT_SUPPORTED"
+    TRANSACTIONS_NOT_SUPPORTED = "TRANSACTIONS_NOT_SUPPORTED"
     INDEX_CONFLICT = "INDEX_CONFLICT"
     CALL_REFUSED = "CALL_REFUSED"
 
@@ -77,6 +83,28 @@ class A2Error(Exception):
 
     def __repr__(self) -> str:
         return f"A2Error({self.code.value!r}, {self.message!r})"
+
+
+class SqlError(Exception):
+    """The database refused one of the app's own statements in an app
+    transaction (:meth:`a2trio.Transaction.execute`, ``fetch``), or the
+    transaction could not commit what the block did.
+
+    Attributes:
+      code: Postgres's SQLSTATE (``"23505"``: a unique violation), or SQLite's
+        error name (``"SQLITE_CONSTRAINT_PRIMARYKEY"``).
+      message: the database's message. The driver's exception is ``__cause__``.
+
+    On Postgres a refused statement aborts the transaction: until a
+    ``rollback to savepoint``, every later statement fails, and the block
+    rolls back when it ends (a block that swallowed the error raises this
+    again at its end, with code ``25P02``: nothing was committed).
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{message} ({code})")
+        self.code = code
+        self.message = message
 
 
 class store_unavailable:

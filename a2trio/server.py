@@ -22,7 +22,7 @@ retries, exactly as after a crash.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AsyncExitStack
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
 
 import msgspec
@@ -40,6 +40,7 @@ from .engine.handlers import Handlers, registrations
 from .engine.inspection import ServerInspection
 from .engine.retention import ServerRetention
 from .engine.session import Session
+from .engine.transaction import Transaction, open_transaction
 from .engine.writes import Writes
 from .errors import A2Error, ErrorCode
 from .identifiers import check_session_id
@@ -362,6 +363,27 @@ class Server:
           character (U+0000-U+001F, U+007F-U+009F) or a lone surrogate.
         """
         return Session(self._engine, self._writes, check_session_id(session_id))
+
+    def transaction(self) -> AbstractAsyncContextManager[Transaction]:
+        """An app transaction on the server's store (SQLite, Postgres): the
+        app's own SQL and its appends commit together, or not at all::
+
+            async with server.transaction() as tx:
+                await tx.execute("insert into orders (id, total) values ($1, $2)", (oid, 12))
+                await server.session(oid).append(ordered(...), transaction=tx)
+
+        The block commits when it ends and rolls back when it raises or is
+        cancelled; the events are visible, claimable and live only once it
+        committed (drains and feeds wake then). See ``docs/stores-postgres.md``
+        and ``docs/stores-sqlite.md`` (the app's own transaction).
+
+        Raises:
+          A2Error: ``TRANSACTIONS_NOT_SUPPORTED`` on entering the block, for a
+            store without them (memory, Redis); ``STORE_UNAVAILABLE``.
+          SqlError: the block swallowed an error that aborted the transaction
+            (nothing was committed).
+        """
+        return open_transaction(self.store)
 
     def actor(self, actor_id: str) -> ActorHandle:
         """A handle on one actor of the server's :func:`a2trio.actor` (its

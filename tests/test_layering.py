@@ -42,8 +42,15 @@ LAYERS: list[set[str]] = [
     {"engine.inputs"},
     {"engine.context"},
     {"engine.fanout", "engine.state", "engine.watchdogs"},
-    # The nursery, the mailbox and the outcome rules: they import nothing of the engine.
-    {"engine.background", "engine.mailbox", "engine.attempt", "engine.pacing"},
+    # The nursery, the mailbox, the outcome rules, the pacing and the app's
+    # transaction: they import nothing of the engine.
+    {
+        "engine.background",
+        "engine.mailbox",
+        "engine.attempt",
+        "engine.pacing",
+        "engine.transaction",
+    },
     {"schedulers"},
     {"push", "scheduler"},
     {"stores"},

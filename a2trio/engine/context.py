@@ -31,6 +31,7 @@ from ..timings import Timings
 from .background import Background
 from .fanout import SessionFeeds
 from .state import StateReads
+from .transaction import Transaction
 from .watchdogs import Watchdogs
 
 __all__ = ["Appends", "Engine", "LaneFn", "Source", "WriteMode", "measured"]
@@ -76,10 +77,12 @@ class Appends(Protocol):
         require_arm: bool = False,
         expected_index: int | None = None,
         trace_parent: str | None = None,
+        transaction: Transaction | None = None,
     ) -> list[Event[Any]]:
         """Validate, append durably and hand pending work to a drain; with
         ``expected_index``, only if the log is still at that index; in the
-        trace of ``trace_parent`` (a request's trace context) when given."""
+        trace of ``trace_parent`` (a request's trace context) when given; in
+        the app's ``transaction``, the drain's part once it commits."""
         ...
 
 

@@ -33,10 +33,12 @@ from .presence import (
     set_presence,
     store_patch,
 )
+from .transaction import Transaction
 
 __all__ = ["MAX_HISTORY_EVENTS", "HandlerSession", "Session", "SessionView"]
 
 S = TypeVar("S")
+Tx = Transaction | None
 
 
 #: The most events one ``history()`` read returns (and the HTTP history lane
@@ -235,8 +237,10 @@ class Session(SessionView):
 
     __slots__ = ()
 
-    async def append(self, *events: AppendInput | PushedEvent) -> list[Event[Any]]:
-        """Append events and wake the session's drain.
+    async def append(
+        self, *events: AppendInput | PushedEvent, transaction: Transaction | None = None
+    ) -> list[Event[Any]]:
+        """Append events and wake the session's drain (in a ``transaction``, at its commit).
 
         Events that came over the wire (:class:`~a2trio.PushedEvent`) go
         through the server's ``validate_push`` first.
@@ -249,13 +253,13 @@ class Session(SessionView):
             ``PARTIAL_DUPLICATE_BATCH``, ``STORE_UNAVAILABLE``; ``FORBIDDEN``
             when ``validate_push`` refuses. Nothing is written on any error.
           TypeError: no events, or an argument that is not an append input.
-          RuntimeError: the server is not open (checked before writing).
+          RuntimeError: the server is not open, or the ``transaction`` is over.
 
         Cancellation: a checkpoint. Cancelled midway, every event was written
         or none was; retrying with the same ids replays instead of duplicating.
         The drain it wakes lives in the server's nursery, not in this task.
         """
-        return await self._append_external(events, "inline")
+        return await self._append_external(events, "inline", transaction)
 
     async def dispatch(self, *events: AppendInput | PushedEvent) -> list[Event[Any]]:
         """Append, then hand the drain to the scheduler instead of running it here.
@@ -317,12 +321,13 @@ class Session(SessionView):
         return appended
 
     async def _append_external(
-        self, events: tuple[AppendInput | PushedEvent, ...], mode: WriteMode
+        self, events: tuple[AppendInput | PushedEvent, ...], mode: WriteMode, tx: Tx = None
     ) -> list[Event[Any]]:
         pushed = tuple(e for e in events if isinstance(e, PushedEvent))
         if pushed:
             await check_push(self._engine, PushValidation(self.id, pushed))
-        return await self._appends.append(self.id, events, source="external", mode=mode)
+        appends = self._appends
+        return await appends.append(self.id, events, source="external", mode=mode, transaction=tx)
 
     async def schedule(self, name: str, timing: str | datetime, *events: AppendInput) -> None:
         """Append ``events`` later: after a delay (``"30s"``, ``"1.5h"``; units

@@ -6,13 +6,16 @@ is woken (or given the events the append claimed for it), never duplicated;
 if none runs, one starts in the server's nursery. A dispatch append arms a
 scheduler drain instead, and an external inline append arms a watchdog.
 :class:`Writes` is the :class:`~a2trio.engine.context.Appends` that sessions,
-handlers and actor calls write through.
+handlers and actor calls write through. An append in the app's transaction
+(``engine/transaction.py``) is written unclaimed, and its reaction waits for
+the commit.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -25,6 +28,7 @@ from .context import Engine, Source, WriteMode, measured
 from .drains import DrainRegistry
 from .handlers import HandlerSpec
 from .inputs import validate
+from .transaction import Transaction
 from .watchdogs import LeaseWindow
 
 __all__ = ["Writes"]
@@ -56,6 +60,7 @@ class Writes:
         require_arm: bool = False,
         expected_index: int | None = None,
         trace_parent: str | None = None,
+        transaction: Transaction | None = None,
     ) -> list[Event[Any]]:
         """Validate and append ``events``, then get their reaction going.
 
@@ -65,10 +70,15 @@ class Writes:
         ``expected_index`` makes the commit conditional (``Store.append``).
         ``trace_parent`` (an HTTP push's trace headers) is the ``a2.append``
         span's remote parent; each event stores that span's trace context.
+        ``transaction`` (an inline external append) writes in the app's
+        transaction, unclaimed; the reaction starts once it commits
+        (:meth:`_committed`).
 
         Raises:
-          RuntimeError: the server is not open (checked before writing).
+          RuntimeError: the server is not open (checked before writing); the
+            transaction is over.
           TypeError: dispatch without a scheduler; bad inputs.
+          ValueError: the transaction is open on another store.
           A2Error: validation and store errors (nothing written).
 
         Cancellation: a checkpoint. Cancelled midway, every event was written
@@ -99,6 +109,8 @@ class Writes:
                     msgspec.structs.replace(event, cause=cause)
                     for event, cause in zip(validated, causes, strict=True)
                 ]
+            if transaction is not None:
+                return await self._append_in(transaction, session_id, validated, expected_index)
             window = watchdogs.window()
             watchdog_at: int | None = None
             if engine.scheduler is not None and source == "external" and mode == "inline":
@@ -132,6 +144,44 @@ class Writes:
                     if require_arm:
                         raise
             return appended
+
+    async def _append_in(
+        self,
+        transaction: Transaction,
+        session_id: str,
+        events: Sequence[AppendEvent],
+        expected_index: int | None,
+    ) -> list[Event[Any]]:
+        """Append in the app's transaction: nothing claimed (no drain may
+        start on rows that could roll back), the reaction left to the commit."""
+        engine = self.engine
+        if not isinstance(transaction, Transaction):
+            raise TypeError(f"transaction must be server.transaction()'s, got {transaction!r}")
+        inner = transaction.writing(engine.store)
+        call = inner.append(engine.key(session_id), events, expected_index=expected_index)
+        metrics = engine.metrics
+        result = await (call if metrics is None else measured(metrics, "append", call))
+        transaction.on_commit(partial(self._committed, session_id, result))
+        return [engine.to_public(row) for row in result.events]
+
+    def _committed(self, session_id: str, result: AppendResult) -> None:
+        """What an append in a transaction starts once it committed: counts,
+        the drain woken, a watchdog armed in the background (as an external
+        inline append would, from the lease window at the commit)."""
+        engine = self.engine
+        metrics = engine.metrics
+        if metrics is not None:
+            for row in result.events:
+                metrics.appended(engine.contract.name, row.type, "external")
+        if not result.has_pending or not engine.background.is_open:
+            # A server closed meanwhile leaves the work to a sweep or watchdog.
+            return
+        watchdogs = engine.watchdogs
+        window = watchdogs.window()
+        if engine.run_handlers:
+            armed = None if engine.scheduler is None else watchdogs.slot(window.watchdog_at_ms)
+            self.drains.wake(session_id, armed)
+        watchdogs.arm(session_id, window.watchdog_at_ms)
 
     async def _store_append(
         self,

@@ -43,9 +43,10 @@ Obligations every backend keeps:
 Optional capabilities are attributes of the store, each the capability
 object or None: ``presence`` (:class:`PresenceStore`), ``inspect``
 (:class:`Inspection`), ``sweep`` (:class:`SweepsClaimable`), ``pending``
-(:class:`WatchesPending`), ``operator`` (:class:`OperatorActions`) and
-``retention`` (:class:`Retention`). A caller looks once, tests for None
-and calls the object; a backend points
+(:class:`WatchesPending`), ``operator`` (:class:`OperatorActions`),
+``retention`` (:class:`Retention`) and ``transactions``
+(:class:`AppTransactions`: the app's own transaction). A caller looks once,
+tests for None and calls the object; a backend points
 each at the part of it that does the work, or sets None.
 
 Cancellation: every async operation is a checkpoint. A cancelled operation
@@ -101,6 +102,7 @@ from .retention import (
 
 __all__ = [
     "ActionKind",
+    "AppTransactions",
     "AppendEvent",
     "AppendResult",
     "ArchivedSnapshot",
@@ -133,8 +135,10 @@ __all__ = [
     "Settled",
     "Snapshot",
     "SnapshotInfo",
+    "SqlValue",
     "StateRead",
     "Store",
+    "StoreTransaction",
     "StoredEvent",
     "StoredPresencePatch",
     "SweepsClaimable",
@@ -247,6 +251,11 @@ class Store(Protocol):
     @property
     def retention(self) -> Retention | None:
         """The retention capability (export, erase a session), or None."""
+        ...
+
+    @property
+    def transactions(self) -> AppTransactions | None:
+        """The app transaction capability (SQLite, Postgres), or None."""
         ...
 
     async def __aenter__(self) -> Store: ...
@@ -524,5 +533,67 @@ class Retention(Protocol):
           RetentionError: ``claimed``, ``changed``.
 
         Cancellation: removed entirely or not at all; repeating it is safe.
+        """
+        ...
+
+
+#: A parameter of an app's own statement in an app transaction: bytes are a
+#: blob (``bytea`` on Postgres), a bool an integer on SQLite.
+SqlValue = str | int | float | bool | bytes | None
+
+
+class StoreTransaction(Protocol):
+    """One app transaction open on a store (:meth:`AppTransactions.begin`):
+    the app's own statements and its appends, on one connection, committed
+    together when the block ends. One statement runs at a time (tasks that
+    share it take turns)."""
+
+    async def execute(self, sql: str, params: Sequence[SqlValue] = ()) -> None:
+        """Run one of the app's statements (the database's own placeholders:
+        ``$1`` on Postgres, ``?`` on SQLite).
+
+        Raises:
+          SqlError: the database refused it, or it ended the transaction
+            (``commit`` or ``rollback``: the block's to do).
+          A2Error: ``STORE_UNAVAILABLE``, the connection failed.
+          TypeError: a parameter that is not a :data:`SqlValue`.
+        """
+        ...
+
+    async def fetch(self, sql: str, params: Sequence[SqlValue] = ()) -> list[tuple[Any, ...]]:
+        """:meth:`execute`, returning the statement's rows."""
+        ...
+
+    async def append(
+        self,
+        session_id: str,
+        events: Sequence[AppendEvent],
+        *,
+        expected_index: int | None = None,
+    ) -> AppendResult:
+        """:meth:`Store.append` inside the transaction: the same verdicts
+        (replay, partial duplicate, the cause fence, ``expected_index``) and
+        indexes, nothing claimed. Its rows stay invisible to every other
+        reader, claim and feed until the commit, and vanish with a rollback.
+        Appends to a session wait for the transactions that appended to it
+        first."""
+        ...
+
+
+class AppTransactions(Protocol):
+    """The optional app transaction capability (``store.transactions``:
+    SQLite, Postgres): the transactional outbox, an app's own rows and its
+    events committed together or not at all."""
+
+    def begin(self) -> AbstractAsyncContextManager[StoreTransaction]:
+        """Open a transaction for the block: a block that ends normally
+        commits it, then wakes the store's feeds of the sessions it appended
+        to; one that raises, or is cancelled, rolls it back (a cancelled
+        commit committed entirely or not at all, like any write).
+
+        Raises:
+          SqlError: at the end of the block, the transaction was aborted by
+            an earlier error and rolled back.
+          A2Error: ``STORE_UNAVAILABLE``.
         """
         ...

@@ -25,6 +25,7 @@ from ..errors import A2Error, ErrorCode
 from ..stores.base import (
     AppendEvent,
     AppendResult,
+    AppTransactions,
     ClaimRef,
     ClaimRequest,
     ClaimResult,
@@ -382,6 +383,11 @@ class FaultyStore:
     @property
     def retention(self) -> Retention | None:
         return self.inner.retention
+
+    @property
+    def transactions(self) -> AppTransactions | None:
+        """None: an app transaction would write past the injected faults."""
+        return None
 
     async def __aenter__(self) -> FaultyStore:
         await self.inner.__aenter__()

@@ -29,6 +29,7 @@ from .. import rules
 from ..base import (
     AppendEvent,
     AppendResult,
+    AppTransactions,
     ArchivedSnapshot,
     Busy,
     Claimed,
@@ -221,6 +222,8 @@ class MemoryStore:
         self.pending: WatchesPending | None = None
         self.operator: MemoryOperator = MemoryOperator(clock, self._sessions, self._open)
         self.retention: Retention = _MemoryRetention(self)
+        #: No app transactions: ``Server.transaction`` raises ``TRANSACTIONS_NOT_SUPPORTED``.
+        self.transactions: AppTransactions | None = None
 
     async def __aenter__(self) -> MemoryStore:
         return self

@@ -30,6 +30,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from decimal import Decimal
 from typing import Any
 
 import msgspec
@@ -67,6 +68,7 @@ class PgError(Exception):
     def __init__(self, sqlstate: str, message: str) -> None:
         super().__init__(f"{message} (SQLSTATE {sqlstate})")
         self.sqlstate = sqlstate
+        self.message = message
 
 
 class PgConnectionError(Exception):
@@ -128,14 +130,29 @@ def _bool(raw: bytes) -> bool:
     return raw == b"t"
 
 
+def _decimal(raw: bytes) -> Decimal:
+    return Decimal(raw.decode())
+
+
+def _bytea(raw: bytes) -> bytes:
+    # Text form of bytea (bytea_output = hex, the default): \x0a1b...
+    return bytes.fromhex(raw[2:].decode())
+
+
 def _int_array(raw: bytes) -> list[int]:
     # Text form of a one-dimensional int array without nulls: {1,2,3}.
     return [int(v) for v in raw[1:-1].split(b",")] if raw != b"{}" else []
 
 
-# Decoders for text-format results, by type OID (pg_type.dat).
+# Decoders for text-format results, by type OID (pg_type.dat). The store's
+# statements return bools, ints, int arrays and JSON; floats, numerics and
+# bytea are an app's own (an app transaction's rows).
 _DECODERS: dict[int, Callable[[bytes], Any]] = {
     16: _bool,
+    17: _bytea,
+    700: float,
+    701: float,
+    1700: _decimal,
     1016: _int_array,
     20: int,
     21: int,
@@ -225,6 +242,11 @@ class PgConnection:
         )
 
     @property
+    def failed(self) -> bool:
+        """Inside a transaction that a statement's error aborted."""
+        return self._pg.transaction_status == pq.TransactionStatus.INERROR
+
+    @property
     def socket(self) -> int:
         return self._pg.socket
 
@@ -252,8 +274,12 @@ class PgConnection:
         while await self._result() is not None:
             pass
 
-    async def run(self, batch: Sequence[tuple[Statement, Sequence[Param]]]) -> list[list[Row]]:
+    async def run(
+        self, batch: Sequence[tuple[Statement, Sequence[Param]]], *, prepared: bool = True
+    ) -> list[list[Row]]:
         """Send every statement in one round trip; return each one's rows.
+        ``prepared=False`` sends them unnamed, whatever the connection's
+        setting (an app's own statements, each prepared for its one run).
 
         Raises:
           PgError: the first statement the server rejected (later ones were
@@ -266,14 +292,16 @@ class PgConnection:
         """
         self._check()
         if self._preamble is None or self._pg.transaction_status != pq.TransactionStatus.IDLE:
-            return await self._run(batch)
+            return await self._run(batch, prepared)
         # Its transaction-local settings hold to the pipeline's end: the
         # statements before the sync share one transaction, implicit or not
         # (a `begin` later in the pipeline continues it).
-        [_, *rows] = await self._run([self._preamble, *batch])
+        [_, *rows] = await self._run([self._preamble, *batch], prepared)
         return rows
 
-    async def _run(self, batch: Sequence[tuple[Statement, Sequence[Param]]]) -> list[list[Row]]:
+    async def _run(
+        self, batch: Sequence[tuple[Statement, Sequence[Param]]], prepared: bool
+    ) -> list[list[Row]]:
         pg = self._pg
         # What each result in the pipeline answers: a prepare or an execution.
         kinds: list[bool] = []
@@ -281,7 +309,7 @@ class PgConnection:
         try:
             for statement, params in batch:
                 values = [_encode_param(p) for p in params]
-                if not self._prepare:
+                if not self._prepare or not prepared:
                     pg.send_query_params(statement.sql, values)
                     kinds.append(True)
                     continue

@@ -9,7 +9,8 @@ the key under which stores with matching settings share one pool
 (``shared``), and the listener's conninfo. It takes the store's share of the
 pool at the first statement, creates the schema once per revision and pool,
 and runs a statement (:meth:`Database.query`), a transaction
-(:meth:`Database.transaction`) or a group commit's members in lock order
+(:meth:`Database.transaction`), lends a connection for an app transaction
+(:meth:`Database.connection`) or a group commit's members in lock order
 (:meth:`Database.run_group`, the store's side of :mod:`a2trio.stores.group`:
 its :class:`Request` records and their :func:`lock_order`) as one pipeline.
 Every module of the store runs its statements here, under ``conn.errors``.
@@ -18,7 +19,8 @@ Every module of the store runs its statements here, under ``conn.errors``.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
+from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any, Literal, NamedTuple, cast
 
@@ -27,7 +29,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ...ids import random_id
 from . import sql as sql
-from .conn import Param, PgError, PgPool, Preamble, Row, Statement
+from .conn import Param, PgConnection, PgError, PgPool, Preamble, Row, Statement
 from .shared import PoolLease, acquire_pool
 
 __all__ = ["GROUPED", "LOCKING", "Database", "Kind", "Request", "lock_order"]
@@ -259,6 +261,14 @@ class Database:
         async with pool.connection() as conn:
             [rows] = await conn.run([(statement, params)])
         return rows
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[PgConnection]:
+        """A pooled connection held for the block (an app transaction's), with
+        the pool's guarantee: it goes back idle or is closed."""
+        pool = await self._ready()
+        async with pool.connection() as conn:
+            yield conn
 
     async def transaction(
         self,

@@ -70,6 +70,11 @@ the push tier (``presence``): a write delivers its patch to local
 subscribers as it applies, and other processes' subscribers hear it through
 NOTIFY (the trigger stamps the writing store's id, so a store skips its own).
 
+**The app's transaction.** ``transactions`` (``transaction``) holds one
+pooled connection for an app's block, outside the group commit: its own
+statements and its appends (the same statements, after the same lock)
+commit together.
+
 **Lifecycle.** Construction does no I/O. The first operation creates the
 schema under a transaction-scoped advisory lock, the seed's
 ``hashtext('a2:postgres:schema')`` (so processes, TypeScript ones included,
@@ -96,6 +101,7 @@ from ...timings import DEFAULT_TIMINGS, Timings
 from ..base import (
     AppendEvent,
     AppendResult,
+    AppTransactions,
     ClaimRef,
     ClaimRequest,
     ClaimResult,
@@ -123,6 +129,7 @@ from .listener import ListenerStatistics, StoreListener
 from .operator import PostgresOperator
 from .presence import PostgresPresence
 from .retention import PostgresRetention
+from .transaction import PostgresTransactions
 from .writes import PostgresWrites
 
 __all__ = ["PostgresStore", "postgres"]
@@ -159,7 +166,7 @@ class PostgresStore:
     conninfo, including the schema's ``search_path`` unless
     ``pooler="transaction"``: open your own connections with it), ``clock``,
     ``presence``, ``inspect``, ``sweep``, ``pending`` (the listener),
-    ``operator``.
+    ``operator``, ``transactions`` (the app's own, ``transaction``).
     """
 
     def __init__(
@@ -218,6 +225,9 @@ class PostgresStore:
         self.pending: WatchesPending = self._listener
         self.operator: OperatorActions = PostgresOperator(self._db, clock=clock)
         self.retention: Retention = PostgresRetention(self._db, clock=clock)
+        self.transactions: AppTransactions = PostgresTransactions(
+            self._db, self._writes, self._wakeups
+        )
 
     def __repr__(self) -> str:
         return f"PostgresStore(schema={self._schema!r}, listen={self.listen})"

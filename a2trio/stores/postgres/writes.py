@@ -45,7 +45,7 @@ from ..group import GroupCommit, GroupStatistics
 from ..tasks import StoreTasks
 from . import sql as sql
 from .codec import cause_json, encode, stored_event
-from .conn import Param, PgConnectionError, PgError, Row, errors
+from .conn import Param, PgConnection, PgConnectionError, PgError, Row, errors
 from .database import GROUPED, Database, Kind, Request, lock_order
 
 __all__ = ["PostgresWrites"]
@@ -97,12 +97,33 @@ class PostgresWrites:
         self._wakeups = wakeups
         self._clock = clock
         self._new_id = new_id
+        #: (session, task) -> how many open app transactions that task appended
+        #: to the session in (each holds its lock to its end): ``transaction``.
+        self.held: dict[tuple[str, trio.lowlevel.Task], int] = {}
+        #: Session -> open app transactions holding its lock: its writes that
+        #: take the lock run alone, or a whole group would wait with them.
+        self.holding: dict[str, int] = {}
+
+    def _check_not_held(self, session_id: str) -> None:
+        """Refuse what would wait forever: an append outside the app
+        transaction that the same task holds the session's lock in."""
+        if (session_id, trio.lowlevel.current_task()) in self.held:
+            raise RuntimeError(
+                f"this task's open app transaction appended to {session_id!r}: an append"
+                " outside it would wait for its commit forever; pass transaction=tx"
+            )
 
     @property
     def _grouped(self) -> bool:
         """Whether writes are group-committed: inside ``async with store``,
         until ``aclose()`` (or a task's failure) ends the store's tasks."""
         return self._tasks.nursery is not None
+
+    def _locks_alone(self, session_id: str) -> bool:
+        """Whether a write that takes the session's lock runs in its own
+        transaction: outside the group commit, or while an app transaction
+        here holds the lock (a group would wait for it with all its members)."""
+        return not self._grouped or session_id in self.holding
 
     def group_statistics(self) -> GroupStatistics:
         """How claims and completions were group-committed."""
@@ -136,10 +157,19 @@ class PostgresWrites:
         *,
         claim: ClaimRequest | None = None,
         expected_index: int | None = None,
+        on: PgConnection | None = None,
     ) -> AppendResult:
+        """The store's append; ``on`` an app transaction's connection, where
+        it runs after the session's lock, unclaimed, and hands its rows to no
+        feed (the transaction wakes them once it commits)."""
+        if on is None and self.held:
+            self._check_not_held(session_id)
         with errors("append"):
             if not events:
-                [(pending,)] = await self._db.query(sql.HAS_PENDING, (session_id,))
+                if on is None:
+                    [(pending,)] = await self._db.query(sql.HAS_PENDING, (session_id,))
+                else:
+                    [[(pending,)]] = await on.run([(sql.HAS_PENDING, (session_id,))])
                 return AppendResult([], pending)
             supplied = verdicts.supplied_ids(events)
             ids = [e.id or self._new_id() for e in events]
@@ -180,7 +210,10 @@ class PostgresWrites:
                 )
             )
             with self._inserting(session_id):
-                if not self._grouped:
+                if on is not None:
+                    lock = (sql.LOCK, (session_id, self._db.origin))
+                    [_, rows] = await on.run([lock, (GROUPED[kind], params)])
+                elif self._locks_alone(session_id):
                     [rows] = await self._db.transaction([(GROUPED[kind], params)], lock=session_id)
                 else:
                     rows = await self._submit(kind, session_id, params)
@@ -230,7 +263,8 @@ class PostgresWrites:
                 else row
                 for row in inserted
             ]
-        self._wrote(session_id, inserted)
+        if on is None:
+            self._wrote(session_id, inserted)
         return AppendResult(
             inserted,
             verdicts.has_pending(had_pending, events),
@@ -334,7 +368,7 @@ class PostgresWrites:
             encode(returned),
         )
         with errors("complete"), self._inserting(session_id):
-            if not self._grouped:
+            if self._locks_alone(session_id):
                 [rows] = await self._db.transaction([(sql.COMPLETE, params)], lock=session_id)
             else:
                 rows = await self._submit("complete", session_id, params)
@@ -364,7 +398,7 @@ class PostgresWrites:
         for _ in range(_STALE_TRIES):
             now = self._clock.now_ms()
             with errors("complete"):
-                if not self._grouped:
+                if self._locks_alone(session_id):
                     [_, rows] = await self._db.transaction(
                         [
                             (sql.LOCK_IF_LANED, (session_id, [index])),

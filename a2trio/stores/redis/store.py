@@ -24,6 +24,7 @@ from .. import rules as verdicts
 from ..base import (
     AppendEvent,
     AppendResult,
+    AppTransactions,
     ClaimRef,
     ClaimRequest,
     ClaimResult,
@@ -119,6 +120,8 @@ class RedisStore:
             self._conn, self._keys, self.clock, self._origin
         )
         self.retention: Retention = RedisRetention(self._conn, self._keys, self.clock)
+        #: No app transactions: ``Server.transaction`` raises ``TRANSACTIONS_NOT_SUPPORTED``.
+        self.transactions: AppTransactions | None = None
 
     def __repr__(self) -> str:
         return f"RedisStore(key_prefix={self.key_prefix!r})"

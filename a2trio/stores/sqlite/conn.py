@@ -20,7 +20,11 @@ Trio notices the cancellation at once, but the connection is not abandoned:
   end (commit included).
 
 Either way the cancelled call committed entirely or not at all, and the
-connection goes back to the pool idle. A connection left inside a transaction
+connection goes back to the pool idle. An app transaction
+(:meth:`ConnectionPool.held`) is the one exception to one transaction per
+thread call: it holds the writer (and the file's write lock) for its block,
+one thread call per statement, each interrupted as above on cancellation,
+and is rolled back if the block does not end normally. A connection left inside a transaction
 (a failed ``ROLLBACK``) is marked broken and closed instead of reused.
 
 Writes serialize anyway (SQLite has one writer per file), so the pool keeps one
@@ -42,7 +46,8 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Final, Literal, TypeVar
 
 import trio
@@ -161,13 +166,29 @@ class Connection:
         Cancellation: prompt; on return the transaction has committed entirely
         or not at all, and no thread is using the connection.
         """
+        return await self.call(lambda raw, call: _transaction(raw, begin, work, call))
+
+    async def begin(self, begin: str) -> None:
+        """Open a transaction that outlives the thread call (an app
+        transaction's), waiting for the write lock as :meth:`run` does.
+
+        Cancellation: prompt; the transaction is open or was never begun.
+        """
+        await self.call(lambda raw, call: _begin(raw, begin, call))
+
+    async def call(self, work: Callable[[sqlite3.Connection, _Call], T]) -> T:
+        """Run ``work`` in a worker thread, interrupted if the task is cancelled.
+
+        Cancellation: prompt; on return no thread is using the connection (a
+        statement interrupted may have rolled an open transaction back).
+        """
         call = _Call()
 
         def in_thread() -> T:
             if not call.enter():
                 raise _Abandoned
             try:
-                return _transaction(self.raw, begin, work, call)
+                return work(self.raw, call)
             finally:
                 call.leave()
 
@@ -303,6 +324,39 @@ class ConnectionPool:
                 else:
                     self._idle.append(conn)
 
+    @asynccontextmanager
+    async def held(self) -> AsyncIterator[Connection]:
+        """The writer, held by this task for the block inside one ``BEGIN
+        IMMEDIATE`` (an app transaction), which the block commits; whatever
+        it left open is rolled back (shielded: a local, short write). Every
+        other write, here or in another process, waits."""
+        async with self._write_lock:
+            conn = await self._open_writer()
+            try:
+                await conn.begin(BEGIN_WRITE)
+                try:
+                    yield conn
+                finally:
+                    if conn.raw.in_transaction:
+                        with trio.CancelScope(shield=True):
+                            await conn.call(_rollback)
+            finally:
+                if conn.broken:
+                    await self._discard_writer()
+
+    def check_not_holding(self, *, read: bool = False) -> None:
+        """Raise ``RuntimeError`` for a write (or, with ``read``, a read of a
+        ``:memory:`` store, which shares the writer) from the task that holds
+        the writer for an app transaction (:meth:`held`): it would wait for
+        itself."""
+        if read and not self._memory:
+            return
+        if self._write_lock.statistics().owner is trio.lowlevel.current_task():
+            raise RuntimeError(
+                "this task's open app transaction holds the SQLite writer: write"
+                " (and, on ':memory:', read) through it (transaction=tx)"
+            )
+
     async def _ensure_ready(self) -> None:
         if self._writer is None:
             async with self._write_lock:
@@ -347,6 +401,11 @@ class ConnectionPool:
                 await self._discard_writer()
 
 
+def _rollback(raw: sqlite3.Connection, _: _Call) -> None:
+    if raw.in_transaction:
+        raw.execute("rollback")
+
+
 async def _close(conn: Connection) -> None:
     await trio.to_thread.run_sync(conn.raw.close)
 
@@ -376,11 +435,13 @@ class Transactions:
     async def write(self, what: str, work: Callable[[sqlite3.Connection], T]) -> T:
         """:meth:`ConnectionPool.write`, its failures translated."""
         self._pool.check_open()
+        self._pool.check_not_holding()
         with errors(what):
             return await self._pool.write(work)
 
     async def read(self, what: str, work: Callable[[sqlite3.Connection], T]) -> T:
         """:meth:`ConnectionPool.read`, its failures translated."""
         self._pool.check_open()
+        self._pool.check_not_holding(read=True)
         with errors(what):
             return await self._pool.read(work)

@@ -45,7 +45,8 @@ Appends by other processes are found by adaptive polling: ``poll_active_s``
 
 Where the rest lives. This module holds the store and its event, claim,
 outcome and state transactions, and the sweep (``store.sweep``); the
-presence plane (the degraded tier) is :mod:`.presence`, the read-only views
+presence plane (the degraded tier) is :mod:`.presence`, the app's own
+transaction :mod:`.transaction` (``store.transactions``), the read-only views
 :mod:`.inspection`, the operator actions :mod:`.operator`
 (``store.operator``), retention :mod:`.retention` (``store.retention``),
 every statement and the decoding of its rows :mod:`.sql`, and the one
@@ -71,6 +72,7 @@ from .. import rules as verdicts
 from ..base import (
     AppendEvent,
     AppendResult,
+    AppTransactions,
     Busy,
     Claimed,
     ClaimRef,
@@ -97,6 +99,7 @@ from .inspection import SqliteInspection
 from .operator import SqliteOperator
 from .presence import SqlitePresence
 from .retention import SqliteRetention
+from .transaction import SqliteTransactions
 
 __all__ = ["DEFAULT_PATH", "SqliteStore", "sqlite"]
 
@@ -237,9 +240,9 @@ class _SqliteSweep:
 
 class SqliteStore:
     """A :class:`~a2trio.stores.Store` in one SQLite file, with presence
-    (degraded tier), inspection, the sweep, operator actions and retention (no
-    cross-process wake-up: other processes' sweeps find the work). Build it
-    with :func:`sqlite`.
+    (degraded tier), inspection, the sweep, operator actions, retention and
+    the app's own transaction (``transactions``; no cross-process wake-up:
+    other processes' sweeps find the work). Build it with :func:`sqlite`.
 
     Attributes:
       path: the resolved database path (absolute), or ``":memory:"``. A
@@ -264,6 +267,9 @@ class SqliteStore:
         self.pending: WatchesPending | None = None
         self.operator: OperatorActions = SqliteOperator(self._transactions, clock)
         self.retention: Retention = SqliteRetention(self._transactions, clock)
+        self.transactions: AppTransactions = SqliteTransactions(
+            self._pool, self._wakeups, _append_rows, clock, self._new_id
+        )
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"

@@ -37,6 +37,7 @@ ERROR_STATUS: Final[dict[ErrorCode, int]] = {
     ErrorCode.STORE_NOT_CONFIGURED: 500,
     ErrorCode.UNKNOWN_PRESENCE_FIELD: 400,
     ErrorCode.PRESENCE_NOT_SUPPORTED: 500,
+    ErrorCode.TRANSACTIONS_NOT_SUPPORTED: 500,
     ErrorCode.INDEX_CONFLICT: 409,
     ErrorCode.CALL_REFUSED: 409,
 }
