@@ -322,14 +322,14 @@ class Contract:
         version: int | None,
         *,
         session_id: str,
-        index: int,
+        index: int | None,
         event_id: str,
     ) -> Any:
         """A stored event's payload (JSON builtins, stored at ``version``; None
         is version 1) as the current version of its type: decoded as the type
         of its version, then upcast step by step. A type the contract no longer
         declares passes as the builtins. The location names the event in the
-        error.
+        error (``index`` None: a scheduled event, not yet appended).
 
         Raises:
           UpcastError: the payload cannot be read as the current version.

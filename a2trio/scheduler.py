@@ -42,11 +42,18 @@ __all__ = [
 
 
 class ScheduledEvent(msgspec.Struct, frozen=True):
-    """One event of a delayed append, its payload snapshotted as JSON builtins."""
+    """One event of a delayed append, its payload snapshotted as JSON builtins.
+
+    ``version`` is the payload's schema version when its type declares
+    versions (:mod:`a2trio.upcasting`), so a task queued by an older release
+    is upcast when it is delivered. Unset (version 1), it is left out of the
+    encoding, which is then the seed's.
+    """
 
     id: str
     type: str
     payload: Any
+    version: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class DrainTask(msgspec.Struct, frozen=True, tag="drain", tag_field="kind", rename="camel"):

@@ -30,13 +30,14 @@ import trio
 
 from .actor import Actor
 from .clock import Clock
-from .contract import AppendInput, Contract
+from .contract import Contract
 from .engine.actor_calls import ActorCalls, ActorHandle
 from .engine.context import Engine
 from .engine.crons import Cron, Crons
 from .engine.drain import DrainResult
 from .engine.gauges import ServerGauges
 from .engine.handlers import Handlers, registrations
+from .engine.inputs import delivered
 from .engine.inspection import ServerInspection
 from .engine.retention import ServerRetention
 from .engine.session import Session
@@ -440,6 +441,8 @@ class Server:
         Raises:
           ValueError: the task is for another contract.
           A2Error: the append failed (the scheduler retries the task).
+          UpcastError: an event queued by an older release (at an older
+            version of its payload) cannot be upcast (retried, too).
 
         Cancellation: safe to retry: appends replay by their deterministic
         ids and a drain is idempotent.
@@ -458,10 +461,9 @@ class Server:
             if self.run_handlers:
                 await self._drains.drain(session_id, watchdog_due_at_ms=task.due_at_ms)
             return
-        inputs = [AppendInput(e.type, e.payload, e.id) for e in task.events]
         await self._writes.append(
             session_id,
-            inputs,
+            delivered(self._engine, task),
             source="external",
             mode="inline",
             require_arm=True,

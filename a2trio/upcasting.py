@@ -54,7 +54,8 @@ class UpcastError(Exception):
     Attributes:
       contract: the contract's name.
       session_id: the session (without the contract namespace).
-      index: the event's index in its session.
+      index: the event's index in its session; None for a scheduled event
+        (a delayed append queued by an older release), read when it is delivered.
       event_id: the event's id.
       type: its event type.
       version: the version it is stored at (1 for an event stored without one).
@@ -67,7 +68,7 @@ class UpcastError(Exception):
         *,
         contract: str,
         session_id: str,
-        index: int,
+        index: int | None,
         event_id: str,
         type: str,
         version: int,
@@ -82,8 +83,13 @@ class UpcastError(Exception):
         self.version = version
         self.current = current
         self.reason = reason
+        where = (
+            f"event {index} ({event_id!r})"
+            if index is not None
+            else f"scheduled event {event_id!r}"
+        )
         super().__init__(
-            f"event {index} ({event_id!r}) of session {session_id!r} on contract "
+            f"{where} of session {session_id!r} on contract "
             f"{contract!r}: a {type!r} event stored at version {version} cannot be read "
             f"as version {current}: {reason}"
         )
@@ -207,7 +213,7 @@ class Versions:
         *,
         contract: str,
         session_id: str,
-        index: int,
+        index: int | None,
         event_id: str,
     ) -> Any:
         """A stored payload as the current version of ``type`` (``schema``).

@@ -7,6 +7,7 @@ conformance check ``check_version_is_stored_with_the_event``."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import secrets
 from collections.abc import AsyncIterator
@@ -19,6 +20,13 @@ import pytest
 import trio
 
 import a2trio
+from a2trio.scheduler import (
+    AppendTask,
+    ScheduledEvent,
+    SchedulerTarget,
+    SchedulerTask,
+    task_decoder,
+)
 from a2trio.stores.base import Store
 from a2trio.stores.conformance import ManualClock
 from a2trio.stores.postgres import postgres
@@ -422,3 +430,67 @@ async def test_rows_in_a_postgres_table_the_seeds_ddl_made_read_as_version_1() -
     finally:
         await store.aclose()
         await run_sql(dsn, f'drop schema if exists "{schema}" cascade')
+
+
+# -- scheduled appends --------------------------------------------------------------
+
+
+class Queued:
+    """A scheduler that only keeps what it is given (delivered by the test)."""
+
+    def __init__(self) -> None:
+        self.tasks: list[SchedulerTask] = []
+
+    async def schedule(self, task: SchedulerTask) -> None:
+        self.tasks.append(task)
+
+    def bind(self, server: SchedulerTarget) -> contextlib.AbstractAsyncContextManager[None]:
+        return contextlib.nullcontext()
+
+
+async def test_a_delayed_append_carries_its_version_and_is_upcast_when_delivered() -> None:
+    queued = Queued()
+    async with (
+        a2trio.Server(first, store=a2trio.stores.memory(), scheduler=queued) as old,
+        a2trio.Server(current, store=old.store, scheduler=queued) as new,
+    ):
+        # Queued by the first release, due after the second is deployed.
+        await old.session("s1").schedule("before", "1h", first.event("ordered", OrderedV1("pen")))
+        await new.session("s1").schedule(
+            "later",
+            "1h",
+            current.event("ordered", Ordered("INK", 2)),
+            current.event("shipped", Shipped("INK")),
+        )
+        assert [type(task) for task in queued.tasks] == [AppendTask, AppendTask]
+        # An unversioned event encodes as the seed's (no version key); the
+        # current release's ordered event names its version.
+        encoded = [msgspec.json.decode(msgspec.json.encode(t)) for t in queued.tasks]
+        assert [sorted(e) for e in encoded[0]["events"]] == [["id", "payload", "type"]]
+        assert [e.get("version") for e in encoded[1]["events"]] == [3, None]
+        for task in queued.tasks:
+            await new.deliver(task_decoder().decode(msgspec.json.encode(task)))
+        history = await new.session("s1").history()
+        assert [e.payload for e in history] == [
+            Ordered("PEN", 1),
+            Ordered("INK", 2),
+            Shipped("INK"),
+        ]
+        rows = await new.store.read(new.key("s1"))
+        assert [row.version for row in rows] == [3, 3, None]
+
+
+async def test_a_delayed_append_that_cannot_be_upcast_names_the_scheduled_event() -> None:
+    async with a2trio.Server(current, store=a2trio.stores.memory()) as server:
+        task = AppendTask(
+            "t1", "orders", "s1", 0, [ScheduledEvent("e1", "ordered", {"item": "cursed"})]
+        )
+        with pytest.raises(a2trio.UpcastError) as caught:
+            await server.deliver(task)
+        assert (caught.value.session_id, caught.value.index, caught.value.version) == (
+            "s1",
+            None,
+            1,
+        )
+        assert str(caught.value).startswith("scheduled event 'e1' of session 's1' on contract")
+        assert await server.session("s1").history() == []

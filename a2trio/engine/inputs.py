@@ -31,7 +31,7 @@ from ..scheduler import AppendTask, ScheduledEvent
 from ..stores.base import AppendEvent, StoredEvent
 from .context import Engine
 
-__all__ = ["check_push", "returned", "schedule", "validate"]
+__all__ = ["check_push", "delivered", "returned", "schedule", "validate"]
 
 _DELAY = re.compile(r"^(?:0|[1-9]\d*)(?:\.\d+)?(ms|s|m|h|d)$")
 _DELAY_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -169,7 +169,12 @@ async def schedule(
         engine.contract.name, session_id, trigger.id if trigger is not None else None, name
     )
     scheduled = [
-        ScheduledEvent(e.id or scheduled_event_id(sid, position), e.type, e.payload)
+        ScheduledEvent(
+            e.id or scheduled_event_id(sid, position),
+            e.type,
+            e.payload,
+            msgspec.UNSET if e.version is None else e.version,
+        )
         for position, e in enumerate(validated)
     ]
     if len({e.id for e in scheduled}) != len(scheduled):
@@ -189,6 +194,28 @@ async def schedule(
             trace_context=msgspec.UNSET if trace is None else trace,
         )
     )
+
+
+def delivered(engine: Engine, task: AppendTask) -> list[AppendInput]:
+    """A delivered append's events as append inputs, each payload upcast from
+    the version it was scheduled at when that is not its type's current one
+    (a task an older release queued); :func:`validate` checks them as it
+    checks any append.
+
+    Raises:
+      UpcastError: a payload that cannot be read as the current version.
+    """
+    contract = engine.contract
+    inputs = []
+    for e in task.events:
+        payload = e.payload
+        version = None if isinstance(e.version, msgspec.UnsetType) else e.version
+        if version != contract.versions.stored(e.type):
+            payload = contract.upcast(
+                e.type, payload, version, session_id=task.session_id, index=None, event_id=e.id
+            )
+        inputs.append(AppendInput(e.type, payload, e.id))
+    return inputs
 
 
 def _due_at(timing: str | datetime, base_ms: int) -> int:
