@@ -494,3 +494,46 @@ async def test_a_delayed_append_that_cannot_be_upcast_names_the_scheduled_event(
         )
         assert str(caught.value).startswith("scheduled event 'e1' of session 's1' on contract")
         assert await server.session("s1").history() == []
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_an_append_in_the_apps_transaction_stores_the_current_version(backend: str) -> None:
+    async with _store(backend) as store:
+        await _written_by_the_first_version(store, "s1", "pen")
+        async with a2trio.Server(current, store=store, run_handlers=False) as server:
+            async with server.transaction() as tx:
+                await server.session("s1").append(
+                    current.event("ordered", Ordered("INK", 2)), transaction=tx
+                )
+            rows = await store.read(server.key("s1"))
+            assert [row.version for row in rows] == [None, 3]
+            history = await server.session("s1").history()
+            assert [e.payload for e in history] == [Ordered("PEN", 1), Ordered("INK", 2)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_an_actor_decides_on_a_state_folded_from_upcast_events(backend: str) -> None:
+    async def order(state: Totals, input: Ordered) -> a2trio.AppendInput:
+        if input.sku in state.skus:
+            raise a2trio.Refused(f"{input.sku} is ordered already")
+        return cart.event("ordered", input)
+
+    cart = a2trio.actor(
+        "orders",
+        events={"ordered": Ordered, "shipped": Shipped},
+        state=totals,
+        calls={"order": a2trio.call(Ordered, order)},
+        versions={"ordered": [OrderedV1, OrderedV2, Ordered]},
+        upcasters={"ordered": [v1_to_v2, v2_to_v3]},
+    )
+    async with _store(backend) as store:
+        await _written_by_the_first_version(store, "c1", "pen")
+        async with a2trio.Server(cart, store=store) as server:
+            with pytest.raises(a2trio.Refused, match="PEN is ordered already"):
+                await server.actor("c1").call("order", {"sku": "PEN", "quantity": 1})
+            answer = await server.actor("c1").call("order", {"sku": "INK", "quantity": 2})
+            assert (answer.state.skus, answer.state.quantity, answer.index) == (
+                ["PEN", "INK"],
+                3,
+                2,
+            )
