@@ -337,6 +337,12 @@ class Contract:
         schema = self.events.get(type)
         if schema is None:
             return payload
+        if version is None and type not in self.versions.versioned:
+            # The common case, inline (it runs once per event read).
+            try:
+                return msgspec.convert(payload, schema)
+            except msgspec.ValidationError:
+                pass  # the full path names the event in its error
         return self.versions.upcast(
             schema,
             type,

@@ -177,7 +177,7 @@ class Versions:
         type without versions; a missing or extra upcaster.
     """
 
-    __slots__ = ("_chains",)
+    __slots__ = ("_chains", "versioned")
 
     def __init__(
         self,
@@ -193,6 +193,8 @@ class Versions:
             for name, types in declared.items()
             if len(types) > 1
         }
+        #: The event types with more than one version.
+        self.versioned = frozenset(self._chains)
 
     def current(self, type: str) -> int:
         """The current version of ``type``'s payload (1 for a type without versions)."""
