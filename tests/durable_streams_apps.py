@@ -15,4 +15,5 @@ __all__ = ["redis_lane"]
 redis_lane = durable_streams(
     redis(os.environ["DS_TEST_REDIS_URL"], key_prefix=os.environ["DS_TEST_REDIS_PREFIX"]),
     cors=Cors("*"),
+    local_webhooks=True,
 )

@@ -33,6 +33,7 @@ EXTRAS = (
     "trio_asyncio",
     "opentelemetry",
     "prometheus_client",
+    "cryptography",
     "pytest",
 )
 

@@ -1,3 +1,3 @@
 import { runConformanceTests } from "@durable-streams/server-conformance-tests"
 
-runConformanceTests({ baseUrl: process.env.CONFORMANCE_TEST_URL })
+runConformanceTests({ baseUrl: process.env.CONFORMANCE_TEST_URL, subscriptions: true })

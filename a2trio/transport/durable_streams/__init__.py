@@ -30,6 +30,8 @@ from .lane import (
     DurableStreams,
 )
 from .model import CONTRACT
+from .subscription_routes import SubscriptionOperation
+from .subscriptions import WEBHOOK_TIMEOUT_S
 
 __all__ = [
     "CHUNK_BYTES",
@@ -37,9 +39,11 @@ __all__ = [
     "DEFAULT_LIMITS",
     "LONG_POLL_S",
     "SSE_RECONNECT_S",
+    "WEBHOOK_TIMEOUT_S",
     "DurableStreams",
     "Mounted",
     "StreamOperation",
+    "SubscriptionOperation",
     "durable_streams",
     "mount",
 ]
@@ -55,6 +59,9 @@ def durable_streams(
     long_poll_s: float = LONG_POLL_S,
     sse_reconnect_s: float = SSE_RECONNECT_S,
     chunk_bytes: int = CHUNK_BYTES,
+    signing_key: bytes | None = None,
+    local_webhooks: bool = False,
+    webhook_timeout_s: float = WEBHOOK_TIMEOUT_S,
 ) -> DurableStreams:
     """The Durable Streams lane over ``store`` (default: by ``A2_STORE`` /
     ``A2_ENV``, as a server's). Construction does no I/O.
@@ -74,6 +81,13 @@ def durable_streams(
       sse_reconnect_s: how long one SSE response lasts before the client
         is asked to reconnect (by ending it).
       chunk_bytes: about how many bytes one catch-up read answers.
+      signing_key: the 32-byte Ed25519 seed webhooks are signed with (and
+        callback tokens derived from); by default one is made and kept in
+        the store, shared by every lane process on it.
+      local_webhooks: allow ``http://localhost`` and ``http://127.0.0.x``
+        webhook URLs (development: Section 6.2's exception); otherwise only
+        ``https`` URLs of public hosts.
+      webhook_timeout_s: how long one webhook call may take.
     """
     server = Server(CONTRACT, store=store, run_handlers=False, sweep=False)
     return DurableStreams(
@@ -85,6 +99,9 @@ def durable_streams(
         long_poll_s=long_poll_s,
         sse_reconnect_s=sse_reconnect_s,
         chunk_bytes=chunk_bytes,
+        signing_key=signing_key,
+        local_webhooks=local_webhooks,
+        webhook_timeout_s=webhook_timeout_s,
     )
 
 
@@ -143,10 +160,11 @@ def mount(app: Any, lanes: Mapping[str, DurableStreams]) -> Mounted:
 
 
 def __getattr__(name: str) -> Any:
-    """``app``: the lane over ``A2_STORE``, open to pages of any origin,
-    built on first use (``python -m a2trio.serve`` sets ``A2_STORE`` first)."""
+    """``app``: the lane over ``A2_STORE``, open to pages of any origin and
+    to local webhooks (a development server), built on first use
+    (``python -m a2trio.serve`` sets ``A2_STORE`` first)."""
     if name != "app":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    app = durable_streams(cors=Cors("*"))
+    app = durable_streams(cors=Cors("*"), local_webhooks=True)
     globals()["app"] = app
     return app

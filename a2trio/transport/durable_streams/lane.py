@@ -9,6 +9,7 @@ request         answer
 ``HEAD``        the tail offset, content type, TTL, expiry, closure: 200
 ``DELETE``      204 (soft while forks read it)
 ``OPTIONS``     a CORS preflight (with ``cors=``)
+``*/__ds/...``  subscriptions and their keys (:mod:`.subscription_routes`)
 =============== =============================================================
 
 Every stream of the lane is a session of the built-in contract
@@ -58,6 +59,9 @@ from .protocol import (
     parse_offset,
 )
 from .sessions import serve_session
+from .subscription_model import CONTRACT as SUBSCRIPTIONS_CONTRACT
+from .subscription_routes import control_path, serve_control
+from .subscriptions import WEBHOOK_TIMEOUT_S, Subscriptions
 from .table import Answer, Streams
 from .writes import AppendRequest, CreateRequest, decide_append, decide_create, gone, missing
 
@@ -110,6 +114,9 @@ class DurableStreams:
         long_poll_s: float = LONG_POLL_S,
         sse_reconnect_s: float = SSE_RECONNECT_S,
         chunk_bytes: int = CHUNK_BYTES,
+        signing_key: bytes | None = None,
+        local_webhooks: bool = False,
+        webhook_timeout_s: float = WEBHOOK_TIMEOUT_S,
     ) -> None:
         if server.contract is not CONTRACT:
             raise TypeError("the lane's server must implement durable_streams.CONTRACT")
@@ -120,6 +127,8 @@ class DurableStreams:
             mounted[other.contract.name] = other
         if not long_poll_s > 0 or not sse_reconnect_s > 0 or chunk_bytes <= 0:
             raise ValueError("long_poll_s, sse_reconnect_s and chunk_bytes must be positive")
+        if not webhook_timeout_s > 0:
+            raise ValueError("webhook_timeout_s must be positive")
         self.server = server
         self.sessions: Mapping[str, Server] = mounted
         self.authorize = authorize
@@ -129,6 +138,21 @@ class DurableStreams:
         self.sse_reconnect_s = sse_reconnect_s
         self.chunk_bytes = chunk_bytes
         self.streams = Streams(server)
+        # The subscriptions' session is of a contract of its own, on the same store.
+        self.subscriptions_server = Server(
+            SUBSCRIPTIONS_CONTRACT,
+            store=server.store,
+            clock=server.clock,
+            run_handlers=False,
+            sweep=False,
+        )
+        self.subscriptions = Subscriptions(
+            self.streams,
+            self.subscriptions_server,
+            signing_key=signing_key,
+            local_webhooks=local_webhooks,
+            webhook_timeout_s=webhook_timeout_s,
+        )
         self.context = LaneContext(
             self.streams,
             authorize=authorize,
@@ -144,9 +168,12 @@ class DurableStreams:
     @asynccontextmanager
     async def opened(self, *, sessions: bool = True) -> AsyncIterator[DurableStreams]:
         """Open the lane's server (and, with ``sessions``, the mounted
-        session servers) for the block: what the lifespan does."""
+        session servers) and run its subscriptions' tasks for the block: what
+        the lifespan does."""
         async with AsyncExitStack() as stack:
             await stack.enter_async_context(self.server)
+            await stack.enter_async_context(self.subscriptions_server)
+            await stack.enter_async_context(self.subscriptions.running())
             if sessions:
                 for other in self.sessions.values():
                     await stack.enter_async_context(other)
@@ -249,18 +276,28 @@ class DurableStreams:
         extra: list[tuple[bytes, bytes]],
     ) -> Answer | None:
         path = request.path
+        control = control_path(path)
+        if control is not None:
+            root, rest = control
+            return await serve_control(
+                self.subscriptions, self.context, self.body, scope, request, receive, root, rest
+            )
         first = path.lstrip("/").split("/", 1)[0]
         mounted = self.sessions.get(first)
         if mounted is not None:
             return await serve_session(self.context, mounted, scope, request, receive, send, extra)
         method = request.method
-        if method == "PUT":
-            return await self._create(scope, request, receive)
-        if method == "POST":
-            return await self._append(request, receive)
-        if method == "DELETE":
-            await self.context.authorized(request, StreamOperation("delete", path))
-            return await delete_stream(self.streams, path)
+        if method in ("PUT", "POST", "DELETE"):
+            if method == "PUT":
+                answer = await self._create(scope, request, receive)
+            elif method == "POST":
+                answer = await self._append(request, receive)
+            else:
+                await self.context.authorized(request, StreamOperation("delete", path))
+                answer = await delete_stream(self.streams, path)
+            if answer.status < 300:
+                self.subscriptions.changed(path)
+            return answer
         if method == "HEAD":
             await self.context.authorized(request, StreamOperation("head", path))
             return await self._head(path)
