@@ -19,6 +19,7 @@ from .engine.actor_calls import ActorHandle, ActorState
 from .engine.crons import Cron, CronInfo, cron
 from .engine.drain import DrainResult
 from .engine.fanout import FeedEntry, Lapped, Subscription
+from .engine.flow import Concurrency
 from .engine.handlers import HandlerContext, HandlerSpec, Retry, Returned, handler, on
 from .engine.inspection import InspectionUnsupportedError
 from .engine.presence import PresenceMap, PresencePatch, PresenceSnapshot, PresenceValue
@@ -72,6 +73,7 @@ __all__ = [
     "AppendTask",
     "ArchivedSnapshot",
     "Clock",
+    "Concurrency",
     "Contract",
     "Cron",
     "CronInfo",

@@ -181,6 +181,11 @@ class Server:
             contract,
             store,
             lanes={type_: spec.lane for type_, spec in specs.items()},
+            concurrency={
+                type_: spec.concurrency
+                for type_, spec in specs.items()
+                if spec.concurrency is not None
+            },
             scheduler=scheduler,
             telemetry=telemetry or NOOP_TELEMETRY,
             metrics=metrics,

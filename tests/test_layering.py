@@ -41,7 +41,7 @@ LAYERS: list[set[str]] = [
     {"engine.presence"},
     {"engine.inputs"},
     {"engine.context"},
-    {"engine.fanout", "engine.state", "engine.watchdogs"},
+    {"engine.fanout", "engine.state", "engine.watchdogs", "engine.flow"},
     # The nursery, the mailbox, the outcome rules, the pacing and the app's
     # transaction: they import nothing of the engine.
     {

@@ -67,7 +67,7 @@ def _users(*names: str) -> frozenset[str]:
     return frozenset(names)
 
 
-CLAIMING = ("APPEND", "APPEND_FRESH", "CLAIMABLE_SESSIONS", "CLAIM")
+CLAIMING = ("APPEND", "APPEND_FRESH", "CLAIMABLE_SESSIONS", "CLAIM", "CLAIM_KEYED", "LOCK_KEYS")
 
 SPELLINGS: dict[str, Spelling] = {
     "alive": Spelling(
@@ -91,7 +91,7 @@ SPELLINGS: dict[str, Spelling] = {
     ),
     "claim_live": Spelling(
         _pattern(sql.claim_live, "row", "sql"),
-        _users("CLAIM", "RENEW"),
+        _users("CLAIM", "RENEW", "CLAIM_KEYED", "CLAIMABLE_SESSIONS"),
         signature=r"claim_expires_at >",
     ),
     "dispatch_ready": Spelling(
@@ -103,7 +103,14 @@ SPELLINGS: dict[str, Spelling] = {
         signature=r"not_before (is null|<=)",
     ),
     "claimable": Spelling(_pattern(sql.claimable, "row", "sql"), _users(*CLAIMING)),
-    "held": Spelling(_pattern(sql.held, "row", "sql"), _users("CLAIM")),
+    "held": Spelling(_pattern(sql.held, "row", "sql"), _users("CLAIM", "CLAIM_KEYED")),
+    "live_slot": Spelling(
+        _pattern(sql.live_slot, "row", "sql"), _users("CLAIM", "CLAIM_KEYED", "CLAIMABLE_SESSIONS")
+    ),
+    "has_room": Spelling(_pattern(sql.has_room, "row", "sql"), _users("CLAIMABLE_SESSIONS")),
+    "claims_at_insert": Spelling(
+        _pattern(sql.claims_at_insert, "row", "sql"), _users("APPEND", "APPEND_FRESH")
+    ),
     "retry_backoff_ms": Spelling(
         _pattern(sql.retry_backoff_ms, "sql"), _users("CLAIMABLE_SESSIONS"), signature=r"<<"
     ),

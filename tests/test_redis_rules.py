@@ -41,6 +41,9 @@ FUNCTIONS = {
     "holds_claim": {"holds_claim"},
     "renew_verdict": {"renew_verdict"},
     "drained": {"drained"},
+    "has_room": {"has_room"},
+    "claims_at_insert": {"claims_at_insert"},
+    "live_slots": {"live_slot"},
 }
 
 #: What a rule looks like spelled out, and the functions of ``RULES`` that

@@ -173,10 +173,17 @@ def test_the_backoff_carries_the_rules_numbers() -> None:
 
 #: What only a fragment spells, and the statements that use it.
 SIGNATURES = {
-    r"claim_expires_at is null": {"CLAIMABLE", "CLAIM", "CLAIMABLE_SESSIONS", "RETRY_AT"},
+    r"claim_expires_at is null": {
+        "CLAIMABLE",
+        "CLAIM",
+        "CLAIMABLE_SESSIONS",
+        "RETRY_AT",
+        "KEYED",
+        "CANDIDATES",
+    },
     r"<<": {"CLAIMABLE_SESSIONS"},
     r"last_failed_at \+": {"CLAIMABLE_SESSIONS"},
-    r"not_before is null": {"CLAIMABLE", "CLAIM", "CLAIMABLE_SESSIONS"},
+    r"not_before is null": {"CLAIMABLE", "CLAIM", "CLAIMABLE_SESSIONS", "KEYED", "CANDIDATES"},
 }
 
 

@@ -30,6 +30,7 @@ from ..telemetry import Metrics, Telemetry
 from ..timings import Timings
 from .background import Background
 from .fanout import SessionFeeds
+from .flow import Concurrency, FlowWaiters
 from .state import StateReads
 from .transaction import Transaction
 from .watchdogs import Watchdogs
@@ -93,6 +94,7 @@ class Engine:
       lanes: the event types that have a handler, each with its lane (a
         string, a :data:`LaneFn`, or None). Events of other types are stored
         settled.
+      concurrency: the handled types with a :class:`~a2trio.Concurrency`.
 
     Attributes:
       background: the server's nursery and the tasks counted in it.
@@ -107,6 +109,7 @@ class Engine:
         store: Store,
         *,
         lanes: Mapping[str, str | LaneFn | None],
+        concurrency: Mapping[str, Concurrency] | None = None,
         scheduler: Scheduler | None,
         telemetry: Telemetry,
         metrics: Metrics | None = None,
@@ -119,6 +122,10 @@ class Engine:
         self.contract = contract
         self.store = store
         self.lanes = dict(lanes)
+        #: The handled types with a concurrency limit, resolved at append.
+        self.concurrency = dict(concurrency or {})
+        #: The sessions whose events wait on a full concurrency key.
+        self.waiters = FlowWaiters()
         self.scheduler = scheduler
         self.telemetry = telemetry
         #: Where the engine's numbers go; None (the default) skips every count.

@@ -155,6 +155,8 @@ class _Drain:
         self.claim_again = False
         # The last claim hit its limit: more may be claimable once slots free.
         self.limited = False
+        # The last claim left events waiting on a full concurrency key.
+        self.flow_waiting = False
         # The last finished completion said nothing else is left to claim.
         self.drained = False
         self._dirty = False
@@ -259,6 +261,12 @@ class _Drain:
                 # Each claimed event keeps its slot until its attempt ends.
                 self.slots.give_back(room - len(claimed))
                 self.limited = len(claimed) >= room
+                waiting = claim.waiting if isinstance(claim, Claimed | Busy) else []
+                self.flow_waiting = bool(waiting)
+                if waiting:
+                    # Woken when an attempt of the key ends here (the sweep,
+                    # or the Busy answer's watchdog, when one ends elsewhere).
+                    self.engine.waiters.wait(self.session_id, waiting)
                 if claimed:
                     self._request_watchdog(window.watchdog_at_ms)
                     for event in claimed:
@@ -311,6 +319,8 @@ class _Drain:
             outcome = await self._runner.run(event, lease)
         finally:
             self.slots.give_back(1)
+            if event.concurrency_key is not None:
+                self.engine.waiters.freed(event.concurrency_key)
         if self.active.get(event.index) is lease:
             del self.active[event.index]
         self.drained = outcome.drained and not lease.fenced
@@ -321,7 +331,11 @@ class _Drain:
                 self.excluded.add(event.index)
                 self.saw_failure = True
             self.claim_again = (
-                self.claim_again or outcome.opens_lane or outcome.appended or self.limited
+                self.claim_again
+                or outcome.opens_lane
+                or outcome.appended
+                or self.limited
+                or self.flow_waiting
             )
         self.poke()
 

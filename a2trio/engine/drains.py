@@ -109,6 +109,7 @@ class DrainRegistry:
         self.slots = HandlerSlots(max_handlers)
         self.health = StoreHealth(engine.contract.name)
         self._drains: dict[str, DrainSignal] = {}
+        engine.waiters.on_free = self._flow_freed
 
     @property
     def running(self) -> int:
@@ -151,6 +152,11 @@ class DrainRegistry:
         signal.notify()
         self._drains[session_id] = signal
         self.engine.background.spawn(self._background_drain, session_id, signal, watchdog_at_ms)
+
+    def _flow_freed(self, session_id: str) -> None:
+        # A slot of a key this session waits on freed here.
+        if self.engine.background.is_open:
+            self.wake(session_id)
 
     def wake_key(self, key: str) -> None:
         """Another process appended to store key ``key``: wake its drain if the

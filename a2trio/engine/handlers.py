@@ -11,8 +11,9 @@ payload is an ``X`` (:mod:`a2trio.signatures`).
 Both take the handler's flow options (issue 33): ``retry=`` (a
 :class:`~a2trio.Retry`, in :mod:`.pacing`: how many failed attempts before a
 dead letter, how long each retry waits, and which exceptions dead-letter at
-once) and ``timeout=`` (seconds an attempt may run before it is cancelled and
-counted as a failure).
+once), ``timeout=`` (seconds an attempt may run before it is cancelled and
+counted as a failure) and ``concurrency=`` (a :class:`~a2trio.Concurrency`:
+attempts at once per key, across sessions and processes; :mod:`.flow`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import trio
 from ..contract import AppendInput, Contract, Event, EventType
 from ..signatures import accepts, parameter_annotation, type_name
 from .context import LaneFn
+from .flow import Concurrency
 from .pacing import Retry
 
 if TYPE_CHECKING:
@@ -110,9 +112,10 @@ class HandlerSpec:
       retry: the :class:`Retry` policy, or None (the server's
         ``Timings.max_failures``).
       timeout: seconds an attempt may run, or None (no limit).
+      concurrency: the :class:`~a2trio.Concurrency` limit, or None.
     """
 
-    __slots__ = ("abort_on", "event", "fn", "lane", "retry", "timeout")
+    __slots__ = ("abort_on", "concurrency", "event", "fn", "lane", "retry", "timeout")
 
     def __init__(
         self,
@@ -123,6 +126,7 @@ class HandlerSpec:
         *,
         retry: Retry | None = None,
         timeout: float | None = None,
+        concurrency: Concurrency | None = None,
     ) -> None:
         self.fn = fn
         self.abort_on: AbortMatcher | None = abort_on
@@ -130,6 +134,7 @@ class HandlerSpec:
         self.event = event
         self.retry = retry
         self.timeout = timeout
+        self.concurrency = concurrency
 
     def check(self, contract: Contract, type: str) -> None:
         """Raise TypeError/ValueError if this spec does not fit ``contract``'s
@@ -261,6 +266,7 @@ def _spec(
     event: EventType[Any] | None,
     retry: Retry | None,
     timeout: float | None,
+    concurrency: Concurrency | None,
 ) -> HandlerSpec:
     if not callable(fn):
         raise TypeError(f"handler must be an async function, got {fn!r}")
@@ -269,7 +275,11 @@ def _spec(
         raise TypeError(f"lane must be a non-empty string or a function, got {lane!r}")
     if retry is not None and not isinstance(retry, Retry):
         raise TypeError(f"retry must be an a2trio.Retry(...), got {retry!r}")
-    return HandlerSpec(fn, matcher, lane, event, retry=retry, timeout=_timeout(timeout))
+    if concurrency is not None and not isinstance(concurrency, Concurrency):
+        raise TypeError(f"concurrency must be an a2trio.Concurrency(...), got {concurrency!r}")
+    return HandlerSpec(
+        fn, matcher, lane, event, retry=retry, timeout=_timeout(timeout), concurrency=concurrency
+    )
 
 
 def handler(
@@ -279,6 +289,7 @@ def handler(
     lane: str | LaneFn | None = None,
     retry: Retry | None = None,
     timeout: float | None = None,
+    concurrency: Concurrency | None = None,
 ) -> HandlerSpec:
     """Wrap a handler with options, for a key of ``Server(handlers={...})``
     (:func:`on` is the typed form).
@@ -299,14 +310,18 @@ def handler(
         cancelled (its lease and abort scopes aside) and the attempt fails
         with a :class:`TimeoutError` naming the timeout, retried or
         dead-lettered as ``retry`` says. None: no limit.
+      concurrency: a :class:`~a2trio.Concurrency`: at most ``limit`` attempts
+        at once per key value, across sessions and processes; the rest wait
+        in order. None: no limit but the server's ``max_handlers``.
 
     Raises:
       TypeError: ``fn`` is not callable, a bad ``abort_on`` shape, a lane that
         is neither a non-empty string nor a function, a ``retry`` that is no
-        :class:`Retry`, or a ``timeout`` that is no number.
+        :class:`Retry`, a ``concurrency`` that is no :class:`Concurrency`, or
+        a ``timeout`` that is no number.
       ValueError: a ``timeout`` that is not positive and finite.
     """
-    return _spec(fn, abort_on, lane, None, retry, timeout)
+    return _spec(fn, abort_on, lane, None, retry, timeout, concurrency)
 
 
 def on(
@@ -317,6 +332,7 @@ def on(
     lane: str | LaneFn | None = None,
     retry: Retry | None = None,
     timeout: float | None = None,
+    concurrency: Concurrency | None = None,
 ) -> HandlerSpec:
     """Register ``fn`` for the event type ``event``, for ``Server(handlers=[...])``.
 
@@ -332,6 +348,7 @@ def on(
       lane: as for :func:`handler`.
       retry: as for :func:`handler`.
       timeout: as for :func:`handler`.
+      concurrency: as for :func:`handler`.
 
     Raises:
       TypeError: ``event`` is not a handle, ``fn`` is not callable or is
@@ -341,7 +358,7 @@ def on(
     """
     if not isinstance(event, EventType):
         raise TypeError(f"on() takes an a2trio.event_type(...) handle, got {event!r}")
-    spec = _spec(fn, abort_on, lane, event, retry, timeout)
+    spec = _spec(fn, abort_on, lane, event, retry, timeout, concurrency)
     _check_payload(fn, event.name, event.payload_type, "")
     return spec
 

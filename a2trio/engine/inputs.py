@@ -30,6 +30,7 @@ from ..push import PushedEvent, PushValidation
 from ..scheduler import AppendTask, ScheduledEvent
 from ..stores.base import AppendEvent, StoredEvent
 from .context import Engine
+from .flow import resolve_concurrency
 
 __all__ = ["check_push", "delivered", "returned", "schedule", "validate"]
 
@@ -45,7 +46,8 @@ def validate(
     dispatch: bool = True,
     trace_context: str | None = None,
 ) -> list[AppendEvent]:
-    """Validate append inputs into store records, resolving lanes.
+    """Validate append inputs into store records, resolving lanes and
+    concurrency keys (:mod:`.flow`).
 
     With ``dispatch=False`` (schedules) no lane is resolved and nothing is
     marked settled: the events are appended later, by a scheduler.
@@ -68,6 +70,8 @@ def validate(
         typed, builtins = engine.contract.validate(event.type, event.payload)
         lane = None
         settled = False
+        flow_key: str | None = None
+        flow_limit: int | None = None
         if dispatch:
             if event.type not in engine.lanes:
                 settled = True
@@ -84,6 +88,11 @@ def validate(
                             f"lane for {event.type!r} must resolve to a non-empty string, "
                             f"got {lane!r}"
                         )
+                concurrency = engine.concurrency.get(event.type)
+                if concurrency is not None:
+                    flow_key, flow_limit = resolve_concurrency(
+                        engine.prefix, concurrency, AppendInput(event.type, typed, event.id)
+                    )
         validated.append(
             AppendEvent(
                 event.type,
@@ -94,6 +103,8 @@ def validate(
                 settled,
                 trace_context,
                 versions.stored(event.type),
+                flow_key,
+                flow_limit,
             )
         )
     return validated

@@ -22,6 +22,7 @@ from typing import Any
 
 import trio
 
+from ..contract import AppendInput
 from ..stores.base import AppendEvent, CompleteResult, FailResult, StoredEvent
 from ..telemetry import NOOP_TELEMETRY, AttemptOutcome, Span
 from ..upcasting import UpcastError
@@ -39,6 +40,7 @@ from .attempt import (
     timed_out,
 )
 from .context import Appends, Engine, measured
+from .flow import FlowKeyError, key_value
 from .handlers import HandlerContext, HandlerSpec
 from .inputs import returned
 from .session import HandlerSession
@@ -276,6 +278,12 @@ class AttemptRunner:
         what the garbage collector scans."""
         session = HandlerSession(self.engine, self.appends, self.session_id, event)
         ctx = HandlerContext(self.engine.to_public(event), event.attempt_count, session, aborted)
+        if registration.concurrency is not None and event.concurrency_key is None:
+            # Its key failed at append (or it predates the limit): raises
+            # the key's error again, or runs it unlimited.
+            key_value(
+                registration.concurrency, AppendInput(event.type, ctx.event.payload, event.id)
+            )
         if abort_scope is None and timeout_scope is None:
             return await registration.fn(ctx)
         with abort_scope or contextlib.nullcontext(), timeout_scope or contextlib.nullcontext():
@@ -329,8 +337,11 @@ class AttemptRunner:
         stored as the retry-at, and a drain is armed for it."""
         retry = registration.retry if registration is not None else None
         max_attempts = retry.max_attempts if retry is not None else self.engine.timings.max_failures
-        # An event that cannot be upcast fails the same way on every read.
-        retryable = not isinstance(error, UpcastError) and (retry is None or retry.retryable(error))
+        # An event that cannot be upcast fails the same way on every read, and
+        # so does a concurrency key that failed at append.
+        retryable = not isinstance(error, UpcastError | FlowKeyError) and (
+            retry is None or retry.retryable(error)
+        )
         max_failures = max_attempts if retryable else 1
         verb = "timed out" if timed_out else "failed"
         retry_after_ms = None

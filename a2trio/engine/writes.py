@@ -240,7 +240,9 @@ class Writes:
                     window.watchdog_at_ms,
                     watchdog_at_ms,
                 )
-            if result.others_claimable:
+            # Keyed events are claimed by the drain, under their limits
+            # (``rules.claims_at_insert``).
+            if result.others_claimable or any(e.concurrency_key is not None for e in events):
                 drains.wake(session_id, watchdog_at_ms)
         finally:
             # The slots of events written unclaimed (a lane's later events, a

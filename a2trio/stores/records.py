@@ -69,6 +69,9 @@ class AppendEvent(msgspec.Struct, frozen=True):
     ``versions=``), stored with the event and returned with it; None is
     version 1, which is what every event written before versions existed
     reads as.
+    ``concurrency_key`` and ``concurrency_limit`` are the handler's
+    :class:`~a2trio.Concurrency` resolved at append: at most that many live
+    claims of rows with that key, across sessions (``rules.flow``).
     """
 
     type: str
@@ -79,6 +82,8 @@ class AppendEvent(msgspec.Struct, frozen=True):
     settled: bool = False
     trace_context: str | None = None
     version: int | None = None
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
 
 class StoredEvent(msgspec.Struct, frozen=True):
@@ -116,18 +121,28 @@ class StoredEvent(msgspec.Struct, frozen=True):
     trace_context: str | None = None
     not_before_ms: int | None = None
     version: int | None = None
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
 
 class Claimed(msgspec.Struct, frozen=True, tag="claimed"):
-    """Events claimed by this holder, in index order, ``attempt_count`` advanced."""
+    """Events claimed by this holder, in index order, ``attempt_count`` advanced.
+
+    ``waiting``: the concurrency keys whose full limit held events of this
+    session back (claimable once a slot of the key frees), sorted.
+    """
 
     events: list[StoredEvent]
+    waiting: list[str] = msgspec.field(default_factory=list)
 
 
 class Busy(msgspec.Struct, frozen=True, tag="busy"):
-    """Nothing claimable now; live claims held elsewhere expire at ``retry_at_ms``."""
+    """Nothing claimable now; live claims held elsewhere expire at
+    ``retry_at_ms``. ``waiting`` as :class:`Claimed`'s: with keys waiting,
+    ``retry_at_ms`` is at latest when a slot of one of them lapses."""
 
     retry_at_ms: int
+    waiting: list[str] = msgspec.field(default_factory=list)
 
 
 class Settled(msgspec.Struct, frozen=True, tag="settled"):

@@ -59,6 +59,7 @@ and build rows):
 * ``completions``: ``complete_attempt`` and ``fail_attempt``;
 * ``notbefore``: the stored not-before (``release_attempt``, a failure's
   ``retry_after_ms``) against claims, lanes and the sweep;
+* ``flow``: concurrency keys across sessions (``rules.flow``);
 * ``states``: snapshots, ``read_state`` and ``read_states``;
 * ``feeds``: ``stream``;
 * ``presence``, ``inspection``, ``operator``, ``retention``: the optional
@@ -125,6 +126,12 @@ from .feeds import (
     check_stream_catches_up_then_follows,
     check_stream_close_stops_the_feed,
     check_stream_concurrent_feeds,
+)
+from .flow import (
+    check_concurrency_across_sessions,
+    check_concurrency_slots_are_leases,
+    check_concurrency_with_lanes_and_the_sweep,
+    check_concurrency_within_a_session,
 )
 from .inspection import (
     check_inspect_list_sessions,
@@ -213,6 +220,10 @@ __all__ = [
     "check_complete_attempt_fences_zombies",
     "check_complete_attempt_rejects_a_different_batch",
     "check_complete_attempt_replay_keeps_types",
+    "check_concurrency_across_sessions",
+    "check_concurrency_slots_are_leases",
+    "check_concurrency_with_lanes_and_the_sweep",
+    "check_concurrency_within_a_session",
     "check_every_call_fails_unavailable_when_unreachable",
     "check_every_protocol_method_fails_unavailable_translated_once",
     "check_fail_attempt",
@@ -289,6 +300,10 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_release_attempt,
     check_fail_attempt_stores_a_retry_at,
     check_not_before_holds_its_lane_and_the_sweep,
+    check_concurrency_across_sessions,
+    check_concurrency_slots_are_leases,
+    check_concurrency_within_a_session,
+    check_concurrency_with_lanes_and_the_sweep,
     check_snapshots,
     check_read_states,
     check_stream_catches_up_then_follows,
@@ -335,6 +350,7 @@ REQUIRES: dict[str, frozenset[str]] = {
     check_operator_retry_now.__name__: frozenset({"operator"}),
     check_operator_dead_letters.__name__: frozenset({"operator"}),
     check_rule_table_sweep.__name__: frozenset({"sweep"}),
+    check_concurrency_with_lanes_and_the_sweep.__name__: frozenset({"sweep"}),
     check_rule_table_operator_actions.__name__: frozenset({"operator"}),
     check_retention_export_and_erase.__name__: frozenset({"retention"}),
     check_retention_erase_is_refused_while_claimed.__name__: frozenset({"retention"}),

@@ -46,6 +46,8 @@ class Row:
     trace_context: str | None = None
     not_before_ms: int | None = None
     version: int | None = None
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
     def stored(self) -> StoredEvent:
         return StoredEvent(
@@ -75,6 +77,8 @@ class Row:
             trace_context=self.trace_context,
             not_before_ms=self.not_before_ms,
             version=self.version,
+            concurrency_key=self.concurrency_key,
+            concurrency_limit=self.concurrency_limit,
         )
 
 

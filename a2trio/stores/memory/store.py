@@ -135,11 +135,17 @@ class _MemorySweep:
         """See :meth:`SweepsClaimable.claimable_sessions`: a pass over the
         sessions with unprocessed rows, never the history."""
         await trio.lowlevel.checkpoint()
-        now = self._store.clock.now_ms()
+        store = self._store
+        now = store.clock.now_ms()
         found = [
             key
-            for key, rows in self._store._open.items()
-            if key.startswith(prefix) and any(rules.sweepable(row, now) for row in rows.values())
+            for key, rows in store._open.items()
+            if key.startswith(prefix)
+            and any(
+                rules.sweepable(row, now)
+                and rules.has_room(row.concurrency_limit, store._live(row.concurrency_key, now))
+                for row in rows.values()
+            )
         ]
         return sorted(found)[:limit]
 
@@ -214,6 +220,9 @@ class MemoryStore:
         # Unprocessed rows per session, in index order: claims, lane checks and
         # has_pending look only here, so a long processed history costs nothing.
         self._open: dict[str, dict[int, Row]] = {}
+        # Unprocessed rows per concurrency key, across sessions: the live
+        # claims of a key are counted here (``rules.flow``).
+        self._keyed: dict[str, dict[tuple[str, int], Row]] = {}
         self._snapshots: dict[tuple[str, str], tuple[int, bytes, int]] = {}
         self._wakeups = Wakeups()
         self.presence: MemoryPresence = MemoryPresence(clock)
@@ -274,12 +283,27 @@ class MemoryStore:
             processed_at_ms=now if event.settled else None,
             trace_context=event.trace_context,
             version=event.version,
+            concurrency_key=event.concurrency_key,
+            concurrency_limit=event.concurrency_limit,
         )
         rows.append(row)
         self._ids[event_id] = row
         if not event.settled:
             open_rows[row.index] = row
+            if row.concurrency_key is not None:
+                keyed = self._keyed.setdefault(row.concurrency_key, {})
+                keyed[(session_id, row.index)] = row
         return row
+
+    def _slots(self, key: str, now: int) -> list[Row]:
+        """The rows holding a live slot of ``key`` (processed ones forgotten)."""
+        keyed = self._keyed.get(key, {})
+        for done in [k for k, r in keyed.items() if r.processed_at_ms is not None]:
+            del keyed[done]
+        return [r for r in keyed.values() if rules.live_slot(r, now)]
+
+    def _live(self, key: str | None, now: int) -> int:
+        return 0 if key is None else len(self._slots(key, now))
 
     async def append(
         self,
@@ -317,7 +341,7 @@ class MemoryStore:
         ]
         claimed = []
         for row in written:
-            if claim is not None and rules.claimable(row, now):
+            if claim is not None and rules.claims_at_insert(row, now):
                 # Claimed as it is written: a claim in the same transaction.
                 row.attempt_count = 1
                 row.first_claimed_at_ms = row.last_claimed_at_ms = now
@@ -371,12 +395,15 @@ class MemoryStore:
         expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
         excluded = set(exclude)
         open_rows = self._open.get(session_id, {}).values()
+        candidates = [r for r in open_rows if r.index not in excluded and rules.claimable(r, now)]
+        live = {
+            r.concurrency_key: self._live(r.concurrency_key, now)
+            for r in candidates
+            if r.concurrency_key is not None
+        }
+        chosen, waiting = rules.flow_select(candidates, live, limit)
         claimed: list[StoredEvent] = []
-        for row in open_rows:
-            if limit is not None and len(claimed) >= limit:
-                break
-            if row.index in excluded or not rules.claimable(row, now):
-                continue
+        for row in chosen:
             row.attempt_count += 1
             if row.first_claimed_at_ms is None:
                 row.first_claimed_at_ms = now
@@ -385,9 +412,12 @@ class MemoryStore:
             row.claim_expires_at_ms = expires_at
             claimed.append(row.stored())
         if claimed:
-            return Claimed(claimed)
-        retry_at = rules.busy_until(open_rows, now)
-        return Settled() if retry_at is None else Busy(retry_at)
+            return Claimed(claimed, waiting)
+        retry_at = rules.flow_retry_at(
+            rules.busy_until(open_rows, now),
+            [rules.busy_until(self._slots(key, now), now) for key in waiting],
+        )
+        return Settled() if retry_at is None else Busy(retry_at, waiting)
 
     def __repr__(self) -> str:
         return "MemoryStore()"

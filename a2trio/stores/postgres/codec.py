@@ -61,4 +61,6 @@ def stored_event(row: Row, at: int = 0) -> StoredEvent:
         trace_context=r[21],
         not_before_ms=r[22],
         version=r[23],
+        concurrency_key=r[24],
+        concurrency_limit=r[25],
     )

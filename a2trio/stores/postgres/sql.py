@@ -35,13 +35,16 @@ __all__ = [
     "claim_free",
     "claim_live",
     "claimable",
+    "claims_at_insert",
     "dispatch_ready",
     "drained",
     "due",
     "hands_on",
     "has_pending",
+    "has_room",
     "held",
     "holds_claim",
+    "live_slot",
     "next_in_lane",
     "ready_at_insert",
     "renews",
@@ -165,6 +168,22 @@ begin
     alter table a2_events add column version integer;
   end if;
 end $$;
+
+-- Concurrency keys (issue 33): each event's key and limit, resolved at
+-- append, and the index that counts a key's live claims across sessions
+-- (only alive rows with a key enter it). Guarded as `trace_context` is.
+do $$
+begin
+  if not exists (select 1 from pg_attribute
+                  where attrelid = 'a2_events'::regclass
+                    and attname = 'concurrency_key' and not attisdropped) then
+    alter table a2_events add column concurrency_key text,
+                          add column concurrency_limit integer;
+  end if;
+end $$;
+create index if not exists a2_events_concurrency
+  on a2_events (concurrency_key, claim_expires_at)
+  where concurrency_key is not null and processed_at is null and failed_at is null;
 """
 
 # Notifications are transactional: delivered at commit, never for a rollback.
@@ -243,7 +262,7 @@ EVENT_COLUMNS = (
     " processed_at, processed_by_attempt, returned_event_ids, first_claimed_at,"
     " last_claimed_at, attempt_count, failure_count, last_failed_at,"
     " last_failed_attempt, last_error, failed_at, claim_holder, claim_expires_at,"
-    " trace_context, not_before, version"
+    " trace_context, not_before, version, concurrency_key, concurrency_limit"
 )
 
 
@@ -327,6 +346,28 @@ def due(row: str, now: str) -> str:
 # rules.sweepable
 def sweepable(row: str, now: str) -> str:
     return f"{claimable(row, now)} and {due(row, now)}"
+
+
+# rules.live_slot, over the rows of one concurrency key (`a2_events_concurrency`'s
+# predicate, clause by clause).
+def live_slot(row: str, now: str) -> str:
+    return f"{alive(row)} and {claim_live(row, now)}"
+
+
+# rules.has_room for the row `row`: no key, or fewer live slots of its key
+# than its limit.
+def has_room(row: str, now: str) -> str:
+    return (
+        f"({row}.concurrency_key is null or (select count(*) from a2_events h"
+        f" where h.concurrency_key = {row}.concurrency_key and {live_slot('h', now)})"
+        f" < {row}.concurrency_limit)"
+    )
+
+
+# rules.claims_at_insert, for the row `new` of the CTE `batch` (its lane
+# readiness `ready`): claimable and no concurrency key.
+def claims_at_insert(new: str, ready: str) -> str:
+    return f"{ready} and not {new}.settled and {new}.flow_key is null"
 
 
 # rules.holds_claim
@@ -469,13 +510,14 @@ select v.had_pending, v.base, {claimed}, v.others_claimable from verdict v"""
 with batch as (
   select * from jsonb_to_recordset($2::jsonb)
     as b(ord bigint, id text, type text, payload jsonb, {cause[0]}lane text, settled boolean,
-         trace text, version int)
+         trace text, version int, flow_key text,
+         flow_limit integer)
 ),{head}
 ready as materialized (
   -- Materialized so each row's readiness (two subqueries) is computed once,
   -- however many columns below use it.
   select b.*, v.base + b.ord as idx, x.lane_ready,
-         {holder}::text is not null and x.lane_ready and not b.settled as claim
+         {holder}::text is not null and {claims_at_insert("b", "x.lane_ready")} as claim
     from batch b, verdict v,
          lateral (select {ready_at_insert("b", "$1::text")} as lane_ready) x{clean}
 ),
@@ -483,7 +525,8 @@ inserted as (
   insert into a2_events
     (session_id, idx, event_type, payload, event_id, created_at, {cause[1]}lane,
      lane_ready, processed_at, attempt_count, first_claimed_at, last_claimed_at,
-     claim_holder, claim_expires_at, trace_context, version)
+     claim_holder, claim_expires_at, trace_context, version, concurrency_key,
+     concurrency_limit)
   select $1::text, r.idx, r.type, coalesce(r.payload, 'null'::jsonb), r.id,
          {now}::bigint, {cause[2]}r.lane, r.lane_ready,
          case when r.settled then {now}::bigint end,
@@ -492,7 +535,7 @@ inserted as (
          case when r.claim then {now}::bigint end,
          case when r.claim then {holder}::text end,
          case when r.claim then {expiry}::bigint end,
-         r.trace, r.version
+         r.trace, r.version, r.flow_key, r.flow_limit
     from ready r
   returning idx, claim_holder
 ){tail.replace("{claimed}", claimed)}
@@ -548,6 +591,7 @@ CLAIMABLE_SESSIONS = Statement(
 select distinct session_id from a2_events e
  where {sweepable("e", "$2::bigint")}
    and starts_with(session_id, $1::text)
+   and {has_room("e", "$2::bigint")}
  order by session_id limit $3::bigint"""
 )
 
@@ -558,11 +602,18 @@ select distinct session_id from a2_events e
 #   $6 the most to claim (null: every eligible event)
 CLAIM = Statement(
     f"""
-with eligible as materialized (
+with keyed as materialized (
+  -- A keyed row claimable: the claim is `CLAIM_KEYED`'s, under key locks.
+  select exists(select 1 from a2_events k
+   where k.session_id = $1::text and {claimable("k", "$2::bigint")}
+     and k.concurrency_key is not null and not (k.idx = any($5::bigint[]))) as found
+),
+eligible as materialized (
   select event.ctid as tid, event.idx from a2_events event
    where event.session_id = $1::text
      and {claimable("event", "$2::bigint")}
      and not (event.idx = any($5::bigint[]))
+     and not (select found from keyed)
    order by event.idx
    limit $6::bigint
    for update of event
@@ -588,6 +639,92 @@ select busy.retry_at, {_cols("claimed")},
        -- Locked but not claimed: updated by another transaction after this
        -- statement's snapshot (the TID join missed the latest version, see
        -- `FINISH`); the store claims again.
+       (select count(*) from eligible) - (select count(*) from claimed) as stale,
+       (select found from keyed) as keyed
+  from busy left join claimed on true
+ order by claimed.idx
+"""
+)
+
+# The keys of a session's claimable keyed rows, locked in key order (every
+# claim of a key serializes here; no other writer takes these locks, so none
+# waits on a session lock while holding one), and remembered for the
+# transaction (`a2.flow_keys`): `CLAIM_KEYED` counts and claims those keys
+# only, so a key that turned up between the two statements waits for the
+# next claim instead of being claimed unlocked.
+#   $1 session, $2 now, $3 excluded indexes
+LOCK_KEYS = Statement(
+    f"""
+select set_config('a2.flow_keys', coalesce(jsonb_agg(k.key order by k.key), '[]')::text, true)
+  from (select k.key, pg_advisory_xact_lock(hashtextextended('a2:flow:' || k.key, 0))
+          from (select distinct e.concurrency_key as key from a2_events e
+                 where e.session_id = $1::text and {claimable("e", "$2::bigint")}
+                   and e.concurrency_key is not null and not (e.idx = any($3::bigint[]))
+                 order by 1) k) k
+"""
+)
+
+# `CLAIM` for a session with keyed rows (`rules.flow_select`), after
+# `LOCK_KEYS` in the same transaction: each candidate ranked within its key,
+# taken while the key's live slots (across sessions, `live_slot`) leave
+# room; the waiting keys, and their earliest slot's lapse, for the answer.
+#   $1 session, $2 now, $3 holder, $4 expires at, $5 excluded indexes,
+#   $6 the most to claim (null: every eligible event)
+CLAIM_KEYED = Statement(
+    f"""
+with locked as (
+  select jsonb_array_elements_text(current_setting('a2.flow_keys')::jsonb) as key
+),
+live as materialized (
+  select l.key, (select count(*) from a2_events h
+                  where h.concurrency_key = l.key and {live_slot("h", "$2::bigint")}) as n
+    from locked l
+),
+ranked as materialized (
+  select e.ctid as tid, e.idx, e.concurrency_key as key, e.concurrency_limit as lim,
+         row_number() over (partition by e.concurrency_key order by e.idx) as rn
+    from a2_events e
+   where e.session_id = $1::text and {claimable("e", "$2::bigint")}
+     and not (e.idx = any($5::bigint[]))
+     and (e.concurrency_key is null or e.concurrency_key in (select key from locked))
+),
+fits as materialized (
+  select r.*, r.key is null
+              or r.rn <= r.lim - coalesce((select n from live where live.key = r.key), 0) as room
+    from ranked r
+),
+eligible as materialized (
+  select event.ctid as tid, event.idx from a2_events event
+    join fits f on f.tid = event.ctid
+   where f.room
+   order by event.idx
+   limit $6::bigint
+   for update of event
+),
+claimed as (
+  update a2_events claimed set
+    attempt_count = claimed.attempt_count + 1,
+    first_claimed_at = coalesce(claimed.first_claimed_at, $2::bigint),
+    last_claimed_at = $2::bigint,
+    claim_holder = $3::text,
+    claim_expires_at = $4::bigint
+  from eligible
+  where claimed.ctid = eligible.tid
+  returning claimed.*
+),
+waiting as (
+  select coalesce(jsonb_agg(distinct f.key order by f.key), '[]'::jsonb) as keys
+    from fits f where not f.room
+),
+busy as (
+  select least(
+    (select min(claim_expires_at) from a2_events e
+      where session_id = $1::text and {held("e", "$2::bigint")}),
+    (select min(h.claim_expires_at) from a2_events h
+      where h.concurrency_key in (select f.key from fits f where not f.room)
+        and {live_slot("h", "$2::bigint")})) as retry_at
+)
+select busy.retry_at, (select keys from waiting), {_cols("claimed")},
        (select count(*) from eligible) - (select count(*) from claimed) as stale
   from busy left join claimed on true
  order by claimed.idx
@@ -660,17 +797,18 @@ verdict as (
 batch as (
   select * from jsonb_to_recordset($5::jsonb)
     as b(ord bigint, id text, type text, payload jsonb, lane text, settled boolean,
-         trace text, version int)
+         trace text, version int, flow_key text,
+         flow_limit integer)
 ),
 inserted as (
   insert into a2_events
     (session_id, idx, event_type, payload, event_id, created_at, cause, lane,
-     lane_ready, processed_at, trace_context, version)
+     lane_ready, processed_at, trace_context, version, concurrency_key, concurrency_limit)
   select $1::text, v.base + b.ord, b.type, coalesce(b.payload, 'null'::jsonb), b.id,
          $6::bigint, $7::jsonb, b.lane,
          {ready_at_insert("b", "$1::text", "<> $2::bigint")},
          case when b.settled then $6::bigint end,
-         b.trace, b.version
+         b.trace, b.version, b.flow_key, b.flow_limit
     from batch b, verdict v
    where v.outcome = 'completed'
   returning *

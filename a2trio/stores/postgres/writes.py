@@ -184,6 +184,8 @@ class PostgresWrites:
                     "settled": e.settled,
                     "trace": e.trace_context,
                     "version": e.version,
+                    "flow_key": e.concurrency_key,
+                    "flow_limit": e.concurrency_limit,
                 }
                 for ord_, (e, event_id) in enumerate(zip(events, ids, strict=True), 1)
             ]
@@ -244,6 +246,8 @@ class PostgresWrites:
                 processed_at_ms=now if e.settled else None,
                 trace_context=e.trace_context,
                 version=e.version,
+                concurrency_key=e.concurrency_key,
+                concurrency_limit=e.concurrency_limit,
             )
             for ord_, (e, event_id) in enumerate(zip(events, ids, strict=True), 1)
         ]
@@ -291,14 +295,37 @@ class PostgresWrites:
                     rows = await self._db.query(sql.CLAIM, params)
                 else:
                     rows = await self._submit("claim", session_id, params)
+            if rows[0][-1]:
+                return await self._claim_keyed(params)
             claimed = [stored_event(row, 1) for row in rows if row[1] is not None]
             if claimed:
                 # Rows missed as stale stay claimable for the drain's next claim.
                 return Claimed(claimed)
-            if not rows[0][-1]:
+            if not rows[0][-2]:
                 break
         retry_at = rows[0][0]
         return Settled() if retry_at is None else Busy(retry_at)
+
+    async def _claim_keyed(self, params: tuple[Param, ...]) -> ClaimResult:
+        """The claim of a session with keyed rows (``rules.flow``): its keys
+        locked, then ``CLAIM_KEYED``, in one transaction of its own (outside
+        the group commit, whose session locks it would otherwise order
+        against key locks)."""
+        session_id, now, _, _, exclude, _ = params
+        for _ in range(_STALE_TRIES):
+            with errors("claim"):
+                _, rows = await self._db.transaction(
+                    [(sql.LOCK_KEYS, (session_id, now, exclude)), (sql.CLAIM_KEYED, params)],
+                    lock=None,
+                )
+            claimed = [stored_event(row, 2) for row in rows if row[2] is not None]
+            waiting = list(rows[0][1])
+            if claimed:
+                return Claimed(claimed, waiting)
+            if not rows[0][-1]:
+                break
+        retry_at = rows[0][0]
+        return Settled() if retry_at is None else Busy(retry_at, waiting)
 
     async def renew_claims(
         self,
@@ -354,6 +381,8 @@ class PostgresWrites:
                 "settled": e.settled,
                 "trace": e.trace_context,
                 "version": e.version,
+                "flow_key": e.concurrency_key,
+                "flow_limit": e.concurrency_limit,
             }
             for ord_, e in enumerate(events, 1)
         ]

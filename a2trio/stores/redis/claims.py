@@ -68,12 +68,19 @@ class RedisClaims:
             reply = await self._conn.run(
                 lua.CLAIM,
                 self._keys.session_keys(session_id),
-                [now, holder, expires_at, -1 if limit is None else max(0, limit), *exclude],
+                [
+                    now,
+                    holder,
+                    expires_at,
+                    -1 if limit is None else max(0, limit),
+                    self._keys.flow_prefix,
+                    *exclude,
+                ],
             )
         if reply[0] == b"claimed":
-            return Claimed(codec.rows(session_id, reply[1:]))
+            return Claimed(codec.rows(session_id, reply[2:]), [codec.text(k) for k in reply[1]])
         if reply[0] == b"busy":
-            return Busy(int(reply[1]))
+            return Busy(int(reply[1]), [codec.text(k) for k in reply[2]])
         return Settled()
 
     async def claimable_sessions(self, prefix: str, *, limit: int) -> list[str]:
@@ -98,7 +105,9 @@ class RedisClaims:
                 if not page:
                     break
                 keys = [self._keys.key(sid, s) for sid in page for s in ("open", "meta")]
-                flags = await self._conn.run(lua.SWEEP, keys, [self._clock.now_ms()])
+                flags = await self._conn.run(
+                    lua.SWEEP, keys, [self._clock.now_ms(), self._keys.flow_prefix]
+                )
                 found += [sid for sid, flag in zip(page, flags, strict=True) if flag]
                 if len(page) < SWEEP_PAGE:
                     break
@@ -123,7 +132,9 @@ class RedisClaims:
             expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
             pairs = [value for c in claims for value in (c.index, c.attempt)]
             renewed, superseded = await self._conn.run(
-                lua.RENEW, self._keys.session_keys(session_id), [now, holder, expires_at, *pairs]
+                lua.RENEW,
+                self._keys.session_keys(session_id),
+                [now, holder, expires_at, self._keys.flow_prefix, *pairs],
             )
         return RenewResult(sorted(int(i) for i in renewed), sorted(int(i) for i in superseded))
 
@@ -202,8 +213,11 @@ class RedisClaims:
     async def _write_meta(
         self, session_id: str, index: int, raw: bytes | None, meta: codec.Meta, *, dead: bool
     ) -> bool:
-        """``FAIL_WRITE``: ``meta`` written if the row is still ``raw``."""
+        """``FAIL_WRITE``: ``meta`` written if the row is still ``raw``; a
+        keyed row's claim leaves its key's set (its slot frees)."""
         keys = [self._keys.key(session_id, s) for s in ("meta", "open", "head")]
+        if meta.concurrency_key is not None:
+            keys.append(self._keys.flow_prefix + meta.concurrency_key)
         written = await self._conn.run(
             lua.FAIL_WRITE, keys, [index, raw, codec.encode(meta), "1" if dead else "0"]
         )

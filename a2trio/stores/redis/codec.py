@@ -72,6 +72,11 @@ class Keys:
         """A session's key, ``P:S:suffix``."""
         return f"{self.prefix}:{session_id}:{suffix}"
 
+    @property
+    def flow_prefix(self) -> str:
+        """Where the concurrency keys' sets live: ``P:flow:K`` for key ``K``."""
+        return f"{self.prefix}:flow:"
+
     def global_key(self, name: str) -> str:
         """A store-wide key or channel, ``P:name``."""
         return f"{self.prefix}:{name}"
@@ -140,6 +145,8 @@ class Meta(msgspec.Struct, omit_defaults=True):
     returned_ids: str | None = msgspec.field(default=None, name="r")
     lane: str | None = msgspec.field(default=None, name="l")
     not_before_ms: int | None = msgspec.field(default=None, name="nb")
+    concurrency_key: str | None = msgspec.field(default=None, name="ck")
+    concurrency_limit: int | None = msgspec.field(default=None, name="cl")
 
 
 class Action(msgspec.Struct, frozen=True, array_like=True):
@@ -214,6 +221,8 @@ def row(session_id: str, index: int, entry: bytes, meta: bytes | None) -> Stored
         claim_holder=m.claim_holder,
         claim_expires_at_ms=m.claim_expires_at_ms,
         not_before_ms=m.not_before_ms,
+        concurrency_key=m.concurrency_key,
+        concurrency_limit=m.concurrency_limit,
     )
 
 
@@ -269,8 +278,8 @@ def lane_arg(lane: str | None) -> str:
 
 
 def append_args(events: Sequence[AppendEvent], ids: Sequence[str], now: int) -> list[Any]:
-    """``APPEND``'s arguments per event: id, entry, lane, settled, and the
-    cause's index and attempt."""
+    """``APPEND``'s arguments per event: id, entry, lane, settled, the
+    cause's index and attempt, and the concurrency key and limit."""
     args: list[Any] = []
     for event, event_id in zip(events, ids, strict=True):
         cause = event.cause
@@ -281,6 +290,8 @@ def append_args(events: Sequence[AppendEvent], ids: Sequence[str], now: int) -> 
             "1" if event.settled else "0",
             "" if cause is None else cause.index,
             "" if cause is None else cause.attempt,
+            event.concurrency_key or "",
+            event.concurrency_limit or "",
         ]
     return args
 
@@ -288,7 +299,8 @@ def append_args(events: Sequence[AppendEvent], ids: Sequence[str], now: int) -> 
 def complete_args(
     events: Sequence[AppendEvent], ids: Sequence[str], now: int, cause: EventCause
 ) -> list[Any]:
-    """``COMPLETE``'s arguments per returned event: id, entry, lane, settled."""
+    """``COMPLETE``'s arguments per returned event: id, entry, lane, settled,
+    concurrency key and limit."""
     args: list[Any] = []
     for event, event_id in zip(events, ids, strict=True):
         args += [
@@ -296,6 +308,8 @@ def complete_args(
             entry(event, event_id, now, cause),
             lane_arg(event.lane),
             "1" if event.settled else "0",
+            event.concurrency_key or "",
+            event.concurrency_limit or "",
         ]
     return args
 
@@ -329,6 +343,8 @@ def appended_rows(
                 processed_at_ms=now if event.settled else None,
                 trace_context=event.trace_context,
                 version=event.version,
+                concurrency_key=event.concurrency_key,
+                concurrency_limit=event.concurrency_limit,
                 first_claimed_at_ms=now if claimed else None,
                 last_claimed_at_ms=now if claimed else None,
                 attempt_count=1 if claimed else 0,
@@ -362,6 +378,8 @@ def returned_rows(
             processed_at_ms=now if event.settled else None,
             trace_context=event.trace_context,
             version=event.version,
+            concurrency_key=event.concurrency_key,
+            concurrency_limit=event.concurrency_limit,
         )
         for ord_, (event, event_id) in enumerate(zip(events, ids, strict=True), 1)
     ]

@@ -21,7 +21,7 @@ collides across sessions):
   expiry, ``fc``/``lc`` first/last claimed, ``lf``/``la`` last failure time
   and attempt, ``e`` error, ``d`` dead-lettered at, ``p`` processed at,
   ``pb`` processed by attempt, ``r`` returned ids as JSON text, ``l`` lane,
-  ``nb`` not before: issue 33).
+  ``nb`` not before: issue 33; ``ck``/``cl`` concurrency key and limit).
   Settled events have none: they are processed at creation.
 * ``P:S:open``: sorted set of the unprocessed indexes (dead letters
   included: they stall their lane), scored by index. Lane readiness is
@@ -43,6 +43,11 @@ collides across sessions):
   the sessions that have open events (the sweep's index, bounded by the work
   pending). ``P:pending:watched`` and the ``P:pending`` channel:
   cross-process wake-ups of drains.
+* ``P:flow:K``: sorted set of the live claims of concurrency key ``K``
+  across sessions (``rules.flow``), members ``<meta key>#<index>`` scored by
+  the claim's expiry: a claim adds its row, a renewal moves its score, a
+  completion or failure removes it, and a claim prunes the lapsed ones
+  first (so a crashed holder's slot frees at its expiry).
 
 Numbers pass through Lua as doubles; every number the scripts store (epoch
 milliseconds, counters) is an integer below 10^14, which Lua and cjson
@@ -171,6 +176,24 @@ local function renew_verdict(m, attempt, holder, now)
   return 'lost'
 end
 
+-- rules.has_room: no key (no limit), or fewer live slots than the limit
+local function has_room(limit, live)
+  return not limit or live < limit
+end
+
+-- rules.claims_at_insert: claimable, and no concurrency key
+local function claims_at_insert(m, ready)
+  return ready and not m.ck
+end
+
+-- The live slots of a row's key (rules.live_slot over its set): the lapsed
+-- ones pruned (a claim expiring exactly now is free), then counted.
+local function live_slots(flow, m, now)
+  local set = flow .. m.ck
+  redis.call('ZREMRANGEBYSCORE', set, '-inf', now)
+  return redis.call('ZCARD', set)
+end
+
 -- rules.drained: of the open events, only dead letters are left
 local function drained(open, dead)
   return open == dead
@@ -249,12 +272,13 @@ local function stored_rows(ids_key, sid, ids, out)
 end
 
 -- Append one row at idx (the caller maintains the head).
-local function insert(ids_key, sid, idx, id, entry, lane, settled)
+local function insert(ids_key, sid, idx, id, entry, lane, settled, key, limit)
   redis.call('XADD', LOG, idx .. '-0', 'r', entry)
   redis.call('HSET', ids_key, id, idx .. ':' .. sid)
   if settled then return nil end
   local m = {}
   if lane ~= '' then m.l = string.sub(lane, 2) end
+  if key ~= '' then m.ck, m.cl = key, tonumber(limit) end
   redis.call('ZADD', OPEN, idx, idx)
   return m
 end
@@ -293,7 +317,7 @@ end
 #: none), claim expiry, notify channel, pending channel, n events, m supplied
 #: ids, expected index ('' for none), the m ids, then per event: id, entry,
 #: lane ('' or '=' .. lane), settled ('1'/'0'), cause index ('' for none),
-#: cause attempt.
+#: cause attempt, concurrency key ('' for none), concurrency limit.
 #:
 #: Returns ``{'pending', 0|1}`` (empty batch), ``{'replay', pending, others,
 #: stored rows...}`` (``stored_rows``), ``{'missing', index}`` /
@@ -331,7 +355,7 @@ end
 local at = 11 + m
 local front = frontier()
 for k = 0, n - 1 do
-  local b = at + k * 6
+  local b = at + k * 8
   if ARGV[b + 4] ~= '' then
     local cidx = tonumber(ARGV[b + 4])
     if cidx < 1 or cidx > front then return {'missing', cidx} end
@@ -346,15 +370,16 @@ local found, lanes = others()
 local claimed = {}
 local unsettled = false
 for k = 0, n - 1 do
-  local b = at + k * 6
+  local b = at + k * 8
   local idx = front + k + 1
   local lane = ARGV[b + 2]
-  local mm = insert(KEYS[5], sid, idx, ARGV[b], ARGV[b + 1], lane, ARGV[b + 3] == '1')
+  local mm = insert(
+    KEYS[5], sid, idx, ARGV[b], ARGV[b + 1], lane, ARGV[b + 3] == '1', ARGV[b + 6], ARGV[b + 7])
   if mm then
     unsettled = true
     if lanes then
       -- Claimed as it is written: a claim in the same transaction.
-      if lane_ready(lanes, mm) then
+      if claims_at_insert(mm, lane_ready(lanes, mm)) then
         mm.a, mm.fc, mm.lc, mm.h, mm.x = 1, now, now, holder, tonumber(ARGV[5])
         claimed[#claimed + 1] = idx
       end
@@ -450,49 +475,74 @@ return out
 """
 )
 
-#: store-postgres.ts ``claimAvailable``. KEYS: log, meta, open, head. ARGV:
-#: now, holder, expiry, limit (-1: none), excluded indexes... Returns
-#: ``{'claimed', index, entry, meta, ...}``, ``{'busy', retry_at}`` or
-#: ``{'settled'}``.
+#: store-postgres.ts ``claimAvailable``, with ``rules.flow_select``: a
+#: keyed row only while its key's set (``P:flow:K``) has room. KEYS: log,
+#: meta, open, head. ARGV: now, holder, expiry, limit (-1: none), the flow
+#: sets' prefix (``P:flow:``), excluded indexes... Returns ``{'claimed',
+#: {waiting keys}, index, entry, meta, ...}``, ``{'busy', retry_at, {waiting
+#: keys}}`` or ``{'settled'}``.
 CLAIM = (
     _PRELUDE
     + r"""
 local now, holder, expires = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
-local limit = tonumber(ARGV[4])
+local limit, flow = tonumber(ARGV[4]), ARGV[5]
 local excluded = {}
-for i = 5, #ARGV do excluded[tonumber(ARGV[i])] = true end
-local out = {'claimed'}
+for i = 6, #ARGV do excluded[tonumber(ARGV[i])] = true end
+local waiting, live = {}, {}
+local out = {'claimed', {}}
 local busy = nil
 for _, r in ipairs(open_rows()) do
   local idx, m, ready = r[1], r[2], r[3]
   busy = busy_until(busy, m, ready, now)
-  if claimable(m, ready, now) and not excluded[idx] and (limit < 0 or (#out - 1) / 3 < limit) then
-    m.a = (m.a or 0) + 1
-    if not m.fc then m.fc = now end
-    m.lc, m.h, m.x = now, holder, expires
-    local raw = cjson.encode(m)
-    redis.call('HSET', META, idx, raw)
-    out[#out + 1] = idx
-    out[#out + 1] = entry_of(LOG, idx)
-    out[#out + 1] = raw
+  if claimable(m, ready, now) and not excluded[idx] then
+    local room = true
+    if m.ck then
+      if not live[m.ck] then live[m.ck] = live_slots(flow, m, now) end
+      room = has_room(m.cl, live[m.ck])
+      if not room then waiting[m.ck] = true end
+    end
+    if room and (limit < 0 or (#out - 2) / 3 < limit) then
+      m.a = (m.a or 0) + 1
+      if not m.fc then m.fc = now end
+      m.lc, m.h, m.x = now, holder, expires
+      local raw = cjson.encode(m)
+      redis.call('HSET', META, idx, raw)
+      if m.ck then
+        live[m.ck] = live[m.ck] + 1
+        redis.call('ZADD', flow .. m.ck, expires, META .. '#' .. idx)
+      end
+      out[#out + 1] = idx
+      out[#out + 1] = entry_of(LOG, idx)
+      out[#out + 1] = raw
+    end
   end
 end
-if #out > 1 then return out end
-if busy then return {'busy', busy} end
+local keys = {}
+for key in pairs(waiting) do keys[#keys + 1] = key end
+table.sort(keys)
+out[2] = keys
+if #out > 2 then return out end
+for _, key in ipairs(keys) do
+  local first = redis.call('ZRANGE', flow .. key, 0, 0, 'WITHSCORES')
+  local at = tonumber(first[2])
+  if at and (not busy or at < busy) then busy = at end
+end
+if busy then return {'busy', busy, keys} end
 return {'settled'}
 """
 )
 
 #: store-postgres.ts ``renewClaims``. KEYS: log, meta, open, head. ARGV: now,
-#: holder, expiry, then (index, attempt) pairs. Returns ``{{renewed},
-#: {superseded}}``.
+#: holder, expiry, the flow sets' prefix, then (index, attempt) pairs.
+#: Returns ``{{renewed}, {superseded}}``.
 RENEW = (
     _PRELUDE
     + r"""
 local now, holder, expires = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local flow = ARGV[4]
 local front = frontier()
 local renewed, superseded = {}, {}
-for i = 4, #ARGV, 2 do
+for i = 5, #ARGV, 2 do
   local idx, attempt = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
   if idx >= 1 and idx <= front then
     local raw = redis.call('HGET', META, idx)
@@ -501,6 +551,7 @@ for i = 4, #ARGV, 2 do
     if verdict == 'renewed' then
       m.x = expires
       redis.call('HSET', META, idx, cjson.encode(m))
+      if m.ck then redis.call('ZADD', flow .. m.ck, 'XX', expires, META .. '#' .. idx) end
       renewed[#renewed + 1] = idx
     elseif verdict == 'superseded' then
       superseded[#superseded + 1] = idx
@@ -513,8 +564,9 @@ return {renewed, superseded}
 
 #: store-postgres.ts ``completeAttempt``. KEYS: log, meta, open, head, ids,
 #: sessions, watched, pending-watched, open-sessions. ARGV: session, index, attempt, now,
-#: origin, returned ids (JSON text), notify channel, pending channel, n, then
-#: per event: id, entry, lane, settled.
+#: origin, returned ids (JSON text), notify channel, pending channel, n, the
+#: flow sets' prefix, then per event: id, entry, lane, settled, concurrency
+#: key, concurrency limit.
 #:
 #: Returns ``{'missing'}``, ``{'superseded'}``, ``{'duplicate'}``,
 #: ``{'replay', processed_by_attempt, returned ids, stored rows...}`` or
@@ -531,7 +583,7 @@ local raw = redis.call('HGET', META, idx)
 if not raw then return {'superseded'} end
 local m = cjson.decode(raw)
 local ids = {}
-for k = 0, n - 1 do ids[k + 1] = ARGV[10 + k * 4] end
+for k = 0, n - 1 do ids[k + 1] = ARGV[11 + k * 6] end
 if m.p then
   local out = {'replay', m.pb or false, m.r or false}
   return stored_rows(KEYS[5], sid, ids, out)
@@ -542,9 +594,11 @@ for _, id in ipairs(ids) do
 end
 local unsettled = false
 for k = 0, n - 1 do
-  local b = 10 + k * 4
+  local b = 11 + k * 6
   local settled = ARGV[b + 3] == '1'
-  local mm = insert(KEYS[5], sid, front + k + 1, ARGV[b], ARGV[b + 1], ARGV[b + 2], settled)
+  local mm = insert(
+    KEYS[5], sid, front + k + 1, ARGV[b], ARGV[b + 1], ARGV[b + 2], settled,
+    ARGV[b + 4], ARGV[b + 5])
   if mm then
     unsettled = true
     redis.call('HSET', META, front + k + 1, cjson.encode(mm))
@@ -552,6 +606,7 @@ for k = 0, n - 1 do
 end
 m.p, m.pb, m.r, m.h, m.x = now, attempt, ARGV[6], nil, nil
 redis.call('HSET', META, idx, cjson.encode(m))
+if m.ck then redis.call('ZREM', ARGV[10] .. m.ck, META .. '#' .. idx) end
 redis.call('ZREM', OPEN, idx)
 index_open(KEYS[9], sid)
 advance_head(sid, KEYS[6], front, n, ARGV[4])
@@ -571,13 +626,15 @@ return {frontier(), redis.call('HGET', META, ARGV[1]) or false}
 )
 
 #: ``failAttempt``, second half: write the verdict if the row is as read
-#: (also ``release_attempt``'s write, which never dead-letters).
-#: KEYS: meta, open, head. ARGV: index, meta as read, new meta, dead ('1'
-#: when this failure dead-letters). Returns 1, or 0 if the row moved.
+#: (also ``release_attempt``'s write, which never dead-letters). KEYS: meta,
+#: open, head, and for a keyed row its flow set (the claim's slot freed).
+#: ARGV: index, meta as read, new meta, dead ('1' when this failure
+#: dead-letters). Returns 1, or 0 if the row moved.
 FAIL_WRITE = r"""
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 if ARGV[4] == '1' then redis.call('HINCRBY', KEYS[3], 'dead', 1) end
+if KEYS[4] then redis.call('ZREM', KEYS[4], KEYS[1] .. '#' .. ARGV[1]) end
 return 1
 """
 
@@ -667,12 +724,13 @@ return out
 """
 
 #: ``claimable_sessions``: for each session, whether a claim would take an
-#: event now (``rules.sweepable``). KEYS: (open, meta) per session. ARGV:
-#: now. Returns 0/1 per session.
+#: event now (``rules.sweepable``, its key with room: ``rules.has_room``).
+#: KEYS: (open, meta) per session. ARGV: now, the flow sets' prefix. Returns
+#: 0/1 per session.
 SWEEP = (
     RULES
     + r"""
-local now = tonumber(ARGV[1])
+local now, flow = tonumber(ARGV[1]), ARGV[2]
 local out = {}
 for s = 0, #KEYS / 2 - 1 do
   local idxs = redis.call('ZRANGE', KEYS[s * 2 + 1], 0, -1)
@@ -684,7 +742,8 @@ for s = 0, #KEYS / 2 - 1 do
     local raws = redis.call('HMGET', KEYS[s * 2 + 2], unpack(slice))
     for j = 1, #raws do
       local m = cjson.decode(raws[j])
-      if sweepable(m, lane_ready(seen, m), now) then
+      if sweepable(m, lane_ready(seen, m), now)
+          and (not m.ck or has_room(m.cl, live_slots(flow, m, now))) then
         found = 1
         break
       end

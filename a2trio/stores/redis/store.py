@@ -410,6 +410,7 @@ class RedisStore:
             self._keys.key(session_id, "notify"),
             self._keys.global_key("pending"),
             len(events),
+            self._keys.flow_prefix,
             *codec.complete_args(events, returned, now, cause),
         ]
         with errors("complete"), self._inserting(session_id):

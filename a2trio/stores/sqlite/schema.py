@@ -125,8 +125,21 @@ _V4 = ("alter table a2_events add column not_before integer",)
 # written before, which read as version 1.
 _V5 = ("alter table a2_events add column version integer",)
 
+# Concurrency keys (issue 33): each event's key and limit, resolved at append,
+# and the index that counts a key's live claims across sessions (only the
+# alive rows with a key enter it).
+_V6 = (
+    "alter table a2_events add column concurrency_key text",
+    "alter table a2_events add column concurrency_limit integer",
+    """
+    create index if not exists a2_events_concurrency
+      on a2_events (concurrency_key, claim_expires_at)
+      where concurrency_key is not null and processed_at is null and failed_at is null
+    """,
+)
+
 #: Statements per migration; entry ``n`` upgrades ``user_version`` ``n`` to ``n + 1``.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
 
 #: The version this release writes and reads.
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -35,9 +35,11 @@ from ..base import AppendEvent, ClaimRequest, EventCause, StoredEvent
 
 __all__ = [
     "BOOKKEEPING",
+    "CANDIDATES",
     "CLAIM",
     "CLAIMABLE",
     "CLAIMABLE_SESSIONS",
+    "CLAIM_ONE",
     "COMPLETE",
     "COMPLETION_TARGET",
     "DEAD_LETTERS",
@@ -46,6 +48,7 @@ __all__ = [
     "FAIL",
     "INSERT",
     "INSERT_CLAIMED",
+    "KEYED",
     "LIST_SESSIONS",
     "LIST_SNAPSHOTS",
     "NEXT_INDEX",
@@ -73,6 +76,7 @@ __all__ = [
     "RETRY_CANDIDATES",
     "ROWS_BY_IDS",
     "SKIP",
+    "SLOTS",
     "TARGET",
     "TOP_AND_PENDING",
     "Bookkeeping",
@@ -150,6 +154,19 @@ def _sweepable(now: str) -> str:
     return f"{_claimable(now)} and {_due(now)}"
 
 
+# rules.live_slot, over the rows of one concurrency key (``a2_events_concurrency``)
+def _live_slot(now: str) -> str:
+    return f"{_ALIVE} and claim_expires_at > {now}"
+
+
+# rules.has_room for the row `e`: no key, or fewer live slots of its key than its limit
+def _has_room(now: str) -> str:
+    return f"""(e.concurrency_key is null or (
+    select count(*) from a2_events indexed by a2_events_concurrency
+    where concurrency_key = e.concurrency_key and {_live_slot(now)}
+  ) < e.concurrency_limit)"""
+
+
 # -- events ----------------------------------------------------------------
 
 # The columns of a StoredEvent, in its field order.
@@ -157,12 +174,13 @@ EVENT_COLUMNS: Final = (
     "event_id, event_type, payload, idx, session_id, created_at, cause, lane, processed_at, "
     "processed_by_attempt, returned_event_ids, first_claimed_at, last_claimed_at, "
     "attempt_count, failure_count, last_failed_at, last_failed_attempt, last_error, "
-    "failed_at, claim_holder, claim_expires_at, trace_context, not_before, version"
+    "failed_at, claim_holder, claim_expires_at, trace_context, not_before, version, "
+    "concurrency_key, concurrency_limit"
 )
 
 _INSERTED: Final = (
     "session_id, idx, event_type, payload, event_id, created_at, cause, lane, lane_ready, "
-    "processed_at, trace_context, version"
+    "processed_at, trace_context, version, concurrency_key, concurrency_limit"
 )
 
 #: One new unclaimed row, ready in its lane as the fragment decides: a lane
@@ -170,7 +188,7 @@ _INSERTED: Final = (
 #: (issue 31).
 INSERT: Final = f"""
 insert into a2_events ({_INSERTED})
-values (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {_ready_at_insert("?1", "?8")}, ?9, ?10, ?11)
+values (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {_ready_at_insert("?1", "?8")}, ?9, ?10, ?11, ?12, ?13)
 """
 
 #: One new row claimed as it is written (:func:`insert` decides), so ready in
@@ -178,7 +196,7 @@ values (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {_ready_at_insert("?1", "?8")}, ?9, ?10,
 INSERT_CLAIMED: Final = f"""
 insert into a2_events
   ({_INSERTED}, attempt_count, first_claimed_at, last_claimed_at, claim_holder, claim_expires_at)
-values (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 1, ?9, ?10, ?11, 1, ?6, ?6, ?12, ?13)
+values (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 1, ?9, ?10, ?11, ?12, ?13, 1, ?6, ?6, ?14, ?15)
 """
 
 #: Events after ``?2`` through ``?3`` (None: the end). The upper bound is one
@@ -298,9 +316,45 @@ select not exists(
 # Sessions with work a sweep would claim now (`claimable_sessions`). The index
 # holds only dispatch-ready rows, so the cost is the pending work.
 CLAIMABLE_SESSIONS: Final = f"""
-select distinct session_id from a2_events indexed by a2_events_dispatch_ready
-where session_id >= ?1 and session_id < ?2 and {_sweepable("?3")}
+select distinct session_id from a2_events e indexed by a2_events_dispatch_ready
+where session_id >= ?1 and session_id < ?2 and {_sweepable("?3")} and {_has_room("?3")}
 order by session_id limit ?4
+"""
+
+# -- concurrency keys (rules.flow) -------------------------------------------
+
+#: Whether a claim of the session meets a keyed row (the claim then decides
+#: in Python, ``flow.claim_keyed``): one probe of the ready rows.
+KEYED: Final = f"""
+select exists(
+  select 1 from a2_events indexed by a2_events_dispatch_ready
+  where session_id = ?1 and {_claimable("?2")} and concurrency_key is not null
+)
+"""
+
+#: The claimable rows of the session with their keys, by index.
+CANDIDATES: Final = f"""
+select idx, concurrency_key, concurrency_limit from a2_events indexed by a2_events_dispatch_ready
+where session_id = ?1 and {_claimable("?2")}
+order by idx
+"""
+
+#: The live slots of key ``?1``: how many, and when the first lapses.
+SLOTS: Final = f"""
+select count(*), min(claim_expires_at) from a2_events indexed by a2_events_concurrency
+where concurrency_key = ?1 and {_live_slot("?2")}
+"""
+
+#: The claim of one row by key (``CLAIM``'s update).
+CLAIM_ONE: Final = f"""
+update a2_events set
+  attempt_count = attempt_count + 1,
+  first_claimed_at = coalesce(first_claimed_at, ?2),
+  last_claimed_at = ?2,
+  claim_holder = ?3,
+  claim_expires_at = ?4
+where session_id = ?1 and idx = ?5
+returning {EVENT_COLUMNS}
 """
 
 #: A renewal `rules.renew_verdict` granted.
@@ -495,13 +549,16 @@ class Completion(NamedTuple):
 
 
 class Dispatch(NamedTuple):
-    """A new row's claim columns (``rules.Dispatch``), before it is written."""
+    """A new row's claim columns and key (``rules.KeyedDispatch``), before
+    it is written."""
 
     processed_at_ms: int | None
     failed_at_ms: int | None
     lane_ready: bool
     claim_expires_at_ms: int | None
     not_before_ms: int | None
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
 
 def target(row: tuple[Any, ...]) -> Target:
@@ -622,6 +679,8 @@ def insert(
         processed_at_ms=processed_at,
         trace_context=event.trace_context,
         version=event.version,
+        concurrency_key=event.concurrency_key,
+        concurrency_limit=event.concurrency_limit,
     )
     columns = (
         session_id,
@@ -633,9 +692,11 @@ def insert(
         None if cause is None else text(cause),
         event.lane,
     )
+    flow = (event.concurrency_key, event.concurrency_limit)
     if claim is not None:
         ready = rules.ready_at_insert(event.lane, open_lanes(conn, session_id, event.lane))
-        if rules.claimable(Dispatch(processed_at, None, ready, None, None), now):
+        dispatch = Dispatch(processed_at, None, ready, None, None, *flow)
+        if rules.claims_at_insert(dispatch, now):
             expires_at = now + claim.ttl_ms
             conn.execute(
                 INSERT_CLAIMED,
@@ -644,6 +705,7 @@ def insert(
                     processed_at,
                     event.trace_context,
                     event.version,
+                    *flow,
                     claim.holder,
                     expires_at,
                 ),
@@ -656,5 +718,5 @@ def insert(
                 claim_holder=claim.holder,
                 claim_expires_at_ms=expires_at,
             )
-    conn.execute(INSERT, (*columns, processed_at, event.trace_context, event.version))
+    conn.execute(INSERT, (*columns, processed_at, event.trace_context, event.version, *flow))
     return row

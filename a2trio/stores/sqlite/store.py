@@ -95,6 +95,7 @@ from ..base import (
 from ..feed import Feed, FeedStatistics, Wakeups, adaptive_poll, open_pump_feed
 from . import sql
 from .conn import ConnectionPool, Transactions
+from .flow import claim_keyed
 from .inspection import SqliteInspection
 from .operator import SqliteOperator
 from .presence import SqlitePresence
@@ -167,8 +168,9 @@ def _claim_rows(
     exclude: Sequence[int],
     limit: int | None,
 ) -> ClaimResult:
-    """The claim transaction's statements. Without a limit the bound lookup
-    finds no row (offset past the end) and every eligible row is claimed."""
+    """The claim transaction's statements (keyed rows: ``flow.claim_keyed``)."""
+    if conn.execute(sql.KEYED, (session_id, now)).fetchone()[0]:
+        return claim_keyed(conn, session_id, now, holder, expires_at, exclude, limit)
     rows = conn.execute(
         sql.CLAIM,
         (session_id, now, holder, expires_at, sql.text(list(exclude)), limit or sql.NO_LIMIT),

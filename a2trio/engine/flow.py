@@ -1,0 +1,150 @@
+"""Flow limits across sessions (issue 33): a handler's :class:`Concurrency`.
+
+The limit lives in the store, not here: an event appended for a handler
+with ``concurrency=`` carries its key, resolved at append (as a lane
+function is) and scoped to the contract and the event type, and its limit
+(``AppendEvent.concurrency_key``/``concurrency_limit``). Every store's
+claim counts the key's live claims across sessions and processes and takes
+the event only under the limit (``a2trio.stores.rules.flow``); the rest wait
+in order, never failing.
+
+This module also keeps, per server, which sessions wait on which key
+(:class:`FlowWaiters`): when an attempt of a keyed event ends here, the
+sessions waiting on its key are woken at once. A slot freed by another
+process is found by this server's sweep (the store's sweep counts a key's
+room) or when the waiting claim's ``Busy`` answer comes due.
+
+A key function that raises or returns a non-string leaves the event
+without a key at append, and the attempt that runs it resolves the key
+again and dead-letters the event with the error (:class:`FlowKeyError`),
+as any handler failure (a key resolved then, for an event appended before
+the handler had a limit, runs it unlimited).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..contract import AppendInput
+
+__all__ = [
+    "Concurrency",
+    "FlowKeyError",
+    "FlowWaiters",
+    "KeyFn",
+    "key_value",
+    "resolve_concurrency",
+]
+
+#: ``key(event) -> str``: the flow key of an event, resolved at append.
+KeyFn = Callable[[AppendInput], str]
+
+_SEP = "\x1f"
+
+
+class Concurrency:
+    """At most ``limit`` attempts of a handler run at once per key value,
+    across sessions and processes: ``a2trio.handler(fn,
+    concurrency=a2trio.Concurrency(2, key=lambda e: e.payload.customer))``.
+
+    A running attempt holds its slot as long as its claim: a crashed
+    holder's slot frees when its lease lapses. Events over the limit wait,
+    in order, and never fail or dead-letter for waiting.
+
+    Args:
+      limit: attempts at once per key value (at least 1).
+      key: ``key(event) -> str`` (an :class:`~a2trio.AppendInput` with the
+        typed payload), resolved when the event is appended; None: one key
+        for the handler. A key that raises or returns a non-string
+        dead-letters its event with the error.
+
+    Raises:
+      TypeError: ``limit`` is not an int, or ``key`` is not callable.
+      ValueError: ``limit`` is below 1.
+    """
+
+    __slots__ = ("key", "limit")
+
+    def __init__(self, limit: int, key: KeyFn | None = None) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise TypeError(f"Concurrency(limit=...) must be an int, got {limit!r}")
+        if limit < 1:
+            raise ValueError(f"Concurrency(limit=...) must be at least 1, got {limit!r}")
+        if key is not None and not callable(key):
+            raise TypeError(f"Concurrency(key=...) must be a function of the event, got {key!r}")
+        self.limit = limit
+        self.key = key
+
+    def __repr__(self) -> str:
+        key = "" if self.key is None else f", key={getattr(self.key, '__name__', self.key)}"
+        return f"Concurrency({self.limit}{key})"
+
+
+class FlowKeyError(Exception):
+    """A :class:`Concurrency` key function raised or returned a non-string:
+    its event is dead-lettered with this error, at once."""
+
+
+def key_value(concurrency: Concurrency, event: AppendInput) -> str:
+    """The key value of ``event`` (``""`` without a key function).
+
+    Raises:
+      FlowKeyError: the key function raised (its error is the cause) or
+        returned a non-string."""
+    if concurrency.key is None:
+        return ""
+    try:
+        value: Any = concurrency.key(event)
+    except Exception as exc:
+        raise FlowKeyError(f"the concurrency key of {event.type!r} raised {exc!r}") from exc
+    if not isinstance(value, str):
+        raise FlowKeyError(
+            f"the concurrency key of {event.type!r} must return a string, got {value!r}"
+        )
+    return value
+
+
+def resolve_concurrency(
+    prefix: str, concurrency: Concurrency | None, event: AppendInput
+) -> tuple[str | None, int | None]:
+    """The stored key and limit of ``event`` (None, None: unlimited, or a key
+    that failed: the attempt dead-letters it). The key is scoped by the
+    contract's store prefix and the event type: one handler's limits."""
+    if concurrency is None:
+        return None, None
+    try:
+        value = key_value(concurrency, event)
+    except FlowKeyError:
+        return None, None
+    return f"{prefix}{event.type}{_SEP}{value}", concurrency.limit
+
+
+class FlowWaiters:
+    """Which sessions wait on which concurrency key, in one server; woken
+    through ``on_free`` (the drain registry's ``wake``) when an attempt of
+    the key ends here."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, set[str]] = {}
+        self.on_free: Callable[[str], None] | None = None
+
+    def wait(self, session_id: str, keys: list[str]) -> None:
+        """``session_id`` holds events its claim left waiting on ``keys``."""
+        for key in keys:
+            self._waiting.setdefault(key, set()).add(session_id)
+
+    def freed(self, key: str) -> None:
+        """A slot of ``key`` freed here: wake every session waiting on it (the
+        first to claim takes it; the others find the key full and wait again)."""
+        sessions = self._waiting.pop(key, None)
+        if sessions and self.on_free is not None:
+            for session_id in sorted(sessions):
+                self.on_free(session_id)
+
+    def waiting(self) -> Mapping[str, frozenset[str]]:
+        """The sessions waiting, per key (tests, inspection)."""
+        return {key: frozenset(sessions) for key, sessions in self._waiting.items()}
+
+
+Concurrency.__module__ = "a2trio"

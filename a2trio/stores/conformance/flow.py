@@ -1,0 +1,164 @@
+"""Flow limits across sessions (issue 33, ``rules.flow``): a row's
+concurrency key counts against its limit in every session's claims; slots
+are the live claims (freed by completion, failure or lapse, kept by
+renewal); a keyed row is never claimed at insert; the sweep skips a session
+whose only work waits on a full key."""
+
+from __future__ import annotations
+
+from uuid import uuid4
+
+from ..base import AppendEvent, Busy, Claimed, ClaimRef, ClaimRequest
+from .kit import (
+    T0,
+    CapabilityMissing,
+    ManualClock,
+    StoreFactory,
+    claim,
+    claimed_events,
+    indexes_of,
+    new_sid,
+)
+
+__all__ = [
+    "check_concurrency_across_sessions",
+    "check_concurrency_slots_are_leases",
+    "check_concurrency_with_lanes_and_the_sweep",
+    "check_concurrency_within_a_session",
+]
+
+
+def keyed(key: str, limit: int, *, lane: str | None = None, n: int = 0) -> AppendEvent:
+    """A note counted against ``key``'s ``limit``."""
+    return AppendEvent("note", {"n": n}, lane=lane, concurrency_key=key, concurrency_limit=limit)
+
+
+def new_key(name: str) -> str:
+    """A concurrency key no other check uses (keys span sessions)."""
+    return f"conformance\x1f{name}\x1f{uuid4().hex[:8]}"
+
+
+async def check_concurrency_across_sessions(open_store: StoreFactory) -> None:
+    """At most ``limit`` live claims per key across sessions; the rest wait
+    (``Busy`` naming the key, due when the earliest slot lapses) and take a
+    slot once a completion or a failure frees one; the key and limit are
+    stored with the row."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        key = new_key("across")
+        sids = [new_sid(f"flow-{i}") for i in range(3)]
+        for sid in sids:
+            await store.append(sid, [keyed(key, 2)])
+        [row] = await store.read(sids[0])
+        assert (row.concurrency_key, row.concurrency_limit) == (key, 2), "stored with the row"
+        first = claimed_events(await claim(store, sids[0], "h1", ttl_ms=1_000))
+        clock.advance(10)
+        second = claimed_events(await claim(store, sids[1], "h2", ttl_ms=1_000))
+        assert indexes_of(first) == indexes_of(second) == [1]
+        waiting = await claim(store, sids[2], "h3")
+        assert waiting == Busy(T0 + 1_000, [key]), (
+            f"the key is full: Busy until its first slot lapses, naming it; got {waiting!r}"
+        )
+        done = await store.complete_attempt(sids[0], index=1, attempt=1, events=[])
+        assert done.outcome == "completed"
+        third = await claim(store, sids[2], "h3")
+        assert isinstance(third, Claimed), f"a completion frees its slot; got {third!r}"
+        assert indexes_of(third.events) == [1]
+        failed = await store.fail_attempt(sids[1], index=1, attempt=1, error="boom", max_failures=3)
+        assert failed.outcome == "failed"
+        again = await claim(store, sids[1], "h5")
+        assert isinstance(again, Claimed), f"a failure frees its slot; got {again!r}"
+        assert again.events[0].attempt_count == 2, "the retry takes it"
+        assert await claim(store, sids[1], "h6") == Busy(T0 + 10 + 1_000)
+
+
+async def check_concurrency_slots_are_leases(open_store: StoreFactory) -> None:
+    """A slot is the claim: a renewal keeps it past the first expiry, a lapse
+    frees it (a crashed holder leaks nothing), and a dead letter frees it."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        key = new_key("lease")
+        a, b = new_sid("flow-a"), new_sid("flow-b")
+        await store.append(a, [keyed(key, 1)])
+        await store.append(b, [keyed(key, 1)])
+        claimed_events(await claim(store, a, "h1", ttl_ms=1_000))
+        clock.advance(900)
+        renewed = await store.renew_claims(a, holder="h1", claims=[ClaimRef(1, 1)], ttl_ms=1_000)
+        assert renewed.renewed == [1]
+        clock.advance(200)
+        assert await claim(store, b, "h2") == Busy(T0 + 1_900, [key]), (
+            "a renewed claim keeps its slot past its first expiry"
+        )
+        clock.advance(800)
+        taken = await claim(store, b, "h2", ttl_ms=1_000)
+        assert isinstance(taken, Claimed), f"a lapsed claim frees its slot; got {taken!r}"
+        now = T0 + 1_900
+        assert await claim(store, a, "h3") == Busy(now + 1_000, [key])
+        dead = await store.fail_attempt(b, index=1, attempt=1, error="x", max_failures=1)
+        assert dead.outcome == "dead_lettered"
+        back = await claim(store, a, "h3")
+        assert isinstance(back, Claimed), f"a dead letter frees its slot; got {back!r}"
+        assert back.events[0].attempt_count == 2
+
+
+async def check_concurrency_within_a_session(open_store: StoreFactory) -> None:
+    """In one session the lowest indexes take the key's slots and the claim
+    names the key it left waiting; unkeyed rows and other keys are not held
+    back; an append with a claim request writes keyed rows unclaimed."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        key, other = new_key("within"), new_key("other")
+        sid = new_sid("flow-within")
+        result = await store.append(
+            sid,
+            [
+                keyed(key, 2, n=0),
+                keyed(key, 2, n=1),
+                keyed(key, 2, n=2),
+                AppendEvent("note", {"n": 3}),
+                keyed(other, 1, n=4),
+            ],
+            claim=ClaimRequest("h0", 1_000),
+        )
+        assert indexes_of(result.claimed) == [4], "only the unkeyed row is claimed at insert"
+        got = await claim(store, sid, "h1")
+        assert isinstance(got, Claimed), got
+        assert indexes_of(got.events) == [1, 2, 5], (
+            f"two slots of the key, the other key's one; got {got!r}"
+        )
+        assert got.waiting == [key], f"event 3 waits on its key; got {got!r}"
+        assert await claim(store, sid, "h2") == Busy(T0 + 1_000, [key])
+        await store.complete_attempt(sid, index=2, attempt=1, events=[])
+        later = await claim(store, sid, "h2")
+        assert isinstance(later, Claimed), later
+        assert indexes_of(later.events) == [3]
+        limited = await store.claim_available(sid, holder="h3", ttl_ms=1, limit=1)
+        assert isinstance(limited, Busy), f"nothing is left to claim; got {limited!r}"
+
+
+async def check_concurrency_with_lanes_and_the_sweep(open_store: StoreFactory) -> None:
+    """A lane's later events wait for their head as always; the sweep skips a
+    session whose only work waits on a full key, and finds it once a slot
+    frees."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        sweep = store.sweep
+        if sweep is None:
+            raise CapabilityMissing("sweep")
+        key = new_key("sweep")
+        prefix = f"conformance-flow-sweep-{uuid4().hex[:8]}-"
+        a, b = prefix + "a", prefix + "b"
+        await store.append(a, [keyed(key, 1, lane="l"), keyed(key, 1, lane="l")])
+        await store.append(b, [keyed(key, 1)])
+        assert await sweep.claimable_sessions(prefix, limit=10) == [a, b]
+        got = claimed_events(await claim(store, a, "h1", ttl_ms=1_000))
+        assert indexes_of(got) == [1], "the lane holds its second event back"
+        assert await sweep.claimable_sessions(prefix, limit=10) == [], (
+            "both sessions' work waits on the full key or the lane: nothing to sweep"
+        )
+        await store.complete_attempt(a, index=1, attempt=1, events=[])
+        assert await sweep.claimable_sessions(prefix, limit=10) == [a, b]
+        taken = claimed_events(await claim(store, b, "h2"))
+        assert indexes_of(taken) == [1]
+        assert await claim(store, a, "h3") == Busy(T0 + 1_000, [key])
+        assert await sweep.claimable_sessions(prefix, limit=10) == []

@@ -1,0 +1,63 @@
+"""The SQLite claim of a session that holds keyed rows (``rules.flow``).
+
+The write lock held since ``BEGIN IMMEDIATE`` serializes every claim, so the
+live slots counted here are the ones the claim writes against. The
+decisions are the rules' own, in Python: the candidates and each key's
+slots are read through their indexes (``a2_events_dispatch_ready``,
+``a2_events_concurrency``), the chosen rows claimed by key.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from .. import rules
+from ..base import Busy, Claimed, ClaimResult, Settled
+from . import sql
+
+__all__ = ["claim_keyed"]
+
+
+class _Candidate(NamedTuple):
+    idx: int
+    concurrency_key: str | None
+    concurrency_limit: int | None
+
+
+def claim_keyed(
+    conn: sqlite3.Connection,
+    session_id: str,
+    now: int,
+    holder: str,
+    expires_at: int,
+    exclude: Sequence[int],
+    limit: int | None,
+) -> ClaimResult:
+    """``claim_available`` over a session with keyed claimable rows."""
+    excluded = set(exclude)
+    candidates = [
+        _Candidate(*row)
+        for row in conn.execute(sql.CANDIDATES, (session_id, now))
+        if row[0] not in excluded
+    ]
+    slots: dict[str, tuple[int, int | None]] = {}
+    for row in candidates:
+        key = row.concurrency_key
+        if key is not None and key not in slots:
+            count, first = conn.execute(sql.SLOTS, (key, now)).fetchone()
+            slots[key] = (count, first)
+    live = {key: count for key, (count, _) in slots.items()}
+    chosen, waiting = rules.flow_select(candidates, live, limit)
+    claimed = [
+        sql.stored(
+            conn.execute(sql.CLAIM_ONE, (session_id, now, holder, expires_at, r.idx)).fetchone()
+        )
+        for r in chosen
+    ]
+    if claimed:
+        return Claimed(claimed, waiting)
+    (busy_at,) = conn.execute(sql.RETRY_AT, (session_id, now)).fetchone()
+    retry_at = rules.flow_retry_at(busy_at, [slots[key][1] for key in waiting])
+    return Settled() if retry_at is None else Busy(retry_at, waiting)
