@@ -23,6 +23,10 @@ Run::
     .venv/bin/python bench/durable_streams.py --stores memory,sqlite --readers 1000
     .venv/bin/python bench/durable_streams.py --tiny        # a smoke run: seconds
 
+It ends with the rows side by side (a column per server) and each lane's
+figure against the reference server's (``1.5x``: half again as good; for
+the fan-out latency, lower counts as better).
+
 The clients share the machine with the servers: compare rows of one run.
 """
 
@@ -339,12 +343,58 @@ async def main(args: argparse.Namespace) -> None:
         f"{args.rounds} rounds"
     )
     print(f"{'server':<16} {'scenario':<9} {'value':>10} {'unit':<10} detail")
+    rows: list[Row] = []
     for store in args.stores:
         for row in await run_server(f"a2trio/{store}", functools.partial(lane_server, store), args):
             print(row, flush=True)
+            rows.append(row)
     if args.reference:
-        for row in await run_server("node reference", reference_server, args):
+        for row in await run_server(REFERENCE, reference_server, args):
             print(row, flush=True)
+            rows.append(row)
+    print()
+    print(comparison(rows))
+
+
+#: The reference server's name in the rows.
+REFERENCE = "node reference"
+#: Scenarios whose figure is better when lower (a latency).
+LOWER_IS_BETTER = frozenset({"fan-out"})
+
+
+def comparison(rows: list[Row]) -> str:
+    """The rows side by side, a column per server, and each lane's figure
+    against the reference server's (``2.0x``: twice as good, whichever way
+    the scenario counts)."""
+    servers = list(dict.fromkeys(row.server for row in rows))
+    scenarios = list(dict.fromkeys(row.scenario for row in rows))
+    by = {(row.server, row.scenario): row for row in rows}
+    lanes = [s for s in servers if s != REFERENCE]
+    header = [f"{'scenario':<9} {'unit':<10}", *(f"{s:>16}" for s in servers)]
+    if REFERENCE in servers:
+        header += [f"{s + ' vs ref':>22}" for s in lanes]
+    lines = [" ".join(header)]
+    for scenario in scenarios:
+        unit = next(row.unit for row in rows if row.scenario == scenario)
+        cells = [f"{scenario:<9} {unit:<10}"]
+        cells += [
+            f"{by[(s, scenario)].value:>16.1f}" if (s, scenario) in by else f"{'-':>16}"
+            for s in servers
+        ]
+        reference = by.get((REFERENCE, scenario))
+        for lane in lanes if reference is not None else []:
+            ours = by.get((lane, scenario))
+            if ours is None or reference is None or not ours.value or not reference.value:
+                cells.append(f"{'-':>22}")
+                continue
+            ratio = (
+                reference.value / ours.value
+                if scenario in LOWER_IS_BETTER
+                else ours.value / reference.value
+            )
+            cells.append(f"{ratio:>21.2f}x")
+        lines.append(" ".join(cells))
+    return "\n".join(lines)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
