@@ -411,3 +411,15 @@ def test_the_outbox_example_commits_one_order_and_replays_it(tmp_path: Path) -> 
     second = run()
     assert "handler: confirming" not in second
     assert "o-1: ['ordered']" in second
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+async def test_an_unreachable_store_fails_the_block_with_store_unavailable(backend: str) -> None:
+    open_unreachable = importlib.import_module(f"tests.backends.{backend}").open_unreachable_store
+    async with open_unreachable(a2trio.SYSTEM_CLOCK) as store:
+        server = a2trio.Server(orders, store=store)
+        with trio.fail_after(DEADLINE_S), pytest.raises(A2Error) as failed:
+            async with server.transaction():
+                raise AssertionError("unreachable")
+    assert failed.value.code == ErrorCode.STORE_UNAVAILABLE
+    assert failed.value.__cause__ is not None

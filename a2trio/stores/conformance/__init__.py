@@ -62,8 +62,8 @@ and build rows):
 * ``flow``: concurrency keys across sessions (``rules.flow``);
 * ``states``: snapshots, ``read_state`` and ``read_states``;
 * ``feeds``: ``stream``;
-* ``presence``, ``inspection``, ``operator``, ``retention``: the optional
-  capabilities;
+* ``presence``, ``inspection``, ``operator``, ``retention``,
+  ``transactions`` (the app's own transaction): the optional capabilities;
 * ``verdicts``: the rule table of :mod:`a2trio.stores.rules` (``CASES``), every
   case built and asked through the public API, so a backend's spelling of a
   rule that drifts fails by the rule's name and its starting state;
@@ -176,6 +176,12 @@ from .states import (
     check_read_states,
     check_snapshots,
 )
+from .transactions import (
+    check_transaction_appends_keep_the_verdicts,
+    check_transaction_commits_with_the_apps_rows,
+    check_transaction_holds_its_sessions,
+    check_transaction_rolls_back_with_the_apps_rows,
+)
 from .verdicts import (
     check_rule_table_claims_and_outcomes,
     check_rule_table_operator_actions,
@@ -255,6 +261,10 @@ __all__ = [
     "check_stream_close_stops_the_feed",
     "check_stream_concurrent_feeds",
     "check_trace_context_is_stored_with_the_event",
+    "check_transaction_appends_keep_the_verdicts",
+    "check_transaction_commits_with_the_apps_rows",
+    "check_transaction_holds_its_sessions",
+    "check_transaction_rolls_back_with_the_apps_rows",
     "check_version_is_stored_with_the_event",
     "raises",
     "refused",
@@ -323,6 +333,10 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_rule_table_operator_actions,
     check_retention_export_and_erase,
     check_retention_erase_is_refused_while_claimed,
+    check_transaction_commits_with_the_apps_rows,
+    check_transaction_rolls_back_with_the_apps_rows,
+    check_transaction_appends_keep_the_verdicts,
+    check_transaction_holds_its_sessions,
 ]
 """Every check, in the order of ``base.py``'s obligations."""
 
@@ -354,4 +368,8 @@ REQUIRES: dict[str, frozenset[str]] = {
     check_rule_table_operator_actions.__name__: frozenset({"operator"}),
     check_retention_export_and_erase.__name__: frozenset({"retention"}),
     check_retention_erase_is_refused_while_claimed.__name__: frozenset({"retention"}),
+    check_transaction_commits_with_the_apps_rows.__name__: frozenset({"transactions"}),
+    check_transaction_rolls_back_with_the_apps_rows.__name__: frozenset({"transactions"}),
+    check_transaction_appends_keep_the_verdicts.__name__: frozenset({"transactions"}),
+    check_transaction_holds_its_sessions.__name__: frozenset({"transactions"}),
 }

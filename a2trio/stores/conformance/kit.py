@@ -104,8 +104,8 @@ class CapabilityMissing(Exception):
 async def capabilities(open_store: StoreFactory) -> frozenset[str]:
     """The optional capabilities of the factory's stores, named as in
     :data:`REQUIRES`: ``presence``, ``presence push``, ``inspect``, ``sweep``,
-    ``operator``, ``retention``, and ``ids`` when the factory takes ``ids=``
-    (by its signature).
+    ``operator``, ``retention``, ``transactions``, and ``ids`` when the
+    factory takes ``ids=`` (by its signature).
 
     Lets a runner skip checks before running them. Opens one store.
     """
@@ -123,6 +123,8 @@ async def capabilities(open_store: StoreFactory) -> frozenset[str]:
             found.add("operator")
         if store.retention is not None:
             found.add("retention")
+        if store.transactions is not None:
+            found.add("transactions")
         return frozenset(found)
 
 
