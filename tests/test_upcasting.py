@@ -285,7 +285,7 @@ async def _unused(ctx: a2trio.HandlerContext[Any]) -> None:
     raise AssertionError("an appending tier runs no handler")
 
 
-async def _written_by_the_first_version(store: Store, session_id: str, *items: str) -> None:
+async def written_by_the_first_version(store: Store, session_id: str, *items: str) -> None:
     # An API tier of the first deployment: it declares the handled types, so
     # its events wait for a handler, and runs none.
     handlers = {"ordered": _unused}
@@ -298,7 +298,7 @@ async def _written_by_the_first_version(store: Store, session_id: str, *items: s
 @pytest.mark.parametrize("backend", BACKENDS)
 async def test_events_of_the_first_version_read_as_the_current_one(backend: str) -> None:
     async with _store(backend) as store:
-        await _written_by_the_first_version(store, "s1", "pen", "ink")
+        await written_by_the_first_version(store, "s1", "pen", "ink")
         # The second version's deployment writes at version 2.
         handlers = {"ordered": _unused}
         async with a2trio.Server(
@@ -353,7 +353,7 @@ async def test_events_of_the_first_version_read_as_the_current_one(backend: str)
             snapshot = (await store.read_state(server.key("s1"), "totals")).snapshot
             assert snapshot is not None
             assert (snapshot.index, snapshot.state["quantity"]) == (8, 8)
-        await _written_by_the_first_version(store, "s1", "lid")
+        await written_by_the_first_version(store, "s1", "lid")
         async with a2trio.Server(current, store=store, run_handlers=False) as server:
             state, index = await server.session("s1").state(totals)
             assert (state.skus[-1], state.quantity, index) == ("LID", 9, 9)
@@ -367,7 +367,7 @@ async def test_an_event_that_cannot_be_upcast_is_dead_lettered_at_once(backend: 
         runs.append(ctx.event.index)
 
     async with _store(backend) as store:
-        await _written_by_the_first_version(store, "s1", "pen", "cursed")
+        await written_by_the_first_version(store, "s1", "pen", "cursed")
         async with a2trio.Server(current, store=store, handlers={"ordered": ship}) as server:
             # The append wakes the session's drain, which claims all three.
             await server.session("s1").append(current.event("ordered", Ordered("NIB", 1)))
@@ -499,7 +499,7 @@ async def test_a_delayed_append_that_cannot_be_upcast_names_the_scheduled_event(
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 async def test_an_append_in_the_apps_transaction_stores_the_current_version(backend: str) -> None:
     async with _store(backend) as store:
-        await _written_by_the_first_version(store, "s1", "pen")
+        await written_by_the_first_version(store, "s1", "pen")
         async with a2trio.Server(current, store=store, run_handlers=False) as server:
             async with server.transaction() as tx:
                 await server.session("s1").append(
@@ -527,7 +527,7 @@ async def test_an_actor_decides_on_a_state_folded_from_upcast_events(backend: st
         upcasters={"ordered": [v1_to_v2, v2_to_v3]},
     )
     async with _store(backend) as store:
-        await _written_by_the_first_version(store, "c1", "pen")
+        await written_by_the_first_version(store, "c1", "pen")
         async with a2trio.Server(cart, store=store) as server:
             with pytest.raises(a2trio.Refused, match="PEN is ordered already"):
                 await server.actor("c1").call("order", {"sku": "PEN", "quantity": 1})
