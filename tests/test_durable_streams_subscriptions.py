@@ -31,6 +31,7 @@ from a2trio.transport.durable_streams import (
     StreamOperation,
     SubscriptionOperation,
     durable_streams,
+    webhooks,
 )
 from a2trio.transport.durable_streams.subscription_model import CONTRACT, SESSION, glob_match
 from a2trio.transport.durable_streams.webhooks import Signer, WebhookRefused, check_url
@@ -59,8 +60,9 @@ class Receiver:
     """A webhook endpoint on loopback: records each call, answers ``answers``
     in turn (then the last one again)."""
 
-    def __init__(self, answers: list[tuple[int, Any]]) -> None:
+    def __init__(self, answers: list[tuple[int, Any]], hold: trio.Event | None = None) -> None:
         self.answers = answers
+        self.hold = hold
         self.calls: list[tuple[dict[str, str], bytes]] = []
         self.called = trio.Event()
 
@@ -79,6 +81,8 @@ class Receiver:
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         self.calls.append((headers, body))
         self.called.set()
+        if self.hold is not None:
+            await self.hold.wait()
         status, answer = self.answers[min(len(self.calls), len(self.answers)) - 1]
         payload = json.dumps(answer).encode()
         await send(
@@ -147,6 +151,12 @@ def test_local_http_webhooks_need_the_option() -> None:
     check_url("http://localhost/hook", local=True)
     with pytest.raises(WebhookRefused):
         check_url("http://127.0.0.1:9000/hook", local=False)
+
+
+async def test_a_name_is_resolved_and_its_addresses_checked_before_connecting() -> None:
+    with pytest.raises(WebhookRefused):
+        await webhooks._resolve("localhost", 443, loopback=False)
+    assert await webhooks._resolve("localhost", 80, loopback=True) in ("127.0.0.1", "::1")
 
 
 def test_signatures_verify_with_the_published_key_and_tokens_bind_one_wake() -> None:
@@ -240,6 +250,26 @@ async def test_a_failed_delivery_is_retried_with_backoff_and_done_acks_it() -> N
 
         await wait_for(acked)
         assert len(receiver.calls) == 2
+
+
+async def test_a_slow_webhook_never_holds_up_an_append_and_times_out() -> None:
+    lane = durable_streams(memory(), local_webhooks=True, webhook_timeout_s=0.5)
+    hold = trio.Event()
+    receiver = Receiver([(200, {})], hold=hold)
+    async with serving(receiver) as url, lane_client(lane) as http:  # type: ignore[arg-type]
+        spec = {"type": "webhook", "streams": ["s"], "webhook": {"url": f"{url}/h"}}
+        await http.put(f"{SUB}/slow", json=spec)
+        await http.put("/v1/stream/s", headers=JSON, content=b"[1]")
+        await receiver.next_call(1)
+        with trio.fail_after(0.4):  # the webhook is still waiting: appends are not
+            answer = await http.post("/v1/stream/s", headers=JSON, content=b"[2]")
+        assert answer.status_code == 204
+
+        async def failed() -> bool:
+            return bool((await http.get(f"{SUB}/slow")).json()["status"] == "failed")
+
+        await wait_for(failed)
+        hold.set()
 
 
 # -- pull-wake, leases, processes -------------------------------------------------------
