@@ -423,3 +423,47 @@ async def test_an_unreachable_store_fails_the_block_with_store_unavailable(backe
                 raise AssertionError("unreachable")
     assert failed.value.code == ErrorCode.STORE_UNAVAILABLE
     assert failed.value.__cause__ is not None
+
+
+async def test_behind_a_transaction_mode_pooler_the_block_sets_the_schema_itself() -> None:
+    """With ``pooler="transaction"`` no startup option carries the schema's
+    ``search_path``: the transaction's first pipeline sets it for the whole
+    block, so the app's unqualified tables and the events land in the
+    store's schema."""
+    dsn = await database_dsn()
+    schema = f"s_{secrets.token_hex(6)}"
+    store = postgres(dsn, schema=schema, pooler="transaction", listen=False)
+    try:
+        async with a2trio.Server(orders, store=store) as server:
+            await create_orders(server)
+            async with server.transaction() as tx:
+                await tx.execute("insert into app_orders values ($1, 1)", ("o1",))
+                await server.session("o1").append(ordered(), transaction=tx)
+                [(path,)] = await tx.fetch("select current_setting('search_path')")
+                assert schema in path
+            assert [e.index for e in await server.session("o1").history()] == [1]
+        assert await run_sql(dsn, f'select id, qty from "{schema}".app_orders') == [("o1", 1)]
+    finally:
+        await store.aclose()
+        await run_sql(dsn, f'drop schema if exists "{schema}" cascade')
+
+
+async def test_a_memory_sqlite_store_shares_its_one_connection_with_the_block() -> None:
+    """On ``":memory:"`` reads share the writer: a read from the block's own
+    task would wait for itself and is refused; other tasks' reads wait."""
+    async with a2trio.Server(orders, store=sqlite(":memory:")) as server:
+        session = server.session("o1")
+        seen: list[int] = []
+
+        async def read() -> None:
+            seen.extend(e.index for e in await session.history())
+
+        async with trio.open_nursery() as nursery:
+            async with server.transaction() as tx:
+                await session.append(ordered(), transaction=tx)
+                with pytest.raises(RuntimeError, match="holds the SQLite writer"):
+                    await session.history()
+                nursery.start_soon(read)
+                await trio.sleep(0.05)
+                assert seen == []
+        assert seen == [1]
