@@ -70,7 +70,8 @@ class Event(msgspec.Struct, Generic[P], frozen=True):
     Attributes:
       id: unique across the store.
       type: the event type.
-      payload: decoded to the contract's msgspec type for ``type``.
+      payload: decoded to the contract's msgspec type for ``type``: its
+        current version, upcast from the one it was stored at (``versions=``).
       index: the 1-based position in the session's log, contiguous.
       session_id: the session (without the contract namespace).
       created_at: when the store wrote it (UTC, from the store's clock).

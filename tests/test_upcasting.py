@@ -387,6 +387,11 @@ async def test_an_event_that_cannot_be_upcast_is_dead_lettered_at_once(backend: 
             assert "stored at version 1 cannot be read as version 3" in dead.status.last_error
             with pytest.raises(a2trio.UpcastError, match="event 2"):
                 await server.session("s1").state(totals)
+            # A feed raises it to its reader, after the events before it.
+            async with server.session("s1").stream() as feed:
+                assert (await feed.receive()).payload == Ordered("PEN", 1)
+                with pytest.raises(a2trio.UpcastError, match="event 2"):
+                    await feed.receive()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
