@@ -467,3 +467,41 @@ async def test_a_memory_sqlite_store_shares_its_one_connection_with_the_block() 
                 await trio.sleep(0.05)
                 assert seen == []
         assert seen == [1]
+
+
+async def test_lanes_hold_for_events_appended_in_it(db: Db) -> None:
+    """Events appended in a transaction keep their lanes: at the commit they
+    run one at a time, in order, after the lane's older event."""
+    runs: list[tuple[str, str]] = []
+    release = trio.Event()
+
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> None:
+        runs.append(("start", ctx.event.payload.item))
+        if ctx.event.payload.item == "first":
+            await release.wait()
+        runs.append(("end", ctx.event.payload.item))
+
+    handlers = {"ordered": a2trio.handler(ship, lane="fifo")}
+    async with a2trio.Server(orders, store=db.store, handlers=handlers) as server:
+        session = server.session("o1")
+        await session.append(ordered("first"))
+        async with server.transaction() as tx:
+            await session.append(ordered("second"), ordered("third"), transaction=tx)
+        with trio.fail_after(DEADLINE_S):
+            while ("start", "first") not in runs:
+                await trio.sleep(0.01)
+        await trio.sleep(0.05)
+        assert runs == [("start", "first")]
+        release.set()
+        with trio.fail_after(DEADLINE_S):
+            await server.settle()
+            while len(runs) < 6:
+                await trio.sleep(0.01)
+        assert runs == [
+            ("start", "first"),
+            ("end", "first"),
+            ("start", "second"),
+            ("end", "second"),
+            ("start", "third"),
+            ("end", "third"),
+        ]

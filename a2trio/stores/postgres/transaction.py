@@ -6,7 +6,10 @@ append there is the store's own (``writes.PostgresWrites.append`` with the
 connection): the session's ``pg_advisory_xact_lock``, then ``APPEND``, with
 every verdict of a lone append; the lock is held until the transaction ends,
 so the session's other appends, here or in other processes, wait for it and
-then index after it. Uncommitted rows are invisible to every claim and read.
+then index after it (here, the writes that take a held session's lock leave
+the group commit meanwhile: ``writes.PostgresWrites.holding``, so that no
+group waits with them; the same task's would wait for itself and are
+refused: ``held``). Uncommitted rows are invisible to every claim and read.
 The ``NOTIFY`` of the insert trigger is transactional: other processes hear
 the appends at the commit, never before; local feeds are woken after it
 (told to read, not handed rows: a savepoint rolled back may have taken some).
