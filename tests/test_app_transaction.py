@@ -473,11 +473,12 @@ async def test_lanes_hold_for_events_appended_in_it(db: Db) -> None:
     """Events appended in a transaction keep their lanes: at the commit they
     run one at a time, in order, after the lane's older event."""
     runs: list[tuple[str, str]] = []
-    release = trio.Event()
+    started, release = trio.Event(), trio.Event()
 
     async def ship(ctx: a2trio.HandlerContext[Ordered]) -> None:
         runs.append(("start", ctx.event.payload.item))
         if ctx.event.payload.item == "first":
+            started.set()
             await release.wait()
         runs.append(("end", ctx.event.payload.item))
 
@@ -488,15 +489,12 @@ async def test_lanes_hold_for_events_appended_in_it(db: Db) -> None:
         async with server.transaction() as tx:
             await session.append(ordered("second"), ordered("third"), transaction=tx)
         with trio.fail_after(DEADLINE_S):
-            while ("start", "first") not in runs:
-                await trio.sleep(0.01)
+            await started.wait()
         await trio.sleep(0.05)
         assert runs == [("start", "first")]
         release.set()
         with trio.fail_after(DEADLINE_S):
             await server.settle()
-            while len(runs) < 6:
-                await trio.sleep(0.01)
         assert runs == [
             ("start", "first"),
             ("end", "first"),
