@@ -342,9 +342,16 @@ async def test_events_of_the_first_version_read_as_the_current_one(backend: str)
             assert [row.version for row in stored if row.type == "ordered"] == [None, None, 2, 3]
             shipped_versions = {row.version for row in stored if row.type == "shipped"}
             assert shipped_versions == {None}, "shipped has no versions"
-            # Inspection sees the current struct too.
+            # Inspection sees the current struct too, and the stored version.
             page = await server.inspect.read_session_page("s1")
-            assert [i.event.payload for i in page.events if i.event.type == "ordered"] == expected
+            inspected = [i for i in page.events if i.event.type == "ordered"]
+            assert [i.event.payload for i in inspected] == expected
+            assert [(i.version, i.upcast_error) for i in inspected] == [
+                (1, None),
+                (1, None),
+                (2, None),
+                (3, None),
+            ]
             # A fold over old events sees the current struct; its snapshot
             # holds the state built from them, and a later read starts from it.
             state, index = await session.state(totals)
@@ -382,6 +389,9 @@ async def test_an_event_that_cannot_be_upcast_is_dead_lettered_at_once(backend: 
             assert (dead.event.index, dead.status.failures) == (2, 1)
             # The operator sees it as stored, and why it cannot be read.
             assert dead.event.payload == {"item": "cursed"}
+            assert dead.version == 1
+            assert dead.upcast_error is not None
+            assert dead.upcast_error.startswith("event 2 (")
             assert dead.status.last_error is not None
             assert "UpcastError: event 2" in dead.status.last_error
             assert "stored at version 1 cannot be read as version 3" in dead.status.last_error

@@ -23,7 +23,8 @@ async def test_http_readers_get_the_current_payload_in_the_seeds_wire_format(
     store = memory()
     await written_by_the_first_version(store, "s1", "pen")
     server = a2trio.Server(current, store=store, run_handlers=False)
-    async with serving(asgi(server)) as base, client(base) as c:
+    app = asgi(server, inspect=True, authorize=lambda request, op: True)
+    async with serving(app) as base, client(base) as c:
         pushed = await c.post(
             "/orders/s1",
             json={"events": [{"type": "ordered", "payload": {"sku": "INK", "quantity": 2}}]},
@@ -49,3 +50,14 @@ async def test_http_readers_get_the_current_payload_in_the_seeds_wire_format(
         [error] = [r.exc_info[1] for r in caplog.records if r.exc_info]
         assert isinstance(error, a2trio.UpcastError)
         assert error.index == 3
+        # The inspector still shows every event, the unreadable one as stored.
+        inspected = await c.get("/_a2/inspect/orders/s1")
+        assert inspected.status_code == 200, inspected.text
+        rows = inspected.json()["events"]
+        assert [(r["version"], r["event"]["payload"]) for r in rows] == [
+            (1, {"sku": "PEN", "quantity": 1, "note": ""}),
+            (3, {"sku": "INK", "quantity": 2, "note": ""}),
+            (1, {"item": "cursed"}),
+        ]
+        assert [r["upcastError"] is None for r in rows] == [True, True, False]
+        assert rows[2]["upcastError"].startswith("event 3 (")

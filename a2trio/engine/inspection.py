@@ -224,17 +224,20 @@ class ServerInspection:
     def _inspected(
         self, row: StoredEvent, now_ms: int, actions: list[OperatorAction]
     ) -> InspectedEvent:
+        unreadable = None
         try:
             event = self._engine.to_public(row)
-        except UpcastError:
-            # The operator still sees it, as stored: its handler's failure
-            # (its dead letter's last error) names why it cannot be read.
+        except UpcastError as exc:
+            # The operator still sees it, as stored, and why it cannot be read.
             event = self._engine.as_stored(row)
+            unreadable = str(exc)
         return InspectedEvent(
             event,
             event_status(row, now_ms, actions),
             actions,
             trace_id_of(row.trace_context),
+            1 if row.version is None else row.version,
+            unreadable,
         )
 
     async def _read_actions(

@@ -85,12 +85,19 @@ class InspectedEvent(msgspec.Struct, frozen=True):
     ``trace_id`` is the W3C trace id of the span that appended the event
     (None when it was not traced): the same trace holds the request that
     pushed it and its handler's spans, so it finds them in a tracing backend.
+
+    ``version`` is the payload version the event was stored at (1 for one
+    stored without a version: :mod:`a2trio.upcasting`); ``event`` has its
+    current version's payload. When it cannot be upcast, ``event.payload``
+    is as stored (JSON builtins) and ``upcast_error`` says why.
     """
 
     event: Event[Any]
     status: EventStatus
     actions: list[OperatorAction] = msgspec.field(default_factory=list)
     trace_id: str | None = None
+    version: int = 1
+    upcast_error: str | None = None
 
 
 class DeadLettersPage(msgspec.Struct, frozen=True):

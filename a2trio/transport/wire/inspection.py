@@ -96,6 +96,8 @@ class WireInspectedEvent(msgspec.Struct, frozen=True, rename="camel"):
     status: WireEventStatus
     actions: list[WireOperatorAction]
     trace_id: str | None
+    version: int = 1
+    upcast_error: str | None = None
 
 
 class WireSessionSummary(msgspec.Struct, frozen=True, rename="camel"):
@@ -239,6 +241,8 @@ def _inspected(inspected: InspectedEvent) -> WireInspectedEvent:
         _mirror(inspected.status, WireEventStatus),
         actions_to_wire(inspected.actions),
         inspected.trace_id,
+        inspected.version,
+        inspected.upcast_error,
     )
 
 
