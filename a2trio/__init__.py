@@ -40,6 +40,7 @@ from .server import Server
 from .stores.base import (
     ArchivedSnapshot,
     Erased,
+    FailedAttempt,
     OperatorAction,
     OperatorActionError,
     RetentionError,
@@ -84,6 +85,7 @@ __all__ = [
     "ErrorCode",
     "Event",
     "EventType",
+    "FailedAttempt",
     "FeedEntry",
     "HandlerContext",
     "HandlerSession",

@@ -19,6 +19,10 @@ event, and the lane moves on. The same from the command line::
     python -m a2trio.inspect --app examples.payments:server dead-letters
     python -m a2trio.inspect --app examples.payments:server redrive acct-1 1 --reason "gateway back"
 
+An ``expired`` card fails every attempt: redrive it and it is dead-lettered
+again, and the inspector lists each failed attempt under it with its own
+traceback (``a2trio inspect ... event acct-2 1`` prints them whole).
+
 Its numbers, as Prometheus text (the ``metrics`` extra): the dead letter
 shows as ``a2trio_dead_letters{contract="payments"} 1.0`` and the failed
 attempt in ``a2trio_handler_attempts_total``::
@@ -66,10 +70,13 @@ payments = a2trio.contract("payments", events={"charge": Charge, "collected": Co
 
 
 async def collect(ctx: a2trio.HandlerContext[Charge]) -> a2trio.Returned:
-    """Collect a charge; a ``flaky`` card's first attempt fails."""
+    """Collect a charge; a ``flaky`` card's first attempt fails, an
+    ``expired`` card's every attempt."""
     charge = ctx.event.payload
     if charge.card == "flaky" and ctx.attempt == 1:
         raise ConnectionError(f"the gateway timed out collecting {charge.charge_id}")
+    if charge.card == "expired":
+        raise ValueError(f"card expired: {charge.charge_id} declined (attempt {ctx.attempt})")
     return payments.event("collected", Collected(charge.charge_id, ctx.attempt))
 
 

@@ -130,6 +130,7 @@ def test_every_key_the_cli_and_the_inspector_answer_is_camel_case(
     # Each shape holds each kind of record, so every key is seen.
     assert answers["GET?view=dead-letters"]["deadLetters"][0]["actions"] == []
     assert answers["GET/s1"]["events"][0]["status"]["lastError"]
+    assert answers["GET/s1"]["events"][0]["failedAttempts"][0]["failedAtMs"]
     assert answers["events s1"]["events"][0]["actions"][0]["atMs"]
     assert answers["crons"][0]["sessionId"] == "journal"
     assert answers["POST bulk"]["items"][0]["sessionId"] == "s1"
@@ -146,7 +147,7 @@ def test_every_key_the_cli_and_the_inspector_answer_is_camel_case(
     assert [key for key in keys if "_" in key.rpartition(".")[2]] == []
     # And the records' names, a snapshot's too (no app here keeps one).
     records = [getattr(inspection, name) for name in inspection.__all__ if name.startswith("Wire")]
-    assert len(records) == 14
+    assert len(records) == 15
     for record in records:
         for field in msgspec.structs.fields(record):
             assert "_" not in field.encode_name, (record, field)

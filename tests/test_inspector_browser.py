@@ -101,7 +101,9 @@ def test_the_dashboard_shows_payloads_errors_timings_filters_and_follows_live(
         )
         expect(dead.locator("td.when")).to_have_text(CLOCK)
         error.click()
-        expect(dead.locator("td.error pre")).to_contain_text("failed once; the last failure:")
+        expect(dead.locator("td.error pre")).to_contain_text(
+            re.compile(r"attempt 1 failed \d{4}-\d\d-\d\dT[\d:.]+Z on \S+, after [\d.]+ s:")
+        )
         expect(dead.locator("td.error pre")).to_contain_text("Traceback (most recent call last)")
         dead.locator("td.payload summary").click()
         expect(dead.locator("td.payload pre")).to_contain_text('"cents": 1250')
@@ -149,15 +151,51 @@ def test_the_dashboard_shows_payloads_errors_timings_filters_and_follows_live(
             '"charge_id": "c3"'
         )
 
-        # Back to the dead letter for the picture (its traceback closed again),
-        # then a phone's width.
+        # Each attempt's error: an expired card fails, is redriven, fails
+        # again; both attempts are listed under it, oldest first.
         error.click()
         expect(dead.locator("td.error pre")).to_be_hidden()
-        page.locator("#dead-letters a", has_text="acct-1").click()
-        expect(page.locator("#events tbody tr[data-index='1'] td.state")).to_have_text(
-            "dead_lettered"
-        )
-        page.screenshot(path=str(tmp_path / "inspector-desktop.png"))
+        pushed = httpx.post(f"{url}/payments/acct-9", json={"events": [charge("c9", "expired")]})
+        assert pushed.status_code == 200, pushed.text
+        expired = page.locator("#dead-letters tbody tr", has_text="acct-9")
+        expect(expired.locator("td.error li")).to_have_count(1)
+        redrive = {"by": "browser-test", "reason": "card renewed?"}
+        redriven = httpx.post(f"{url}/_a2/inspect/payments/acct-9/1/redrive", json=redrive)
+        assert redriven.status_code == 200, redriven.text
+        tries = expired.locator("td.error li summary")
+        expect(tries).to_have_count(2)
+        for n in (1, 2):
+            expect(tries.nth(n - 1)).to_have_text(
+                re.compile(
+                    rf"attempt {n} at \d\d:\d\d:\d\d: ValueError: card expired: c9 "
+                    rf"declined \(attempt {n}\)"
+                )
+            )
+        page.locator("#dead-letters a", has_text="acct-9").click()
+        row = page.locator("#events tbody tr[data-index='1']")
+        expect(row.locator("td.state")).to_have_text("dead_lettered")
+        expect(row.locator("td.error li")).to_have_count(2)
+        expect(row).to_contain_text("redrive by browser-test: card renewed?")
+        row.locator("td.error li summary").nth(1).click()
+        expect(row.locator("td.error li pre").nth(1)).to_contain_text("Traceback")
+        # The bulk control's preview, for the picture; then a phone's width,
+        # scrolled to the dead letters (the bulk control, each attempt's error).
+        dead.locator("td.payload summary").click()
+        expect(dead.locator("td.payload pre")).to_be_hidden()
+        page.fill("#b-error", "expired")
+        page.click("#b-preview")
+        expect(page.locator("#bulk-result")).to_have_text("would touch 1: acct-9 #1")
+
+        def desktop(path: Path) -> None:
+            page.set_viewport_size({"width": 1280, "height": 800})
+            page.screenshot(path=str(path), full_page=True)
+
+        def phone(path: Path) -> None:
+            page.set_viewport_size({"width": 390, "height": 844})
+            page.evaluate("document.getElementById('dead-count').parentElement.scrollIntoView()")
+            page.screenshot(path=str(path))
+
+        desktop(tmp_path / "inspector-desktop.png")
         page.set_viewport_size({"width": 390, "height": 844})
         width = page.evaluate("[document.documentElement.scrollWidth, innerWidth]")
         assert width[0] <= width[1], width
@@ -168,13 +206,11 @@ def test_the_dashboard_shows_payloads_errors_timings_filters_and_follows_live(
                  .map((box) => box.firstElementChild.id)"""
         )
         assert wide == [], wide
-        expect(dead.locator("td.error")).to_have_attribute("data-label", "last error")
-        page.screenshot(path=str(tmp_path / "inspector-phone.png"))
+        expect(dead.locator("td.error")).to_have_attribute("data-label", "errors")
+        phone(tmp_path / "inspector-phone.png")
         if shots:
-            page.set_viewport_size({"width": 1280, "height": 800})
-            page.screenshot(path=str(Path(shots) / "inspector-desktop.png"))
-            page.set_viewport_size({"width": 390, "height": 844})
-            page.screenshot(path=str(Path(shots) / "inspector-phone.png"))
+            desktop(Path(shots) / "inspector-desktop.png")
+            phone(Path(shots) / "inspector-phone.png")
         assert not [seen for seen in requests if seen.endswith("/favicon.ico")], requests
         assert errors == []
 

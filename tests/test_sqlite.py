@@ -17,7 +17,7 @@ import trio
 
 import a2trio
 from a2trio.errors import A2Error, ErrorCode
-from a2trio.stores.base import AppendEvent
+from a2trio.stores.base import AppendEvent, ClaimRequest
 from a2trio.stores.feed import adaptive_poll
 from a2trio.stores.sqlite import SqliteStore, sqlite
 from a2trio.stores.sqlite.conn import BUSY_TIMEOUT_S, ConnectionPool
@@ -170,6 +170,19 @@ async def test_a_version_4_database_gains_the_version_column(tmp_path: Path) -> 
         old, new = await store.read("s")
     assert (old.id, old.payload, old.version) == ("old-1", {"item": "old"}, None)
     assert (new.id, new.version) == ("new-2", 2)
+    assert await trio.to_thread.run_sync(_user_version, path) == SCHEMA_VERSION
+
+
+async def test_a_version_6_database_gains_the_failed_attempts_table(tmp_path: Path) -> None:
+    path = str(tmp_path / "dev.db")
+    await trio.to_thread.run_sync(_database_at, path, 6)
+    async with sqlite(path) as store:
+        assert store.inspect is not None
+        assert await store.inspect.read_failures("s", [1]) == []
+        await store.append("s", [_event(2, "new-2")], claim=ClaimRequest("h", 1_000))
+        await store.fail_attempt("s", index=2, attempt=1, error="boom", max_failures=3)
+        [failed] = await store.inspect.read_failures("s", [1, 2])
+    assert (failed.index, failed.attempt, failed.error, failed.holder) == (2, 1, "boom", "h")
     assert await trio.to_thread.run_sync(_user_version, path) == SCHEMA_VERSION
 
 

@@ -3,6 +3,7 @@ the actions that repair them.
 
     python -m a2trio.inspect --app module:server [--store URL] [--json] sessions [--limit N]
     python -m a2trio.inspect --app module:server events SESSION [--after N] [--limit N]
+    python -m a2trio.inspect --app module:server event SESSION INDEX
     python -m a2trio.inspect --app module:server dead-letters [--limit N] [--cursor C]
     python -m a2trio.inspect --app module:server crons
     python -m a2trio.inspect --app module:server redrive SESSION INDEX [--reason TEXT]
@@ -19,9 +20,13 @@ attribute defaulting to ``server``; with a list of servers, ``--contract``
 picks one). ``--store`` sets ``A2_STORE`` before the module is imported, as in
 ``serve``. Tables for people, ``--json`` for scripts (one JSON document, in
 the wire's camelCase as ``/_a2/inspect`` answers: :mod:`a2trio.transport.wire`).
-Exit status 0, 1 with one line on stderr when the store or the input refuses
-(an action on the wrong target names why: ``OperatorActionError``), 2 for bad
-arguments. Actions are recorded with ``--by`` (default: the login name).
+``events`` and ``dead-letters`` list each failed attempt under the table
+(its attempt, when, the holder, how long it ran, the error's last line);
+``event`` shows one event whole: its payload, status, every failed attempt
+with its full error, and the operator's actions. Exit status 0, 1 with one
+line on stderr when the store or the input refuses (an action on the wrong
+target names why: ``OperatorActionError``), 2 for bad arguments. Actions are
+recorded with ``--by`` (default: the login name).
 
 ``bulk`` redrives or skips every dead letter its filter matches (each field
 given must match): ``--type`` (repeatable), ``--error`` (text in the last
@@ -48,12 +53,14 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 import trio
 
 from ..engine.crons import CronInfo
@@ -62,12 +69,13 @@ from ..engine.inspection_records import (
     BulkResult,
     DeadLetterFilter,
     DeadLettersPage,
+    InspectedEvent,
     SessionEventsPage,
     SessionsPage,
 )
 from ..errors import A2Error
 from ..server import Server
-from ..stores.base import Erased, OperatorAction
+from ..stores.base import Erased, FailedAttempt, OperatorAction
 from ..transport import App, wire
 from .serve import TargetError, load_target
 
@@ -99,7 +107,7 @@ def load_server(target: str, contract: str | None) -> Server:
 
 
 class _NoSession(Exception):
-    """``events`` on a session that has none."""
+    """``events`` on a session that has none, ``event`` on an index it lacks."""
 
 
 def _sessions_table(page: SessionsPage) -> list[str]:
@@ -138,7 +146,92 @@ def _events_table(page: SessionEventsPage) -> list[str]:
     lines = _columns(rows)
     if page.next_index is not None:
         lines.append(f"(more: --after {page.next_index}; through index {page.through_index})")
+    return lines + _failures_lines(page.events, with_session=False)
+
+
+def _failures_lines(events: Sequence[InspectedEvent], *, with_session: bool) -> list[str]:
+    """Each failed attempt of the events that failed, one line each, under a
+    table (``event`` shows the whole errors)."""
+    rows: list[tuple[str, ...]] = []
+    for e in events:
+        where = f"{e.event.session_id} #{e.event.index}" if with_session else f"#{e.event.index}"
+        rows += [
+            (
+                where,
+                f"attempt {f.attempt}",
+                _when(f.failed_at_ms),
+                f.holder,
+                _took(f),
+                _last_line(f.error),
+            )
+            for f in e.failed_attempts
+        ]
+    if not rows:
+        return []
+    return ["", "failed attempts:", *("  " + line for line in _columns(rows))]
+
+
+def _when(ms: int | None) -> str:
+    """Epoch milliseconds as UTC ISO 8601, to the millisecond."""
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+def _took(failure: FailedAttempt) -> str:
+    """How long the attempt ran, from its claim to its failure."""
+    if failure.claimed_at_ms is None:
+        return "-"
+    ms = failure.failed_at_ms - failure.claimed_at_ms
+    return f"{ms} ms" if ms < 10_000 else f"{ms / 1000:.1f} s"
+
+
+def _event_detail(e: InspectedEvent) -> list[str]:
+    s = e.status
+    lines = [
+        f"event {e.event.session_id} #{e.event.index}: {e.event.type} ({e.event.id})",
+        f"created   {e.event.created_at.isoformat(timespec='milliseconds')}",
+        f"state     {s.state}, {s.attempts} attempts, {s.failures} failures"
+        + ("" if s.lane is None else f", lane {s.lane}"),
+    ]
+    for name, ms in (
+        ("claimed", s.first_claimed_at_ms),
+        (
+            "last claim",
+            s.last_claimed_at_ms if s.last_claimed_at_ms != s.first_claimed_at_ms else None,
+        ),
+        ("processed", s.processed_at_ms),
+        ("dead", s.dead_lettered_at_ms),
+    ):
+        if ms is not None:
+            lines.append(f"{name:<9} {_when(ms)}")
+    if s.claim_holder is not None:
+        lines.append(
+            f"running   attempt {s.attempts} on {s.claim_holder}, lease ends "
+            f"{_when(s.claim_expires_at_ms)}"
+        )
+    if e.trace_id is not None:
+        lines.append(f"trace     {e.trace_id}")
+    lines += ["payload", *("  " + line for line in _pretty(e.event.payload))]
+    for f in e.failed_attempts:
+        lines += [
+            f"attempt {f.attempt} failed {_when(f.failed_at_ms)} on {f.holder} after {_took(f)}:",
+            *("  " + line for line in f.error.rstrip().splitlines()),
+        ]
+    if not e.failed_attempts and s.last_error is not None:
+        lines += [
+            f"attempt {s.last_failed_attempt} failed {_when(s.last_failed_at_ms)}:",
+            *("  " + line for line in s.last_error.rstrip().splitlines()),
+        ]
+    lines += [
+        f"{a.action} by {a.by} at {_when(a.at_ms)}" + (f": {a.reason}" if a.reason else "")
+        for a in e.actions
+    ]
     return lines
+
+
+def _pretty(payload: object) -> list[str]:
+    return json.dumps(msgspec.to_builtins(payload), indent=2, ensure_ascii=False).splitlines()
 
 
 def _dead_letters_table(page: DeadLettersPage) -> list[str]:
@@ -156,7 +249,7 @@ def _dead_letters_table(page: DeadLettersPage) -> list[str]:
     lines = _columns(rows)
     if page.cursor is not None:
         lines.append(f"(more: --cursor {page.cursor})")
-    return lines
+    return lines + _failures_lines(page.dead_letters, with_session=True)
 
 
 def _crons_table(crons: Sequence[CronInfo]) -> list[str]:
@@ -266,6 +359,19 @@ async def _run(server: Server, args: argparse.Namespace) -> str:
             return _render(
                 args, wire.session_events_page_to_wire(events), lambda: _events_table(events)
             )
+        if args.command == "event":
+            found = await inspect.read_session_page(
+                args.session, after_index=max(args.index - 1, 0), limit=1
+            )
+            if not found.events or found.events[0].event.index != args.index:
+                raise _NoSession(
+                    f"no event {args.index} in session {args.session!r} of "
+                    f"{server.contract.name!r} (it has {found.through_index})"
+                )
+            [one] = found.events
+            return _render(
+                args, wire.session_events_page_to_wire(found).events[0], lambda: _event_detail(one)
+            )
         if args.command == "dead-letters":
             dead = await inspect.list_dead_letters(limit=args.limit, cursor=args.cursor)
             return _render(
@@ -338,6 +444,9 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m a2trio.ins
     events.add_argument("session")
     events.add_argument("--after", type=int, default=0, help="the index to start after")
     events.add_argument("--limit", type=int, default=100)
+    event = commands.add_parser("event", help="one event whole: payload, status, each failure")
+    event.add_argument("session")
+    event.add_argument("index", type=int)
     dead = commands.add_parser("dead-letters", help="the contract's dead letters")
     dead.add_argument("--limit", type=int, default=100)
     dead.add_argument("--cursor", help="from the previous page: INDEX:SESSION")

@@ -31,6 +31,7 @@ import msgspec
 from ..errors import A2Error, ErrorCode
 from ..identifiers import MAX_SAFE_INTEGER, check_session_id
 from ..stores.base import (
+    FailedAttempt,
     Inspection,
     OperatorAction,
     StoredEvent,
@@ -181,6 +182,9 @@ class ServerInspection:
           InspectionUnsupportedError: the store cannot inspect.
           A2Error: ``STORE_UNAVAILABLE``, also when the store's page is not
             contiguous or oversteps its bounds (the seed's checks).
+
+        Each event that failed comes with its failed attempts (one more read
+        for the page, only when one of its events failed).
         """
         check_session_id(session_id)
         after_index = _check_index("after_index", after_index)
@@ -210,8 +214,12 @@ class ServerInspection:
             )
         last = events[-1].index if events else after_index
         actions = await self._read_actions(key, session_id, after_index, last)
+        failures = await self._read_failures(key, events)
         now_ms = engine.clock.now_ms()
-        inspected = [self._inspected(row, now_ms, actions.get(row.index, [])) for row in events]
+        inspected = [
+            self._inspected(row, now_ms, actions.get(row.index, []), failures.get(row.index, []))
+            for row in events
+        ]
         return SessionEventsPage(
             inspected,
             [s for s in snapshots if s.index <= through],
@@ -222,7 +230,11 @@ class ServerInspection:
     # -- dead letters and the operator's actions (issue 18) ---------------------------
 
     def _inspected(
-        self, row: StoredEvent, now_ms: int, actions: list[OperatorAction]
+        self,
+        row: StoredEvent,
+        now_ms: int,
+        actions: list[OperatorAction],
+        failures: list[FailedAttempt],
     ) -> InspectedEvent:
         unreadable = None
         try:
@@ -238,7 +250,22 @@ class ServerInspection:
             trace_id_of(row.trace_context),
             1 if row.version is None else row.version,
             unreadable,
+            failures,
         )
+
+    async def _read_failures(
+        self, key: str, rows: list[StoredEvent]
+    ) -> dict[int, list[FailedAttempt]]:
+        # Only events that ever failed have a history: a page without
+        # failures costs no read.
+        failed = [row.index for row in rows if row.last_failed_attempt is not None]
+        api = self._engine.store.inspect
+        if api is None or not failed:
+            return {}
+        by_index: dict[int, list[FailedAttempt]] = {}
+        for failure in await api.read_failures(key, failed):
+            by_index.setdefault(failure.index, []).append(failure)
+        return by_index
 
     async def _read_actions(
         self, key: str, session_id: str, after_index: int, through_index: int
@@ -280,14 +307,24 @@ class ServerInspection:
             low, high = spans.get(row.session_id, (row.index, row.index))
             spans[row.session_id] = (min(low, row.index), max(high, row.index))
         actions: dict[tuple[str, int], list[OperatorAction]] = {}
+        failures: dict[tuple[str, int], list[FailedAttempt]] = {}
         for key, (low, high) in spans.items():
             owner = engine.session_of(key)
             assert owner is not None, key  # the prefix scoped the page
             found = await self._read_actions(key, owner, low - 1, high)
             actions.update(((key, index), recorded) for index, recorded in found.items())
+            failed = await self._read_failures(
+                key, [r for r in rows[:limit] if r.session_id == key]
+            )
+            failures.update(((key, index), history) for index, history in failed.items())
         now_ms = engine.clock.now_ms()
         page = [
-            self._inspected(row, now_ms, actions.get((row.session_id, row.index), []))
+            self._inspected(
+                row,
+                now_ms,
+                actions.get((row.session_id, row.index), []),
+                failures.get((row.session_id, row.index), []),
+            )
             for row in rows[:limit]
         ]
         last = page[-1].event if page and len(rows) > limit else None

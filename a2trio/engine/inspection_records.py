@@ -15,6 +15,7 @@ import msgspec
 
 from ..contract import Event
 from ..stores.base import (
+    FailedAttempt,
     OperatorAction,
     RefusalReason,
     SessionSummary,
@@ -52,8 +53,9 @@ class EventStatus(msgspec.Struct, frozen=True):
     until ``claim_expires_at``), ``failed`` (``failures`` so far, waiting for
     a retry), ``dead_lettered`` (failed for good; its lane is blocked).
 
-    The store keeps the last failure only: ``last_error`` is the error of
-    attempt ``last_failed_attempt``, at ``last_failed_at_ms``. The other
+    The row keeps the last failure: ``last_error`` is the error of attempt
+    ``last_failed_attempt``, at ``last_failed_at_ms`` (each failed attempt is
+    in :attr:`InspectedEvent.failed_attempts`). The other
     times (epoch milliseconds, the store's clock) are when the event was
     first and last claimed, processed, and dead-lettered; ``lane`` is its
     handler's lane (None outside one). ``not_before_ms`` is the instant
@@ -90,6 +92,11 @@ class InspectedEvent(msgspec.Struct, frozen=True):
     stored without a version: :mod:`a2trio.upcasting`); ``event`` has its
     current version's payload. When it cannot be upcast, ``event.payload``
     is as stored (JSON builtins) and ``upcast_error`` says why.
+
+    ``failed_attempts``: each failed attempt's error, when it failed, the
+    holder that ran it and when it was claimed, oldest first: the latest
+    :data:`~a2trio.stores.rules.MAX_FAILED_ATTEMPTS` (20) of the event. Read
+    only for events that failed (empty on a store without inspection).
     """
 
     event: Event[Any]
@@ -98,6 +105,7 @@ class InspectedEvent(msgspec.Struct, frozen=True):
     trace_id: str | None = None
     version: int = 1
     upcast_error: str | None = None
+    failed_attempts: list[FailedAttempt] = msgspec.field(default_factory=list)
 
 
 class DeadLettersPage(msgspec.Struct, frozen=True):

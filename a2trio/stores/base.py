@@ -63,6 +63,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..clock import Clock
 from .feed import Feed
+from .inspection import Inspection
 from .records import (
     ActionKind,
     AppendEvent,
@@ -75,6 +76,7 @@ from .records import (
     CompleteResult,
     EventCause,
     EventPage,
+    FailedAttempt,
     FailResult,
     OperatorAction,
     OperatorActionError,
@@ -116,6 +118,7 @@ __all__ = [
     "EventCause",
     "EventPage",
     "FailResult",
+    "FailedAttempt",
     "Feed",
     "Inspection",
     "OperatorAction",
@@ -184,27 +187,6 @@ class PresenceStore(Protocol):
     ) -> Callable[[], None]:
         """Call ``on_patch`` for each applied patch until the returned function is
         called. ``on_patch`` must not block. Degraded-tier stores may never call it."""
-        ...
-
-
-@runtime_checkable
-class Inspection(Protocol):
-    """Read-only views for dashboards and tests."""
-
-    async def list_sessions(
-        self, *, prefix: str, limit: int, cursor: str | None = None
-    ) -> SessionPage:
-        """Sessions whose id starts with ``prefix``, ordered by id, after ``cursor``."""
-        ...
-
-    async def read_events(
-        self, session_id: str, *, after_index: int, limit: int, through_index: int | None = None
-    ) -> EventPage:
-        """Events after ``after_index`` up to ``min(through_index, frontier)``."""
-        ...
-
-    async def list_snapshots(self, session_id: str) -> list[SnapshotInfo]:
-        """The session's snapshots, ordered by reducer name."""
         ...
 
 
@@ -366,7 +348,15 @@ class Store(Protocol):
         retry_after_ms`` (``result.retry_at_ms``), so no claim takes the event
         before it (``rules.ripe``). None, or a dead letter, stores none: the
         seed's rule (a drain may retry at once, the sweep waits out
-        ``rules.retry_backoff_ms``)."""
+        ``rules.retry_backoff_ms``).
+
+        A failure that records (not a repeat, not superseded) also records a
+        :class:`FailedAttempt` (the attempt, ``error``, now, the claim's
+        holder and claim time) in the same transaction, where inspection
+        reads it (:meth:`Inspection.read_failures`), keeping the latest
+        :data:`~a2trio.stores.rules.MAX_FAILED_ATTEMPTS` of the event: the
+        row itself keeps the last one only. Nothing else writes or reads
+        that history, so a run without failures never touches it."""
         ...
 
     async def release_attempt(

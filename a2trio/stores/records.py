@@ -27,6 +27,7 @@ __all__ = [
     "EventCause",
     "EventPage",
     "FailResult",
+    "FailedAttempt",
     "OperatorAction",
     "OperatorActionError",
     "PresenceRow",
@@ -230,6 +231,21 @@ class ReleaseResult(msgspec.Struct, frozen=True):
 
     outcome: Literal["released", "superseded"]
     not_before_ms: int | None = None
+
+
+class FailedAttempt(msgspec.Struct, frozen=True):
+    """One failed attempt of the event at ``index``, recorded by the
+    ``fail_attempt`` that failed it, in the same transaction: its ``error``
+    text, when it failed (``failed_at_ms``), the ``holder`` whose claim ran
+    it and when that claim was taken (``claimed_at_ms``). A store keeps the
+    latest :data:`~a2trio.stores.rules.MAX_FAILED_ATTEMPTS` per event."""
+
+    index: int
+    attempt: int
+    error: str
+    failed_at_ms: int
+    holder: str
+    claimed_at_ms: int | None = None
 
 
 class Snapshot(msgspec.Struct, frozen=True):

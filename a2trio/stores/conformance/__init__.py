@@ -60,6 +60,8 @@ and build rows):
 * ``notbefore``: the stored not-before (``release_attempt``, a failure's
   ``retry_after_ms``) against claims, lanes and the sweep;
 * ``flow``: concurrency keys across sessions (``rules.flow``);
+* ``failed_attempts``: the failed attempts ``fail_attempt`` records and
+  ``inspect.read_failures`` reads (bounded per event);
 * ``states``: snapshots, ``read_state`` and ``read_states``;
 * ``feeds``: ``stream``;
 * ``presence``, ``inspection``, ``operator``, ``retention``,
@@ -116,6 +118,11 @@ from .completions import (
     check_complete_attempt_rejects_a_different_batch,
     check_complete_attempt_replay_keeps_types,
     check_fail_attempt,
+)
+from .failed_attempts import (
+    check_failed_attempts_are_bounded,
+    check_failed_attempts_are_erased_with_their_session,
+    check_failed_attempts_are_recorded_with_each_failure,
 )
 from .failures import (
     UNREACHABLE_DEADLINE_S,
@@ -234,6 +241,9 @@ __all__ = [
     "check_every_protocol_method_fails_unavailable_translated_once",
     "check_fail_attempt",
     "check_fail_attempt_stores_a_retry_at",
+    "check_failed_attempts_are_bounded",
+    "check_failed_attempts_are_erased_with_their_session",
+    "check_failed_attempts_are_recorded_with_each_failure",
     "check_find_event",
     "check_generated_ids_come_from_the_id_source",
     "check_identifiers_and_values_at_the_limits",
@@ -314,6 +324,8 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_concurrency_slots_are_leases,
     check_concurrency_within_a_session,
     check_concurrency_with_lanes_and_the_sweep,
+    check_failed_attempts_are_recorded_with_each_failure,
+    check_failed_attempts_are_bounded,
     check_snapshots,
     check_read_states,
     check_stream_catches_up_then_follows,
@@ -337,6 +349,7 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_transaction_rolls_back_with_the_apps_rows,
     check_transaction_appends_keep_the_verdicts,
     check_transaction_holds_its_sessions,
+    check_failed_attempts_are_erased_with_their_session,
 ]
 """Every check, in the order of ``base.py``'s obligations."""
 
@@ -357,6 +370,11 @@ REQUIRES: dict[str, frozenset[str]] = {
     check_presence_subscribe.__name__: frozenset({"presence", "presence push"}),
     check_inspect_list_sessions.__name__: frozenset({"inspect"}),
     check_inspect_read_events_and_snapshots.__name__: frozenset({"inspect"}),
+    check_failed_attempts_are_recorded_with_each_failure.__name__: frozenset({"inspect"}),
+    check_failed_attempts_are_bounded.__name__: frozenset({"inspect"}),
+    check_failed_attempts_are_erased_with_their_session.__name__: frozenset(
+        {"inspect", "retention"}
+    ),
     check_claimable_sessions.__name__: frozenset({"sweep"}),
     check_generated_ids_come_from_the_id_source.__name__: frozenset({"ids"}),
     check_operator_redrive.__name__: frozenset({"operator"}),

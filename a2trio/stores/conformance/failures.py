@@ -250,6 +250,7 @@ def _every_call(store: Store) -> list[tuple[str, Callable[[], Awaitable[object]]
                 lambda: inspection.read_events(sid, after_index=0, limit=10),
             ),
             ("inspect.list_snapshots", lambda: inspection.list_snapshots(sid)),
+            ("inspect.read_failures", lambda: inspection.read_failures(sid, [1])),
         ]
     return calls
 

@@ -40,6 +40,7 @@ from ..base import (
     Erased,
     EventCause,
     EventPage,
+    FailedAttempt,
     FailResult,
     ReleaseResult,
     RenewResult,
@@ -124,6 +125,11 @@ class _MemoryInspection:
             if sid == session_id
         ]
 
+    async def read_failures(self, session_id: str, indexes: Sequence[int]) -> list[FailedAttempt]:
+        await trio.lowlevel.checkpoint()
+        kept = self._store._failures.get(session_id, {})
+        return [f for index in sorted(set(indexes)) for f in kept.get(index, ())]
+
 
 class _MemorySweep:
     """The sweep (``SweepsClaimable``) over the store's unprocessed rows."""
@@ -191,6 +197,7 @@ class _MemoryRetention:
         snapshots = [key for key in store._snapshots if key[0] == session_id]
         for key in snapshots:
             del store._snapshots[key]
+        store._failures.pop(session_id, None)
         return Erased(
             session_id,
             len(rows),
@@ -224,6 +231,9 @@ class MemoryStore:
         # claims of a key are counted here (``rules.flow``).
         self._keyed: dict[str, dict[tuple[str, int], Row]] = {}
         self._snapshots: dict[tuple[str, str], tuple[int, bytes, int]] = {}
+        # The failed attempts per session and index, the latest
+        # rules.MAX_FAILED_ATTEMPTS each (written by fail_attempt only).
+        self._failures: dict[str, dict[int, list[FailedAttempt]]] = {}
         self._wakeups = Wakeups()
         self.presence: MemoryPresence = MemoryPresence(clock)
         self.inspect: _MemoryInspection = _MemoryInspection(self)
@@ -514,6 +524,11 @@ class MemoryStore:
             row.failed_at_ms = now
         elif retry_after_ms is not None:
             row.not_before_ms = now + retry_after_ms
+        assert row.claim_holder is not None  # rules.holds_claim
+        failed = FailedAttempt(index, attempt, error, now, row.claim_holder, row.last_claimed_at_ms)
+        kept = self._failures.setdefault(session_id, {}).setdefault(index, [])
+        kept.append(failed)
+        del kept[: -rules.MAX_FAILED_ATTEMPTS]
         row.claim_holder = None
         row.claim_expires_at_ms = None
         return FailResult(verdict.result.outcome, row.failure_count, row.not_before_ms)

@@ -1,9 +1,11 @@
 """The Postgres store's inspection (``store.inspect``): sessions, pages of
-events and snapshots, each one statement."""
+events, snapshots and failed attempts, each one statement."""
 
 from __future__ import annotations
 
-from ..base import EventPage, SessionPage, SessionSummary, SnapshotInfo
+from collections.abc import Sequence
+
+from ..base import EventPage, FailedAttempt, SessionPage, SessionSummary, SnapshotInfo
 from . import sql as sql
 from .codec import stored_event
 from .conn import errors
@@ -44,3 +46,9 @@ class PostgresInspection:
         with errors("list snapshots"):
             rows = await self._db.query(sql.LIST_SNAPSHOTS, (session_id,))
         return [SnapshotInfo(*row) for row in rows]
+
+    async def read_failures(self, session_id: str, indexes: Sequence[int]) -> list[FailedAttempt]:
+        """The events' failed attempts, by index and attempt. Cancellation: a read."""
+        with errors("read failures"):
+            rows = await self._db.query(sql.FAILURES, (session_id, sorted(set(indexes))))
+        return [FailedAttempt(*row) for row in rows]

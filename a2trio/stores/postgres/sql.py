@@ -184,6 +184,20 @@ end $$;
 create index if not exists a2_events_concurrency
   on a2_events (concurrency_key, claim_expires_at)
   where concurrency_key is not null and processed_at is null and failed_at is null;
+
+-- Each event's failed attempts (issue 36): the error of every failure, the
+-- latest rules.MAX_FAILED_ATTEMPTS per event, written by `FAIL` only, so a
+-- run without failures never touches it.
+create table if not exists a2_failed_attempts (
+  session_id  text   not null,
+  idx         bigint not null,
+  attempt     int    not null,
+  error       text   not null,
+  failed_at   bigint not null,
+  holder      text   not null,
+  claimed_at  bigint,
+  primary key (session_id, idx, attempt)
+);
 """
 
 # Notifications are transactional: delivered at commit, never for a rollback.
@@ -936,7 +950,12 @@ select pg_advisory_xact_lock(hashtext($1::text))
 
 # store-postgres.ts `failAttempt`, and the not-before of a per-handler backoff
 # (issue 33): a recorded failure that does not dead-letter stores `$6 + $7`
-# (none when $7 is null), every other recorded failure clears it.
+# (none when $7 is null), every other recorded failure clears it. With the
+# failed attempt it records (issue 36) in the same statement: `recorded`
+# writes it from the row as locked (the holder, the claim time) when the
+# failure records, and `trimmed` drops what falls past the latest
+# `rules.MAX_FAILED_ATTEMPTS` (its snapshot holds the older attempts only, so
+# it keeps one fewer of them).
 #   $1 session, $2 idx, $3 attempt, $4 error, $5 max failures, $6 now,
 #   $7 retry after ms (null: the seed's rule)
 FAIL = Statement(
@@ -945,6 +964,20 @@ with current as materialized (
   select e.* from a2_events e
    where e.session_id = $1::text and e.idx = $2::bigint
    for update of e
+), recorded as (
+  insert into a2_failed_attempts
+    (session_id, idx, attempt, error, failed_at, holder, claimed_at)
+  select session_id, idx, $3::int, $4::text, $6::bigint, claim_holder, last_claimed_at
+    from current
+   where {holds_claim("current", "$3::int")}
+), trimmed as (
+  delete from a2_failed_attempts f
+   where f.session_id = $1::text and f.idx = $2::bigint
+     and exists (select 1 from current where {holds_claim("current", "$3::int")})
+     and f.attempt <= (select attempt from a2_failed_attempts
+                        where session_id = $1::text and idx = $2::bigint
+                        order by attempt desc
+                        offset {rules.MAX_FAILED_ATTEMPTS - 1} limit 1)
 ), updated as (
   update a2_events e set
     failure_count = e.failure_count + 1,
@@ -1003,6 +1036,16 @@ select case
   when exists (select 1 from released) then 'released'
   else 'superseded'
 end
+"""
+)
+
+# The failed attempts of some events of a session (issue 36).
+#   $1 session, $2 idx[]
+FAILURES = Statement(
+    """
+select idx, attempt, error, failed_at, holder, claimed_at from a2_failed_attempts
+ where session_id = $1::text and idx = any($2::bigint[])
+ order by idx, attempt
 """
 )
 

@@ -149,8 +149,9 @@ class RedisClaims:
         retry_after_ms: int | None = None,
     ) -> FailResult:
         """``rules.fail_verdict`` over the row as read, written back by
-        ``FAIL_WRITE`` only if the row is unchanged; read again if it moved
-        (``CAS_ROUNDS`` times at most)."""
+        ``FAIL_WRITE`` only if the row is unchanged, with the failed attempt
+        (``P:S:failures``); read again if it moved (``CAS_ROUNDS`` times at
+        most)."""
         with errors("fail"):
             for _ in range(CAS_ROUNDS):
                 raw, row = await self._read_meta(session_id, index)
@@ -171,7 +172,13 @@ class RedisClaims:
                     claim_expires_at_ms=None,
                     not_before_ms=retry_at,
                 )
-                if await self._write_meta(session_id, index, raw, failed, dead=dead):
+                assert row.claim_holder is not None  # rules.holds_claim
+                history = codec.Failure(
+                    attempt, error, now, row.claim_holder, row.last_claimed_at_ms
+                )
+                if await self._write_meta(
+                    session_id, index, raw, failed, dead=dead, failure=history
+                ):
                     return FailResult(verdict.result.outcome, failed.failure_count, retry_at)
         raise A2Error(
             ErrorCode.STORE_UNAVAILABLE, "fail failed: the event's row kept changing under it"
@@ -211,14 +218,22 @@ class RedisClaims:
         return raw, codec.SETTLED if raw is None else codec.decode_meta(raw)
 
     async def _write_meta(
-        self, session_id: str, index: int, raw: bytes | None, meta: codec.Meta, *, dead: bool
+        self,
+        session_id: str,
+        index: int,
+        raw: bytes | None,
+        meta: codec.Meta,
+        *,
+        dead: bool,
+        failure: codec.Failure | None = None,
     ) -> bool:
-        """``FAIL_WRITE``: ``meta`` written if the row is still ``raw``; a
+        """``FAIL_WRITE``: ``meta`` written if the row is still ``raw``, and
+        the ``failure`` appended to the event's failed attempts with it; a
         keyed row's claim leaves its key's set (its slot frees)."""
-        keys = [self._keys.key(session_id, s) for s in ("meta", "open", "head")]
+        keys = [self._keys.key(session_id, s) for s in ("meta", "open", "head", "failures")]
         if meta.concurrency_key is not None:
             keys.append(self._keys.flow_prefix + meta.concurrency_key)
-        written = await self._conn.run(
-            lua.FAIL_WRITE, keys, [index, raw, codec.encode(meta), "1" if dead else "0"]
-        )
-        return bool(written)
+        args = [index, raw, codec.encode(meta), "1" if dead else "0"]
+        if failure is not None:
+            args.append(codec.encode(failure))
+        return bool(await self._conn.run(lua.FAIL_WRITE, keys, args))

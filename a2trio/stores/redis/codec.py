@@ -20,6 +20,7 @@ from ..base import (
     ActionKind,
     AppendEvent,
     EventCause,
+    FailedAttempt,
     PresenceRow,
     Snapshot,
     SnapshotInfo,
@@ -31,6 +32,7 @@ __all__ = [
     "Action",
     "Cause",
     "Entry",
+    "Failure",
     "Keys",
     "Meta",
     "PresenceNote",
@@ -45,6 +47,7 @@ __all__ = [
     "decode_note",
     "encode",
     "entry",
+    "failures",
     "lane_arg",
     "presence_row",
     "returned_rows",
@@ -159,6 +162,16 @@ class Action(msgspec.Struct, frozen=True, array_like=True):
     at_ms: int
 
 
+class Failure(msgspec.Struct, frozen=True, array_like=True):
+    """A failed attempt as ``P:S:failures`` stores it (its index is the field)."""
+
+    attempt: int
+    error: str
+    failed_at_ms: int
+    holder: str
+    claimed_at_ms: int | None
+
+
 class PresenceNote(msgspec.Struct, frozen=True):
     """A published presence patch, as the script writes it."""
 
@@ -173,6 +186,20 @@ decode_entry = msgspec.json.Decoder(Entry).decode
 decode_action = msgspec.json.Decoder(Action).decode
 decode_meta = msgspec.json.Decoder(Meta).decode
 decode_note = msgspec.json.Decoder(PresenceNote).decode
+_decode_failure = msgspec.json.Decoder(Failure).decode
+
+
+def failures(index: int, raw: bytes) -> list[FailedAttempt]:
+    """One field of ``P:S:failures``: a JSON array of each failed attempt's
+    JSON text, oldest first."""
+    found = []
+    for text in decode_ids(raw):
+        f = _decode_failure(text)
+        found.append(
+            FailedAttempt(index, f.attempt, f.error, f.failed_at_ms, f.holder, f.claimed_at_ms)
+        )
+    return found
+
 
 #: A settled event's bookkeeping for the verdicts: processed, by no attempt.
 SETTLED = Meta(processed_at_ms=0)

@@ -1,11 +1,14 @@
 """The Redis store's inspection (``store.inspect``): sessions by prefix, pages
-of events, snapshots. Every call is a read."""
+of events, snapshots, failed attempts. Every call is a read."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..base import EventPage, SessionPage, SessionSummary, SnapshotInfo
+import trio
+
+from ..base import EventPage, FailedAttempt, SessionPage, SessionSummary, SnapshotInfo
 from . import codec
 from . import scripts as lua
 from .conn import errors
@@ -85,3 +88,19 @@ class RedisInspection:
         infos = [codec.snapshot_info(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
         infos.sort(key=lambda info: info.reducer_name)
         return infos
+
+    async def read_failures(self, session_id: str, indexes: Sequence[int]) -> list[FailedAttempt]:
+        """The events' fields of ``P:S:failures`` (``HMGET``), by index and
+        attempt. Cancellation: a read."""
+        wanted = sorted(set(indexes))
+        if not wanted:
+            await trio.lowlevel.checkpoint()
+            return []
+        with errors("read failures"):
+            raws = await self._conn.run(lua.HMGET, [self._keys.key(session_id, "failures")], wanted)
+        return [
+            failure
+            for index, raw in zip(wanted, raws, strict=True)
+            if raw is not None
+            for failure in codec.failures(index, raw)
+        ]

@@ -33,6 +33,10 @@ collides across sessions):
   ``"<at>:<seen>:<expires_at>:<value json>"``; the key itself expires (real
   time) a minute after its last write outlives every row, so abandoned
   sessions vanish. Row expiry runs on the store's clock.
+* ``P:S:failures``: hash, index -> the event's failed attempts (issue 36),
+  the latest ``rules.MAX_FAILED_ATTEMPTS``, oldest first: a JSON array of
+  JSON texts, each ``[attempt, error, failed_at, holder, claimed_at]``.
+  Written by ``FAIL_WRITE`` only, read by inspection only.
 * ``P:S:actions``: list of the operator actions recorded on the session's
   events, oldest first, each ``[action, index, by, reason, at]`` as JSON.
 * ``P:S:watched``: a marker with a TTL that live feeds refresh; writes to a
@@ -69,6 +73,7 @@ __all__ = [
     "FAIL_WRITE",
     "FIND",
     "HGETALL",
+    "HMGET",
     "LIST",
     "LRANGE",
     "PRESENCE_READ",
@@ -626,17 +631,30 @@ return {frontier(), redis.call('HGET', META, ARGV[1]) or false}
 )
 
 #: ``failAttempt``, second half: write the verdict if the row is as read
-#: (also ``release_attempt``'s write, which never dead-letters). KEYS: meta,
-#: open, head, and for a keyed row its flow set (the claim's slot freed).
-#: ARGV: index, meta as read, new meta, dead ('1' when this failure
-#: dead-letters). Returns 1, or 0 if the row moved.
-FAIL_WRITE = r"""
+#: (also ``release_attempt``'s write, which never dead-letters), and with a
+#: failed attempt, append it to the event's history (issue 36), keeping the
+#: latest ``rules.MAX_FAILED_ATTEMPTS``. KEYS: meta, open, head, failures,
+#: and for a keyed row its flow set (the claim's slot freed). ARGV: index,
+#: meta as read, new meta, dead ('1' when this failure dead-letters), and a
+#: failure's attempt as JSON (kept as text: Lua never reads its numbers;
+#: none for a release). Returns 1, or 0 if the row moved.
+FAIL_WRITE = (
+    f"local MAX_FAILED_ATTEMPTS = {rules.MAX_FAILED_ATTEMPTS}\n"
+    + r"""
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 if ARGV[4] == '1' then redis.call('HINCRBY', KEYS[3], 'dead', 1) end
-if KEYS[4] then redis.call('ZREM', KEYS[4], KEYS[1] .. '#' .. ARGV[1]) end
+if KEYS[5] then redis.call('ZREM', KEYS[5], KEYS[1] .. '#' .. ARGV[1]) end
+if ARGV[5] then
+  local kept = redis.call('HGET', KEYS[4], ARGV[1])
+  local history = kept and cjson.decode(kept) or {}
+  history[#history + 1] = ARGV[5]
+  while #history > MAX_FAILED_ATTEMPTS do table.remove(history, 1) end
+  redis.call('HSET', KEYS[4], ARGV[1], cjson.encode(history))
+end
 return 1
 """
+)
 
 #: store-postgres.ts ``putSnapshots``: never backwards. KEYS: snap. ARGV:
 #: reducer, index, now, state JSON. Returns 1 if written.
@@ -838,6 +856,7 @@ return 1
 LIST = "return redis.call('ZRANGE', KEYS[1], ARGV[1], ARGV[2], 'BYLEX', 'LIMIT', 0, ARGV[3])"
 LRANGE = "return redis.call('LRANGE', KEYS[1], 0, -1)"
 HGETALL = "return redis.call('HGETALL', KEYS[1])"
+HMGET = "return redis.call('HMGET', KEYS[1], unpack(ARGV))"
 SET_PX = "return redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])"
 
 #: Compare-and-set rounds of a failure before giving up (each loses only to

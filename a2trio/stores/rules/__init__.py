@@ -53,6 +53,7 @@ from .dispatch import (
     sweepable,
 )
 from .fences import (
+    MAX_FAILED_ATTEMPTS,
     CompleteVerdict,
     FailVerdict,
     ReleaseVerdict,
@@ -115,6 +116,7 @@ __all__ = [
     "DEFER_MS",
     "EVENT_RETRY",
     "LEASE_MS",
+    "MAX_FAILED_ATTEMPTS",
     "NOW",
     "RETRY_CAP_MS",
     "RETRY_FIRST_MS",

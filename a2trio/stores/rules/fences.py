@@ -16,6 +16,7 @@ from ..base import AppendEvent, EventCause, FailResult, StoredEvent, replay
 from .rows import Bookkeeping, Completion
 
 __all__ = [
+    "MAX_FAILED_ATTEMPTS",
     "CompleteVerdict",
     "FailVerdict",
     "ReleaseVerdict",
@@ -234,6 +235,13 @@ def replayed_completion(
                 "returned event retry does not match the committed batch",
             )
     return replay(events, stored)
+
+
+#: The most failed attempts a store keeps per event (``FailedAttempt``, the
+#: error history inspection shows): the latest ones, the older dropped as a
+#: new one is recorded. Bounded so that a handler that keeps failing (redriven
+#: again and again) cannot grow its event's history without end.
+MAX_FAILED_ATTEMPTS = 20
 
 
 def fail_verdict(row: Bookkeeping, attempt: int, max_failures: int) -> FailVerdict:

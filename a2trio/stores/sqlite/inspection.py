@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 
-from ..base import EventPage, SessionPage, SessionSummary, SnapshotInfo
+import msgspec
+
+from ..base import EventPage, FailedAttempt, SessionPage, SessionSummary, SnapshotInfo
 from . import sql
 from .conn import Transactions
 
@@ -54,3 +57,13 @@ class SqliteInspection:
             return [SnapshotInfo(*row) for row in rows]
 
         return await self._transactions.read("list_snapshots", work)
+
+    async def read_failures(self, session_id: str, indexes: Sequence[int]) -> list[FailedAttempt]:
+        """The events' failed attempts, by index and attempt. Cancellation: a read."""
+        wanted = msgspec.json.encode(sorted(set(indexes))).decode()
+
+        def work(conn: sqlite3.Connection) -> list[FailedAttempt]:
+            rows = conn.execute(sql.FAILURES, (session_id, wanted)).fetchall()
+            return [FailedAttempt(*row) for row in rows]
+
+        return await self._transactions.read("read_failures", work)

@@ -44,6 +44,8 @@ _ERASE: Final = (
     "delete from a2_operator_actions where session_id = ?",
     "delete from a2_presence where ns = ?",
 )
+# The session's failed attempts (issue 36), which the answer does not count.
+_ERASE_FAILURES: Final = "delete from a2_failed_attempts where session_id = ?"
 
 
 class SqliteRetention:
@@ -80,6 +82,7 @@ class SqliteRetention:
             events, snapshots, actions, presence = (
                 conn.execute(statement, (session_id,)).rowcount for statement in _ERASE
             )
+            conn.execute(_ERASE_FAILURES, (session_id,))
             return Erased(session_id, events, snapshots, actions, presence, now)
 
         return await self._transactions.write("erase", work)

@@ -138,8 +138,25 @@ _V6 = (
     """,
 )
 
+# Each event's failed attempts (issue 36): the error of every failure, the
+# latest rules.MAX_FAILED_ATTEMPTS per event, written only by a failure.
+_V7 = (
+    """
+    create table if not exists a2_failed_attempts (
+      session_id text not null,
+      idx integer not null,
+      attempt integer not null,
+      error text not null,
+      failed_at integer not null,
+      holder text not null,
+      claimed_at integer,
+      primary key (session_id, idx, attempt)
+    ) without rowid
+    """,
+)
+
 #: Statements per migration; entry ``n`` upgrades ``user_version`` ``n`` to ``n + 1``.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
 
 #: The version this release writes and reads.
 SCHEMA_VERSION = len(MIGRATIONS)

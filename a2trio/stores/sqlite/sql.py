@@ -46,6 +46,7 @@ __all__ = [
     "DRAINED",
     "EVENT_COLUMNS",
     "FAIL",
+    "FAILURES",
     "INSERT",
     "INSERT_CLAIMED",
     "KEYED",
@@ -69,6 +70,7 @@ __all__ = [
     "READ_SNAPSHOT",
     "READ_TAIL",
     "RECORD_ACTION",
+    "RECORD_FAILURE",
     "REDRIVE",
     "RELEASE",
     "RENEW",
@@ -79,6 +81,7 @@ __all__ = [
     "SLOTS",
     "TARGET",
     "TOP_AND_PENDING",
+    "TRIM_FAILURES",
     "Bookkeeping",
     "Completion",
     "Dispatch",
@@ -88,6 +91,7 @@ __all__ = [
     "decode",
     "decode_ids",
     "drained",
+    "fail",
     "hand_on",
     "has_pending",
     "index_of",
@@ -394,6 +398,30 @@ where session_id = ? and idx = ?
 RELEASE: Final = """
 update a2_events set not_before = ?, claim_holder = null, claim_expires_at = null
 where session_id = ? and idx = ?
+"""
+
+# The failed attempt `FAIL` records, read from the row before `FAIL` releases
+# its claim (the holder, the claim time), and the trim that keeps the latest
+# `rules.MAX_FAILED_ATTEMPTS` of the event. Run only when a failure records.
+#   ?1 session, ?2 idx, ?3 attempt, ?4 error, ?5 now
+RECORD_FAILURE: Final = """
+insert into a2_failed_attempts (session_id, idx, attempt, error, failed_at, holder, claimed_at)
+select session_id, idx, ?3, ?4, ?5, claim_holder, last_claimed_at
+  from a2_events where session_id = ?1 and idx = ?2
+"""
+
+TRIM_FAILURES: Final = f"""
+delete from a2_failed_attempts
+ where session_id = ?1 and idx = ?2 and attempt <= (
+   select attempt from a2_failed_attempts where session_id = ?1 and idx = ?2
+    order by attempt desc limit 1 offset {rules.MAX_FAILED_ATTEMPTS})
+"""
+
+#   ?1 session, ?2 the indexes as a JSON array
+FAILURES: Final = """
+select idx, attempt, error, failed_at, holder, claimed_at from a2_failed_attempts
+ where session_id = ?1 and idx in (select value from json_each(?2))
+ order by idx, attempt
 """
 
 # -- state -----------------------------------------------------------------
@@ -720,3 +748,22 @@ def insert(
             )
     conn.execute(INSERT, (*columns, processed_at, event.trace_context, event.version, *flow))
     return row
+
+
+def fail(
+    conn: sqlite3.Connection,
+    session_id: str,
+    index: int,
+    attempt: int,
+    error: str,
+    now: int,
+    failures: int,
+    dead_at: int | None,
+    retry_at: int | None,
+) -> None:
+    """The writes of a failure ``rules.fail_verdict`` recorded: the failed
+    attempt kept (:data:`RECORD_FAILURE`, :data:`TRIM_FAILURES`, read from the
+    row before :data:`FAIL` releases its claim), then the row."""
+    conn.execute(RECORD_FAILURE, (session_id, index, attempt, error, now))
+    conn.execute(TRIM_FAILURES, (session_id, index))
+    conn.execute(FAIL, (failures, error, now, attempt, dead_at, retry_at, session_id, index))

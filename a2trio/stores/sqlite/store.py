@@ -475,19 +475,8 @@ class SqliteStore:
             failures = verdict.result.failure_count
             dead = verdict.result.outcome == "dead_lettered"
             retry_at = None if dead or retry_after_ms is None else now + retry_after_ms
-            conn.execute(
-                sql.FAIL,
-                (
-                    failures,
-                    error,
-                    now,
-                    attempt,
-                    now if dead else None,
-                    retry_at,
-                    session_id,
-                    index,
-                ),
-            )
+            dead_at = now if dead else None
+            sql.fail(conn, session_id, index, attempt, error, now, failures, dead_at, retry_at)
             return FailResult(verdict.result.outcome, failures, retry_at)
 
         return await self._transactions.write("fail", work)

@@ -29,7 +29,7 @@ from ...engine.inspection_records import (
     SessionsPage,
     State,
 )
-from ...stores.base import ActionKind, Erased, OperatorAction
+from ...stores.base import ActionKind, Erased, FailedAttempt, OperatorAction
 from .records import WireEvent, event_to_wire
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "WireDeadLettersPage",
     "WireErased",
     "WireEventStatus",
+    "WireFailedAttempt",
     "WireInspectedEvent",
     "WireOperatorAction",
     "WireSessionEventsPage",
@@ -89,6 +90,17 @@ class WireOperatorAction(msgspec.Struct, frozen=True, rename="camel"):
     at_ms: int
 
 
+class WireFailedAttempt(msgspec.Struct, frozen=True, rename="camel"):
+    """:class:`~a2trio.stores.base.FailedAttempt`."""
+
+    index: int
+    attempt: int
+    error: str
+    failed_at_ms: int
+    holder: str
+    claimed_at_ms: int | None
+
+
 class WireInspectedEvent(msgspec.Struct, frozen=True, rename="camel"):
     """:class:`~a2trio.engine.inspection_records.InspectedEvent`."""
 
@@ -98,6 +110,7 @@ class WireInspectedEvent(msgspec.Struct, frozen=True, rename="camel"):
     trace_id: str | None
     version: int = 1
     upcast_error: str | None = None
+    failed_attempts: list[WireFailedAttempt] = msgspec.field(default_factory=list)
 
 
 class WireSessionSummary(msgspec.Struct, frozen=True, rename="camel"):
@@ -243,7 +256,12 @@ def _inspected(inspected: InspectedEvent) -> WireInspectedEvent:
         inspected.trace_id,
         inspected.version,
         inspected.upcast_error,
+        _failures_to_wire(inspected.failed_attempts),
     )
+
+
+def _failures_to_wire(failures: Sequence[FailedAttempt]) -> list[WireFailedAttempt]:
+    return [_mirror(failure, WireFailedAttempt) for failure in failures]
 
 
 def sessions_page_to_wire(page: SessionsPage) -> WireSessionsPage:
