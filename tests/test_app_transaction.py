@@ -27,7 +27,7 @@ import trio
 
 import a2trio
 from a2trio import A2Error, ErrorCode, SqlError
-from a2trio.stores.base import Store
+from a2trio.stores.base import AppendEvent, Store
 from a2trio.stores.postgres import PostgresStore, postgres
 from a2trio.stores.sqlite import sqlite
 
@@ -503,3 +503,37 @@ async def test_lanes_hold_for_events_appended_in_it(db: Db) -> None:
             ("start", "third"),
             ("end", "third"),
         ]
+
+
+async def test_another_stores_group_commits_wait_for_the_held_session(db: Db) -> None:
+    """Another process's group-committed appends (here another store on the
+    database, its own group commit and pool) to a session the transaction
+    holds wait for its commit and index after it; a rollback frees them to
+    the indexes it took."""
+    if db.backend != "postgres":
+        pytest.skip("SQLite has no group commit: its one writer waits (the test above)")
+    other = db.reopen()
+    assert isinstance(other, PostgresStore)
+    async with serving(db) as server, other:
+        key = server.key("held")
+        done: list[int] = []
+
+        async def grouped(n: int) -> None:
+            result = await other.append(key, [AppendEvent("note", {"text": f"g{n}"})])
+            done.extend(e.index for e in result.events)
+
+        for commit in (True, False):
+            with trio.fail_after(DEADLINE_S):
+                async with trio.open_nursery() as nursery:
+                    with contextlib.suppress(KeyError):
+                        async with server.transaction() as tx:
+                            await server.session("held").append(ordered(), transaction=tx)
+                            for n in range(8):
+                                nursery.start_soon(grouped, n)
+                            await trio.sleep(0.2)
+                            assert len(done) == (0 if commit else 8)
+                            if not commit:
+                                raise KeyError("rolled back")
+        # Committed: 1 then the others 2..9; rolled back: its 10 freed, 10..17.
+        assert sorted(done) == list(range(2, 18))
+        assert other.group_statistics().members >= 16
