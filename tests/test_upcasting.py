@@ -256,6 +256,28 @@ def test_handles_name_their_types_and_actors_take_versions() -> None:
             "version 1 of 'ordered' has type",
         ),
         ([OrderedV1], None, TypeError, "versions= takes a mapping"),
+        (
+            {"ordered": [OrderedV1, OrderedV2]},
+            [v1_to_v2],
+            TypeError,
+            "upcasters= takes a mapping",
+        ),
+        ({1: [OrderedV2]}, None, TypeError, "versions= keys are event type names (or handles)"),
+        (
+            {
+                "ordered": [OrderedV1, OrderedV2],
+                a2trio.event_type("ordered", OrderedV2): [OrderedV2],
+            },
+            None,
+            ValueError,
+            "versions= names 'ordered' twice",
+        ),
+        (
+            {"ordered": [OrderedV1, OrderedV2]},
+            {"ordered": [v1_to_v2], a2trio.event_type("ordered", OrderedV2): [v1_to_v2]},
+            ValueError,
+            "upcasters= names 'ordered' twice",
+        ),
     ],
 )
 def test_bad_declarations_fail_at_construction(
