@@ -24,14 +24,16 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 import a2trio
 from a2trio import A2Error, ErrorCode, SqlError
 from a2trio.stores.base import AppendEvent, Store
 from a2trio.stores.postgres import PostgresStore, postgres
 from a2trio.stores.sqlite import sqlite
+from a2trio.testing import TrioClock, open_harness
 
-from .apps import Note, Ordered, orders
+from .apps import Note, Ordered, Shipped, orders
 from .backends.postgres import database_dsn, run_sql
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -537,3 +539,36 @@ async def test_another_stores_group_commits_wait_for_the_held_session(db: Db) ->
         # Committed: 1 then the others 2..9; rolled back: its 10 freed, 10..17.
         assert sorted(done) == list(range(2, 18))
         assert other.group_statistics().members >= 16
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_an_app_under_the_test_harness_uses_its_transaction(
+    backend: str, mock_clock: trio.testing.MockClock
+) -> None:
+    """The harness's ``FaultyStore`` passes the app's transaction through,
+    so an app that writes its rows with its events is tested as it runs."""
+
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> a2trio.AppendInput:
+        return orders.event("shipped", Shipped(ctx.event.payload.item))
+
+    open_store = importlib.import_module(f"tests.backends.{backend}").open_store
+    async with open_store(TrioClock()) as store:
+        async with open_harness(orders, handlers={"ordered": ship}, store=store) as app:
+            await create_orders(app.server)
+            place = "insert into app_orders values ($1, 1)"
+            if backend == "sqlite":
+                place = place.replace("$1", "?")
+            async with app.server.transaction() as tx:
+                await tx.execute(place, ("o1",))
+                await app.session("o1").append(ordered(), transaction=tx)
+            await app.settle()
+            await app.assert_log("o1", ["ordered", "shipped"])
+            assert await app_orders(app.server) == [("o1", 1)]
+            app.store.fail("append")
+            # The store's own appends fail; the app's transaction is not injected.
+            with pytest.raises(A2Error):
+                await app.session("o2").append(ordered())
+            async with app.server.transaction() as tx:
+                await app.session("o2").append(ordered(), transaction=tx)
+            await app.settle()
+            await app.assert_log("o2", ["ordered", "shipped"])

@@ -173,8 +173,8 @@ class FaultyStore:
     """Wraps a store; fails or delays chosen operations on demand.
 
     Everything not listed in :data:`Operation` (presence, inspection,
-    operator actions, retention, ``stream``, the lifecycle) is delegated
-    untouched.
+    operator actions, retention, the app's transactions, ``stream``, the
+    lifecycle) is delegated untouched.
     ``clock`` is the wrapped store's, so a server built on the wrapper
     stamps the same times. The store's wake-ups are not offered (``sweep``
     and ``pending`` are None): a server on the wrapper finds work only
@@ -386,8 +386,9 @@ class FaultyStore:
 
     @property
     def transactions(self) -> AppTransactions | None:
-        """None: an app transaction would write past the injected faults."""
-        return None
+        """The wrapped store's: an app transaction's statements and appends
+        are not fault-injected."""
+        return self.inner.transactions
 
     async def __aenter__(self) -> FaultyStore:
         await self.inner.__aenter__()
