@@ -23,7 +23,8 @@ An ``expired`` card fails every attempt: redrive it and it is dead-lettered
 again, and the inspector lists each failed attempt under it with its own
 traceback (``a2trio inspect ... event acct-2 1`` prints them whole).
 
-Its numbers, as Prometheus text (the ``metrics`` extra): the dead letter
+Its numbers, as Prometheus text (with the ``metrics`` extra installed; the
+core install serves everything else and no ``/_a2/metrics``): the dead letter
 shows as ``a2trio_dead_letters{contract="payments"} 1.0`` and the failed
 attempt in ``a2trio_handler_attempts_total``::
 
@@ -36,6 +37,8 @@ there instead.
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 import msgspec
 
@@ -96,4 +99,8 @@ def operators_on_this_machine(request: Request, op: Operation) -> bool:
     return True
 
 
-app = asgi(server, inspect=True, metrics=True, authorize=operators_on_this_machine)
+# The metrics endpoint is written by prometheus_client (the `metrics` extra):
+# without it the example still serves, inspects and repairs.
+SCRAPED = importlib.util.find_spec("prometheus_client") is not None
+
+app = asgi(server, inspect=True, metrics=SCRAPED, authorize=operators_on_this_machine)

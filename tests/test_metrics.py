@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import builtins
 import importlib
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -294,6 +295,22 @@ async def test_the_payments_example_shows_its_dead_letter(
         "a2trio_handler_attempts_total", contract="payments", type="charge", outcome="dead_lettered"
     )
     assert got[dead] == 1
+
+
+async def test_the_payments_example_serves_without_the_metrics_extra(
+    monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
+) -> None:
+    # The core install has no prometheus_client: the inspector's example
+    # serves and inspects, without /_a2/metrics.
+    monkeypatch.setenv("A2_STORE", "memory:")
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    import examples.payments
+
+    example = importlib.reload(examples.payments)
+    transport = httpx.ASGITransport(app=example.app)
+    async with example.server, httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        assert (await c.get("/_a2/inspect/payments?view=dead-letters")).status_code == 200
+        assert (await c.get("/_a2/metrics")).status_code == 404
 
 
 class _CompletionsDown(MemoryStore):
