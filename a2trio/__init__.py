@@ -20,8 +20,9 @@ from .engine.crons import Cron, CronInfo, cron
 from .engine.drain import DrainResult
 from .engine.fanout import FeedEntry, Lapped, Subscription
 from .engine.flow import Concurrency
-from .engine.handlers import HandlerContext, HandlerSpec, Retry, Returned, handler, on
+from .engine.handlers import HandlerContext, HandlerSpec, Returned, handler, on
 from .engine.inspection import InspectionUnsupportedError
+from .engine.pacing import Debounce, Retry
 from .engine.presence import PresenceMap, PresencePatch, PresenceSnapshot, PresenceValue
 from .engine.session import HandlerSession, Session
 from .engine.transaction import Transaction
@@ -78,6 +79,7 @@ __all__ = [
     "Contract",
     "Cron",
     "CronInfo",
+    "Debounce",
     "DrainResult",
     "DrainTask",
     "DurableScheduler",

@@ -186,6 +186,7 @@ class Server:
                 for type_, spec in specs.items()
                 if spec.concurrency is not None
             },
+            debounces={t: spec.debounce for t, spec in specs.items() if spec.debounce is not None},
             scheduler=scheduler,
             telemetry=telemetry or NOOP_TELEMETRY,
             metrics=metrics,

@@ -79,6 +79,7 @@ SPELLINGS: dict[str, Spelling] = {
             "FINISH",
             "FAIL",
             "RELEASE",
+            "DEBOUNCE",
             "LIST_SESSIONS",
             "RETRY_CANDIDATES",
         ),
@@ -86,7 +87,7 @@ SPELLINGS: dict[str, Spelling] = {
     ),
     "claim_free": Spelling(
         _pattern(sql.claim_free, "row", "sql"),
-        _users(*CLAIMING),
+        _users(*CLAIMING, "DEBOUNCE"),
         signature=r"claim_expires_at (is null|<=)",
     ),
     "claim_live": Spelling(
@@ -128,7 +129,12 @@ SPELLINGS: dict[str, Spelling] = {
     "has_pending": Spelling(
         _pattern(sql.has_pending, "sql"), _users("HAS_PENDING", "APPEND", "APPEND_FRESH")
     ),
-    "hands_on": Spelling(_pattern(sql.hands_on, "row"), _users("SKIP")),
+    "hands_on": Spelling(_pattern(sql.hands_on, "row"), _users("SKIP", "DEBOUNCE")),
+    "debounces": Spelling(
+        _pattern(sql.debounces, "row", "sql", "sql", "sql"),
+        _users("DEBOUNCE"),
+        signature=r"debounce_key = ",
+    ),
     "ready_at_insert": Spelling(
         (
             *_pattern(lambda new, session: sql.ready_at_insert(new, session), "row", "sql"),
@@ -139,7 +145,7 @@ SPELLINGS: dict[str, Spelling] = {
     ),
     "next_in_lane": Spelling(
         _pattern(sql.next_in_lane, "sql", "sql", "sql"),
-        _users("COMPLETE", "FINISH", "SKIP"),
+        _users("COMPLETE", "FINISH", "SKIP", "DEBOUNCE"),
         signature=r"min\(\w+\.idx\)",
     ),
     "drained": Spelling(_pattern(sql.drained, "sql", "sql"), _users("COMPLETE", "FINISH")),
@@ -189,7 +195,7 @@ async def test_sql_backoff_is_the_rules_backoff() -> None:
 _ROW = (
     "name text, lane text, lane_ready boolean, processed_at bigint, failed_at bigint,"
     " attempt_count int, claim_holder text, claim_expires_at bigint, failure_count int,"
-    " last_failed_at bigint, not_before bigint"
+    " last_failed_at bigint, not_before bigint, event_type text, debounce_key text"
 )
 
 
@@ -206,6 +212,8 @@ def _columns(name: str, facts: rules.Facts) -> dict[str, object]:
         "failure_count": facts.failure_count,
         "last_failed_at": facts.last_failed_at_ms,
         "not_before": facts.not_before_ms,
+        "event_type": facts.type,
+        "debounce_key": facts.debounce_key,
     }
 
 
@@ -226,6 +234,10 @@ async def test_each_fragment_decides_as_its_rule_on_the_tables_states(
         ),
         "dispatch_ready": (sql.dispatch_ready("e"), lambda r: rules.alive(r) and r.lane_ready),
         "ripe": (sql.ripe("e", now), lambda r: rules.ripe(r.not_before_ms, rules.NOW)),
+        "debounces": (
+            sql.debounces("e", "'note'", "'k'", now),
+            lambda r: rules.debounces(r, "note", "k", rules.NOW),
+        ),
         "claimable": (sql.claimable("e", now), lambda r: rules.claimable(r, rules.NOW)),
         "held": (sql.held("e", now), lambda r: rules.held(r, rules.NOW)),
         "due": (sql.due("e", now), lambda r: rules.due(r, rules.NOW)),

@@ -30,6 +30,7 @@ FUNCTIONS = {
     "alive": {"alive"},
     "claim_free": {"claim_free"},
     "ripe": {"ripe"},
+    "debounces": {"debounces"},
     "claimable": {"claimable"},
     "held": {"held"},
     "busy_until": {"busy_until"},
@@ -54,7 +55,8 @@ SPELLINGS = {
     "the backoff's doubling": (r"\b2\s*\^", {"retry_backoff_ms"}),
     "the backoff's numbers": (r"\bRETRY_", {"retry_backoff_ms"}),
     "the last failure's time": (r"\.lf\b", {"due"}),
-    "the not-before compared": (r"\.nb\b", {"ripe"}),
+    "the not-before compared": (r"\.nb\s*(?:[<>]|==|~=)", {"ripe"}),
+    "a debounce key matched": (r"\.k\s*==", {"debounces"}),
     "an attempt compared": (
         r"[~=]=\s*attempt\b|\battempt\s*[~=]=",
         {"cause_current", "holds_claim", "renew_verdict"},
@@ -153,7 +155,8 @@ local out = {}
 for _, c in ipairs(cjson.decode(ARGV[1])) do
   local m, now, ready, attempt = c.m, c.now, c.ready, c.attempt
   out[#out + 1] = {
-    alive(m), claim_free(m, now), ripe(m, now), claimable(m, ready, now), held(m, ready, now),
+    alive(m), claim_free(m, now), ripe(m, now), debounces(m, 'note', 'k', now),
+    claimable(m, ready, now), held(m, ready, now),
     busy_until(false, m, ready, now) or false, due(m, now), sweepable(m, ready, now),
     cause_current(m, attempt), holds_claim(m, attempt), renew_verdict(m, attempt, c.holder, now),
   }
@@ -184,6 +187,8 @@ def _meta(row: rules.Facts) -> dict[str, Any]:
         "pb": row.processed_by_attempt,
         "l": row.lane,
         "nb": row.not_before_ms,
+        "t": row.type,
+        "k": row.debounce_key,
     }
     return {k: v for k, v in fields.items() if v is not None}
 
@@ -219,6 +224,7 @@ DECIDED = (
     "alive",
     "claim_free",
     "ripe",
+    "debounces",
     "claimable",
     "held",
     "busy_until",
@@ -245,6 +251,7 @@ def _expected(row: rules.Facts, now: int, ready: bool, attempt: int, holder: str
         rules.alive(row),
         rules.claim_free(row.claim_expires_at_ms, now),
         rules.ripe(row.not_before_ms, now),
+        rules.debounces(row, "note", "k", now),
         rules.claimable(laned, now),
         rules.held(laned, now),
         rules.busy_until([laned], now) or False,

@@ -263,13 +263,16 @@ PLANNED = {
     "OPEN_LANE": Planned(sql.OPEN_LANE, (LONG, "L"), "a2_events_lane_pending"),
     "INSERT": Planned(
         sql.INSERT,
-        (LONG, 1, "ordered", "{}", "x", NOW, None, "L", None, None, None, None, None),
+        (LONG, 1, "ordered", "{}", "x", NOW, None, "L", None, None, None, None, None, None, None),
         "a2_events_lane_pending",
     ),
     "KEYED": Planned(sql.KEYED, (LONG, NOW), "a2_events_dispatch_ready"),
     "CANDIDATES": Planned(sql.CANDIDATES, (LONG, NOW), "a2_events_dispatch_ready"),
     # A key's live slots: through the index of keyed live rows, by key.
     "SLOTS": Planned(sql.SLOTS, ("k", NOW), None),
+    "DEBOUNCE_CANDIDATES": Planned(
+        sql.DEBOUNCE_CANDIDATES, (LONG, "ordered", "k"), "a2_events_unprocessed"
+    ),
     "READY_LANE": Planned(sql.READY_LANE, (LONG, "L"), "a2_events_lane_pending"),
 }
 

@@ -279,6 +279,7 @@ def test_the_table_covers_every_rule_and_state() -> None:
         "complete",
         "fail",
         "release",
+        "debounce",
         "redrive",
         "skip",
         "retry_now",

@@ -31,6 +31,7 @@ from ..timings import Timings
 from .background import Background
 from .fanout import SessionFeeds
 from .flow import Concurrency, FlowWaiters
+from .pacing import Debounce
 from .state import StateReads
 from .transaction import Transaction
 from .watchdogs import Watchdogs
@@ -95,6 +96,8 @@ class Engine:
         string, a :data:`LaneFn`, or None). Events of other types are stored
         settled.
       concurrency: the handled types with a :class:`~a2trio.Concurrency`.
+      debounces: the event types whose handler is debounced, each with its
+        :class:`~a2trio.Debounce`.
 
     Attributes:
       background: the server's nursery and the tasks counted in it.
@@ -110,6 +113,7 @@ class Engine:
         *,
         lanes: Mapping[str, str | LaneFn | None],
         concurrency: Mapping[str, Concurrency] | None = None,
+        debounces: Mapping[str, Debounce] | None = None,
         scheduler: Scheduler | None,
         telemetry: Telemetry,
         metrics: Metrics | None = None,
@@ -126,6 +130,7 @@ class Engine:
         self.concurrency = dict(concurrency or {})
         #: The sessions whose events wait on a full concurrency key.
         self.waiters = FlowWaiters()
+        self.debounces = dict(debounces or {})
         self.scheduler = scheduler
         self.telemetry = telemetry
         #: Where the engine's numbers go; None (the default) skips every count.

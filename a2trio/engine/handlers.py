@@ -12,8 +12,10 @@ Both take the handler's flow options (issue 33): ``retry=`` (a
 :class:`~a2trio.Retry`, in :mod:`.pacing`: how many failed attempts before a
 dead letter, how long each retry waits, and which exceptions dead-letter at
 once), ``timeout=`` (seconds an attempt may run before it is cancelled and
-counted as a failure) and ``concurrency=`` (a :class:`~a2trio.Concurrency`:
-attempts at once per key, across sessions and processes; :mod:`.flow`).
+counted as a failure), ``concurrency=`` (a :class:`~a2trio.Concurrency`:
+attempts at once per key, across sessions and processes; :mod:`.flow`) and
+``debounce=`` (a :class:`~a2trio.Debounce`: only the last event of a key runs,
+once its period passed without a newer one).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ..contract import AppendInput, Contract, Event, EventType
 from ..signatures import accepts, parameter_annotation, type_name
 from .context import LaneFn
 from .flow import Concurrency
-from .pacing import Retry
+from .pacing import Debounce, Retry
 
 if TYPE_CHECKING:
     from .abort import AbortMatcher
@@ -113,9 +115,10 @@ class HandlerSpec:
         ``Timings.max_failures``).
       timeout: seconds an attempt may run, or None (no limit).
       concurrency: the :class:`~a2trio.Concurrency` limit, or None.
+      debounce: the :class:`~a2trio.Debounce`, or None.
     """
 
-    __slots__ = ("abort_on", "concurrency", "event", "fn", "lane", "retry", "timeout")
+    __slots__ = ("abort_on", "concurrency", "debounce", "event", "fn", "lane", "retry", "timeout")
 
     def __init__(
         self,
@@ -127,6 +130,7 @@ class HandlerSpec:
         retry: Retry | None = None,
         timeout: float | None = None,
         concurrency: Concurrency | None = None,
+        debounce: Debounce | None = None,
     ) -> None:
         self.fn = fn
         self.abort_on: AbortMatcher | None = abort_on
@@ -135,6 +139,7 @@ class HandlerSpec:
         self.retry = retry
         self.timeout = timeout
         self.concurrency = concurrency
+        self.debounce = debounce
 
     def check(self, contract: Contract, type: str) -> None:
         """Raise TypeError/ValueError if this spec does not fit ``contract``'s
@@ -267,6 +272,7 @@ def _spec(
     retry: Retry | None,
     timeout: float | None,
     concurrency: Concurrency | None,
+    debounce: Debounce | None,
 ) -> HandlerSpec:
     if not callable(fn):
         raise TypeError(f"handler must be an async function, got {fn!r}")
@@ -277,8 +283,17 @@ def _spec(
         raise TypeError(f"retry must be an a2trio.Retry(...), got {retry!r}")
     if concurrency is not None and not isinstance(concurrency, Concurrency):
         raise TypeError(f"concurrency must be an a2trio.Concurrency(...), got {concurrency!r}")
+    if debounce is not None and not isinstance(debounce, Debounce):
+        raise TypeError(f"debounce must be an a2trio.Debounce(...), got {debounce!r}")
     return HandlerSpec(
-        fn, matcher, lane, event, retry=retry, timeout=_timeout(timeout), concurrency=concurrency
+        fn,
+        matcher,
+        lane,
+        event,
+        retry=retry,
+        timeout=_timeout(timeout),
+        concurrency=concurrency,
+        debounce=debounce,
     )
 
 
@@ -290,6 +305,7 @@ def handler(
     retry: Retry | None = None,
     timeout: float | None = None,
     concurrency: Concurrency | None = None,
+    debounce: Debounce | None = None,
 ) -> HandlerSpec:
     """Wrap a handler with options, for a key of ``Server(handlers={...})``
     (:func:`on` is the typed form).
@@ -313,15 +329,19 @@ def handler(
       concurrency: a :class:`~a2trio.Concurrency`: at most ``limit`` attempts
         at once per key value, across sessions and processes; the rest wait
         in order. None: no limit but the server's ``max_handlers``.
+      debounce: a :class:`~a2trio.Debounce`: run only the last event of a
+        key (per session) once its period passed without a newer one; the
+        earlier ones are skipped. None: every event runs.
 
     Raises:
       TypeError: ``fn`` is not callable, a bad ``abort_on`` shape, a lane that
         is neither a non-empty string nor a function, a ``retry`` that is no
-        :class:`Retry`, a ``concurrency`` that is no :class:`Concurrency`, or
-        a ``timeout`` that is no number.
+        :class:`Retry`, a ``concurrency`` that is no :class:`Concurrency`, a
+        ``timeout`` that is no number, or a ``debounce`` that is no
+        :class:`~a2trio.Debounce`.
       ValueError: a ``timeout`` that is not positive and finite.
     """
-    return _spec(fn, abort_on, lane, None, retry, timeout, concurrency)
+    return _spec(fn, abort_on, lane, None, retry, timeout, concurrency, debounce)
 
 
 def on(
@@ -333,6 +353,7 @@ def on(
     retry: Retry | None = None,
     timeout: float | None = None,
     concurrency: Concurrency | None = None,
+    debounce: Debounce | None = None,
 ) -> HandlerSpec:
     """Register ``fn`` for the event type ``event``, for ``Server(handlers=[...])``.
 
@@ -349,16 +370,17 @@ def on(
       retry: as for :func:`handler`.
       timeout: as for :func:`handler`.
       concurrency: as for :func:`handler`.
+      debounce: as for :func:`handler`.
 
     Raises:
       TypeError: ``event`` is not a handle, ``fn`` is not callable or is
-        annotated for another payload type, a bad ``abort_on``, lane, retry or
-        timeout.
+        annotated for another payload type, a bad ``abort_on``, lane, retry,
+        timeout or debounce.
       ValueError: as for :func:`handler`.
     """
     if not isinstance(event, EventType):
         raise TypeError(f"on() takes an a2trio.event_type(...) handle, got {event!r}")
-    spec = _spec(fn, abort_on, lane, event, retry, timeout, concurrency)
+    spec = _spec(fn, abort_on, lane, event, retry, timeout, concurrency, debounce)
     _check_payload(fn, event.name, event.payload_type, "")
     return spec
 

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import re
@@ -31,6 +32,7 @@ from ..scheduler import AppendTask, ScheduledEvent
 from ..stores.base import AppendEvent, StoredEvent
 from .context import Engine
 from .flow import resolve_concurrency
+from .pacing import DebounceKeyError
 
 __all__ = ["check_push", "delivered", "returned", "schedule", "validate"]
 
@@ -44,15 +46,20 @@ def validate(
     events: Sequence[AppendInput | PushedEvent],
     *,
     dispatch: bool = True,
+    debounce: bool = True,
     trace_context: str | None = None,
 ) -> list[AppendEvent]:
     """Validate append inputs into store records, resolving lanes and
-    concurrency keys (:mod:`.flow`).
+    concurrency keys (:mod:`.flow`) and debounce keys.
 
     With ``dispatch=False`` (schedules) no lane is resolved and nothing is
-    marked settled: the events are appended later, by a scheduler.
-    ``trace_context`` is stored with every event (the appender's span), and
-    each event's version is its type's current one (``contract.versions``).
+    marked settled: the events are appended later, by a scheduler. With
+    ``debounce=False`` (a handler's returned events, committed with its
+    completion) no event is debounced. ``trace_context`` is stored with every
+    event (the appender's span), and each event's version is its type's
+    current one (``contract.versions``). A debounce key that raises or
+    returns a non-string leaves its event undebounced: its attempt
+    dead-letters it (``pacing``).
 
     Raises:
       TypeError: no events, or an input not built with ``contract.event``.
@@ -93,6 +100,13 @@ def validate(
                     flow_key, flow_limit = resolve_concurrency(
                         engine.prefix, concurrency, AppendInput(event.type, typed, event.id)
                     )
+        delay_ms: int | None = None
+        key: str | None = None
+        debounced = engine.debounces.get(event.type) if dispatch and debounce else None
+        if debounced is not None:
+            with contextlib.suppress(DebounceKeyError):
+                key = debounced.key_of(AppendInput(event.type, typed, event.id))
+                delay_ms = debounced.period_ms
         validated.append(
             AppendEvent(
                 event.type,
@@ -105,6 +119,8 @@ def validate(
                 versions.stored(event.type),
                 flow_key,
                 flow_limit,
+                delay_ms,
+                key,
             )
         )
     return validated
@@ -147,7 +163,13 @@ def returned(engine: Engine, trigger: StoredEvent, result: Any) -> list[AppendEv
         AppendInput(e.type, e.payload, e.id or returned_event_id(trigger.id, position))
         for position, e in enumerate(items)
     ]
-    return validate(engine, session_id, with_ids, trace_context=engine.telemetry.trace_context())
+    return validate(
+        engine,
+        session_id,
+        with_ids,
+        debounce=False,
+        trace_context=engine.telemetry.trace_context(),
+    )
 
 
 async def schedule(

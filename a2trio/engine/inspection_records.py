@@ -48,7 +48,8 @@ class EventStatus(msgspec.Struct, frozen=True):
 
     ``state``: ``settled`` (stored with nothing to run), ``processed`` (a
     handler completed it, by ``processed_by_attempt``), ``skipped`` (an
-    operator marked it processed without running it), ``pending`` (waiting
+    operator marked it processed without running it, or a later event of
+    its debounce key did: ``debounced_by`` that event's index), ``pending`` (waiting
     for a claim), ``claimed`` (``claim_holder`` runs attempt ``attempts``
     until ``claim_expires_at``), ``failed`` (``failures`` so far, waiting for
     a retry), ``dead_lettered`` (failed for good; its lane is blocked).
@@ -78,6 +79,7 @@ class EventStatus(msgspec.Struct, frozen=True):
     dead_lettered_at_ms: int | None = None
     lane: str | None = None
     not_before_ms: int | None = None
+    debounced_by: int | None = None
 
 
 class InspectedEvent(msgspec.Struct, frozen=True):
@@ -219,7 +221,9 @@ def event_status(
     state: State
     if row.failed_at_ms is not None:
         state = "dead_lettered"
-    elif row.processed_at_ms is not None and actions and actions[-1].action == "skip":
+    elif row.processed_at_ms is not None and (
+        row.debounced_by is not None or (actions and actions[-1].action == "skip")
+    ):
         state = "skipped"
     elif row.processed_at_ms is not None:
         state = "settled" if row.attempt_count == 0 else "processed"
@@ -246,6 +250,7 @@ def event_status(
         row.failed_at_ms,
         row.lane,
         row.not_before_ms if state in ("pending", "failed") else None,
+        row.debounced_by,
     )
 
 

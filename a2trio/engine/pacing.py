@@ -1,20 +1,38 @@
-"""When a handler's attempts may start: its retry policy and backoff.
+"""When a handler's attempts may start: its retry policy and backoff, and
+its debounce.
 
 :class:`Retry` says how many failed attempts a handler gets and how long
 each retry waits (issue 33). A backoff's wait becomes the failure's stored
 not-before (``Store.fail_attempt(retry_after_ms=...)``, ``rules.ripe``), so
 no claim in any process retries the event before it; the server arms a
 drain for that instant (``Watchdogs.wake``).
+
+:class:`Debounce` runs only the last event of a key once its period passed
+without a newer one. An event appended for a debounced handler carries its
+key (resolved at append, as a lane function is) and the period as its delay
+(``AppendEvent.debounce_key``, ``delay_ms``): the store writes it not before
+``now + period`` and, in the same transaction, settles the earlier events
+of the same type and key in the session that are alive and not running as
+skipped by it (``rules.debounces``). A key that raises or returns a
+non-string leaves the event undebounced at append; the attempt that runs it
+resolves the key again and dead-letters the event with the error
+(:class:`DebounceKeyError`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 from ..backoff import Backoff
+from ..contract import AppendInput
 
-__all__ = ["BackoffFn", "Retry"]
+__all__ = ["BackoffFn", "Debounce", "DebounceKeyError", "KeyFn", "Retry"]
+
+#: ``key(event) -> str``: a debounced event's key (an :class:`~a2trio.AppendInput`
+#: with the typed payload), resolved when it is appended.
+KeyFn = Callable[[AppendInput], str]
 
 #: ``backoff=`` as a function: the failure's number (1 after the first
 #: failure) -> seconds to wait before the next attempt.
@@ -142,4 +160,77 @@ class Retry:
         return f"Retry({self.max_attempts}{backoff}{more if self.non_retryable else ''})"
 
 
+class DebounceKeyError(TypeError):
+    """A debounce key function raised or returned a non-string: the event
+    is dead-lettered with this error (it never retries)."""
+
+
+class Debounce:
+    """Run only the last event of a key once ``period`` passed without a
+    newer one: ``a2trio.handler(fn, debounce=a2trio.Debounce(2, key=lambda e:
+    e.payload.doc))``.
+
+    Each event appended for the handler waits ``period`` seconds (its stored
+    not-before); an event of the same key appended meanwhile settles it as
+    skipped (no attempt: ``skipped`` in inspection) and waits its own
+    ``period``. An earlier event already running is left alone. The key's
+    scope is the session: one append is one session's transaction, which is
+    where the store can settle the earlier events atomically (an event of
+    another session never debounces this one).
+
+    Args:
+      period: seconds of quiet before the last event runs (positive, finite).
+      key: ``key(event) -> str`` (an :class:`~a2trio.AppendInput` with the
+        typed payload), resolved when the event is appended; None: one key
+        for the handler. A key that raises or returns a non-string
+        dead-letters its event with the error.
+
+    Raises:
+      TypeError: ``period`` is not a number, or ``key`` is not callable.
+      ValueError: ``period`` is not positive and finite.
+    """
+
+    __slots__ = ("key", "period")
+
+    def __init__(self, period: float, key: KeyFn | None = None) -> None:
+        if isinstance(period, bool) or not isinstance(period, int | float):
+            raise TypeError(f"Debounce(period=...) must be a number of seconds, got {period!r}")
+        if not (period > 0 and math.isfinite(period)):
+            raise ValueError(
+                f"Debounce(period=...) must be a positive, finite number of seconds, got {period!r}"
+            )
+        if key is not None and not callable(key):
+            raise TypeError(f"Debounce(key=...) must be a function of the event, got {key!r}")
+        self.period = float(period)
+        self.key = key
+
+    @property
+    def period_ms(self) -> int:
+        """The period in whole milliseconds (at least 1)."""
+        return max(1, round(self.period * 1000))
+
+    def key_of(self, event: AppendInput) -> str:
+        """``event``'s debounce key ("" when the handler has one key).
+
+        Raises:
+          DebounceKeyError: the key function raised or returned a non-string.
+        """
+        if self.key is None:
+            return ""
+        try:
+            found: Any = self.key(event)
+        except Exception as exc:
+            raise DebounceKeyError(f"Debounce(key=...) raised for {event.type!r}: {exc!r}") from exc
+        if not isinstance(found, str):
+            raise DebounceKeyError(
+                f"Debounce(key=...) must return a string for {event.type!r}, got {found!r}"
+            )
+        return found
+
+    def __repr__(self) -> str:
+        key = "" if self.key is None else f", key={getattr(self.key, '__name__', self.key)}"
+        return f"Debounce({self.period}{key})"
+
+
 Retry.__module__ = "a2trio"
+Debounce.__module__ = "a2trio"

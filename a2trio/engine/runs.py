@@ -43,6 +43,7 @@ from .context import Appends, Engine, measured
 from .flow import FlowKeyError, key_value
 from .handlers import HandlerContext, HandlerSpec
 from .inputs import returned
+from .pacing import DebounceKeyError
 from .session import HandlerSession
 
 #: Handler failures (WARNING, with the traceback), dead letters (ERROR), lapsed
@@ -278,12 +279,13 @@ class AttemptRunner:
         what the garbage collector scans."""
         session = HandlerSession(self.engine, self.appends, self.session_id, event)
         ctx = HandlerContext(self.engine.to_public(event), event.attempt_count, session, aborted)
+        keyed = AppendInput(event.type, ctx.event.payload, event.id)
         if registration.concurrency is not None and event.concurrency_key is None:
             # Its key failed at append (or it predates the limit): raises
             # the key's error again, or runs it unlimited.
-            key_value(
-                registration.concurrency, AppendInput(event.type, ctx.event.payload, event.id)
-            )
+            key_value(registration.concurrency, keyed)
+        if registration.debounce is not None and event.debounce_key is None:
+            registration.debounce.key_of(keyed)  # the same, for a debounce key
         if abort_scope is None and timeout_scope is None:
             return await registration.fn(ctx)
         with abort_scope or contextlib.nullcontext(), timeout_scope or contextlib.nullcontext():
@@ -338,8 +340,8 @@ class AttemptRunner:
         retry = registration.retry if registration is not None else None
         max_attempts = retry.max_attempts if retry is not None else self.engine.timings.max_failures
         # An event that cannot be upcast fails the same way on every read, and
-        # so does a concurrency key that failed at append.
-        retryable = not isinstance(error, UpcastError | FlowKeyError) and (
+        # so does a concurrency or debounce key that failed at append.
+        retryable = not isinstance(error, UpcastError | FlowKeyError | DebounceKeyError) and (
             retry is None or retry.retryable(error)
         )
         max_failures = max_attempts if retryable else 1
@@ -348,11 +350,8 @@ class AttemptRunner:
         try:
             if retry is not None and retryable:
                 retry_after_ms = retry.retry_after_ms(event.failure_count + 1)
-        except ValueError as bad:
-            # A broken backoff function: the retry falls back to the seed's rule.
-            self._log(
-                logging.ERROR, event, lease, "%s: %s; the seed's rule retries it", bad, error=bad
-            )
+        except ValueError as bad:  # a broken backoff function
+            self._log(logging.ERROR, event, lease, "%s: %s; the seed's rule retries it", bad)
         try:
             call = self.engine.store.fail_attempt(
                 self.key,

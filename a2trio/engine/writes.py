@@ -118,6 +118,10 @@ class Writes:
             result = await self._store_append(
                 session_id, validated, mode, window, watchdog_at, expected_index
             )
+            for row in result.events:
+                # A debounced event: a drain when its period ends.
+                if row.not_before_ms is not None and row.processed_at_ms is None:
+                    watchdogs.wake(session_id, row.not_before_ms)
             appended = [engine.to_public(row) for row in result.events]
             metrics = engine.metrics
             if metrics is not None:
@@ -241,8 +245,13 @@ class Writes:
                     watchdog_at_ms,
                 )
             # Keyed events are claimed by the drain, under their limits
-            # (``rules.claims_at_insert``).
-            if result.others_claimable or any(e.concurrency_key is not None for e in events):
+            # (``rules.claims_at_insert``); a debounced append may have skipped
+            # a lane head, whose lane moved on.
+            if (
+                result.others_claimable
+                or any(e.concurrency_key is not None for e in events)
+                or any(e.debounce_key is not None for e in events)
+            ):
                 drains.wake(session_id, watchdog_at_ms)
         finally:
             # The slots of events written unclaimed (a lane's later events, a

@@ -73,6 +73,14 @@ class AppendEvent(msgspec.Struct, frozen=True):
     ``concurrency_key`` and ``concurrency_limit`` are the handler's
     :class:`~a2trio.Concurrency` resolved at append: at most that many live
     claims of rows with that key, across sessions (``rules.flow``).
+
+    ``delay_ms`` (issue 33) stores the not-before ``now + delay_ms``: no claim
+    takes the event before it (a claim at insert neither). ``debounce_key``
+    (issue 33, a debounce): the append settles every earlier event of the
+    session with the same type and key that is alive and not under a live
+    claim as skipped by this one (``rules.debounces``: processed by no
+    attempt, ``debounced_by`` its index, its lane handed on), in the same
+    transaction.
     """
 
     type: str
@@ -85,6 +93,8 @@ class AppendEvent(msgspec.Struct, frozen=True):
     version: int | None = None
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
+    delay_ms: int | None = None
+    debounce_key: str | None = None
 
 
 class StoredEvent(msgspec.Struct, frozen=True):
@@ -93,9 +103,12 @@ class StoredEvent(msgspec.Struct, frozen=True):
     Times are epoch milliseconds from the store's clock. ``not_before_ms``
     (an a2trio addition, issue 33) is the instant before which no claim takes
     the event (``rules.ripe``): a per-handler backoff's retry-at, a released
-    attempt's wake time; None for none. ``version`` is the payload's schema
-    version as appended (None: version 1); the engine upcasts the payload to
-    its type's current version when it reads it.
+    attempt's wake time, a debounce window's end; None for none. ``version``
+    is the payload's schema version as appended (None: version 1); the engine
+    upcasts the payload to its type's current version when it reads it.
+    ``debounce_key`` is a debounced event's key (``AppendEvent``), and
+    ``debounced_by`` the index of the later event whose append skipped this
+    one (it is then processed by no attempt).
     """
 
     id: str
@@ -124,6 +137,8 @@ class StoredEvent(msgspec.Struct, frozen=True):
     version: int | None = None
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
+    debounce_key: str | None = None
+    debounced_by: int | None = None
 
 
 class Claimed(msgspec.Struct, frozen=True, tag="claimed"):

@@ -72,9 +72,10 @@ __all__ = [
 #: What happened to an event, as far as its bookkeeping and spans tell:
 #: ``processed`` (completed; events of a type with no handler are stored
 #: processed), ``aborted`` (completed by an ``abort_on`` cancellation),
-#: ``failed`` (failed at least once, will be retried), ``dead_lettered``, or
+#: ``failed`` (failed at least once, will be retried), ``dead_lettered``,
+#: ``skipped`` (settled unrun by a later event of its debounce key), or
 #: ``pending`` (not yet run, or running).
-OutcomeStatus = Literal["processed", "aborted", "failed", "dead_lettered", "pending"]
+OutcomeStatus = Literal["processed", "aborted", "failed", "dead_lettered", "skipped", "pending"]
 
 #: Builds the scheduler for each server the harness opens (a restart builds a
 #: new one), given the harness's clock.
@@ -385,6 +386,8 @@ class Harness:
         status: OutcomeStatus
         if row.failed_at_ms is not None:
             status = "dead_lettered"
+        elif row.debounced_by is not None:
+            status = "skipped"
         elif row.processed_at_ms is not None:
             aborted = self.telemetry.find(
                 "a2.event",

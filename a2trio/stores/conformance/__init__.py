@@ -62,6 +62,7 @@ and build rows):
 * ``flow``: concurrency keys across sessions (``rules.flow``);
 * ``failed_attempts``: the failed attempts ``fail_attempt`` records and
   ``inspect.read_failures`` reads (bounded per event);
+* ``debounce``: debounced appends (``AppendEvent.debounce_key``);
 * ``states``: snapshots, ``read_state`` and ``read_states``;
 * ``feeds``: ``stream``;
 * ``presence``, ``inspection``, ``operator``, ``retention``,
@@ -118,6 +119,11 @@ from .completions import (
     check_complete_attempt_rejects_a_different_batch,
     check_complete_attempt_replay_keeps_types,
     check_fail_attempt,
+)
+from .debounce import (
+    check_debounce_hands_lanes_on_and_replays,
+    check_debounce_leaves_running_events_alone,
+    check_debounce_skips_earlier_events_of_its_key,
 )
 from .failed_attempts import (
     check_failed_attempts_are_bounded,
@@ -237,6 +243,9 @@ __all__ = [
     "check_concurrency_slots_are_leases",
     "check_concurrency_with_lanes_and_the_sweep",
     "check_concurrency_within_a_session",
+    "check_debounce_hands_lanes_on_and_replays",
+    "check_debounce_leaves_running_events_alone",
+    "check_debounce_skips_earlier_events_of_its_key",
     "check_every_call_fails_unavailable_when_unreachable",
     "check_every_protocol_method_fails_unavailable_translated_once",
     "check_fail_attempt",
@@ -326,6 +335,9 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_concurrency_with_lanes_and_the_sweep,
     check_failed_attempts_are_recorded_with_each_failure,
     check_failed_attempts_are_bounded,
+    check_debounce_skips_earlier_events_of_its_key,
+    check_debounce_leaves_running_events_alone,
+    check_debounce_hands_lanes_on_and_replays,
     check_snapshots,
     check_read_states,
     check_stream_catches_up_then_follows,

@@ -52,11 +52,16 @@ async def _claim(target: _Target, holder: str) -> None:
     assert isinstance(result, Claimed), f"building a state: claim by {holder!r} got {result!r}"
 
 
-async def _build(target: _Target, state: str) -> None:
-    """Bring ``target``'s row into ``state`` of :data:`rules.STATES`."""
+async def _build(target: _Target, state: str, *, keyed: bool) -> None:
+    """Bring ``target``'s row into ``state`` of :data:`rules.STATES` (with
+    ``keyed``, of debounce key ``k``, as the table's rows are)."""
     store, sid = target.store, target.session_id
+    key = "k" if keyed else None
     if state in ("waiting", "handed_on", "behind_dead"):
-        lane = [AppendEvent("note", {"n": n}, lane=_LANE) for n in (1, 2)]
+        lane = [
+            AppendEvent("note", {"n": n}, lane=_LANE, debounce_key=key if n == 2 else None)
+            for n in (1, 2)
+        ]
         await store.append(sid, lane)
         head = await store.claim_available(sid, holder="h0", ttl_ms=_HEAD_LEASE_MS, limit=1)
         assert isinstance(head, Claimed), f"building {state!r}: the lane head claim got {head!r}"
@@ -66,7 +71,7 @@ async def _build(target: _Target, state: str) -> None:
             await store.fail_attempt(sid, index=1, attempt=1, error="head", max_failures=1)
         target.index = 2
         return
-    await store.append(sid, [AppendEvent("note", {"n": 1})])
+    await store.append(sid, [AppendEvent("note", {"n": 1}, debounce_key=key)])
     if state == "missing":
         target.index = 2
         return
@@ -122,6 +127,11 @@ async def _answer(target: _Target, case: rules.Case) -> str:
         result = await store.claim_available(sid, holder=case.holder, ttl_ms=rules.LEASE_MS)
         taken = isinstance(result, Claimed) and index in [e.index for e in result.events]
         return "claimed" if taken else "passed"
+    if case.rule == "debounce":
+        later = await store.append(sid, [AppendEvent("note", None, debounce_key="k", delay_ms=1)])
+        row = (await store.read(sid))[index - 1]
+        skipped = row.processed_at_ms is not None and row.debounced_by == later.events[0].index
+        return "skipped" if skipped else "passed"
     if case.rule == "sweep":
         if store.sweep is None:
             raise CapabilityMissing("sweep")
@@ -181,7 +191,7 @@ async def _play(open_store: StoreFactory, rule_names: set[str]) -> None:
             if case.rule not in rule_names:
                 continue
             target = _Target(store, clock, case)
-            await _build(target, case.before)
+            await _build(target, case.before, keyed=case.rule == "debounce")
             got = await _answer(target, case)
             if got != case.verdict:
                 wrong.append(
@@ -193,10 +203,10 @@ async def _play(open_store: StoreFactory, rule_names: set[str]) -> None:
 
 
 async def check_rule_table_claims_and_outcomes(open_store: StoreFactory) -> None:
-    """Claims, renewals, completions, failures and releases decide every
-    case of the rule table as :mod:`a2trio.stores.rules` does (the stored
-    not-before and its boundary included)."""
-    await _play(open_store, {"claim", "renew", "complete", "fail", "release"})
+    """Claims, renewals, completions, failures, releases and debounced
+    appends decide every case of the rule table as :mod:`a2trio.stores.rules`
+    does (the stored not-before and its boundary included)."""
+    await _play(open_store, {"claim", "renew", "complete", "fail", "release", "debounce"})
 
 
 async def check_rule_table_sweep(open_store: StoreFactory) -> None:

@@ -13,7 +13,7 @@ import msgspec
 from .. import rules
 from ..base import EventCause, StoredEvent
 
-__all__ = ["Row", "decode", "encode", "settle"]
+__all__ = ["Row", "debounce", "decode", "encode", "settle"]
 
 encode = msgspec.json.Encoder().encode
 decode = msgspec.json.Decoder().decode
@@ -48,6 +48,8 @@ class Row:
     version: int | None = None
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
+    debounce_key: str | None = None
+    debounced_by: int | None = None
 
     def stored(self) -> StoredEvent:
         return StoredEvent(
@@ -79,6 +81,8 @@ class Row:
             version=self.version,
             concurrency_key=self.concurrency_key,
             concurrency_limit=self.concurrency_limit,
+            debounce_key=self.debounce_key,
+            debounced_by=self.debounced_by,
         )
 
 
@@ -95,3 +99,12 @@ def settle(open_rows: dict[int, Row], row: Row, now: int) -> None:
         successor = rules.next_in_lane(row.lane, open_rows.values())
         if successor is not None:
             successor.lane_ready = True
+
+
+def debounce(open_rows: dict[int, Row], type: str, key: str, index: int, now: int) -> None:
+    """Skip the open rows ``rules.debounces`` says a debounced row of
+    ``type`` and ``key`` at ``index`` settles (:func:`settle` each)."""
+    for earlier in list(open_rows.values()):
+        if rules.debounces(earlier, type, key, now):
+            settle(open_rows, earlier, now)
+            earlier.debounced_by = index

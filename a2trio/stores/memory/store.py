@@ -59,7 +59,7 @@ from ..base import (
 from ..feed import Feed, FeedStatistics, Wakeups, open_pump_feed
 from .operator import MemoryOperator
 from .presence import MemoryPresence
-from .rows import Row, decode, encode, settle
+from .rows import Row, debounce, decode, encode, settle
 
 __all__ = ["MemoryStore", "memory"]
 
@@ -279,12 +279,15 @@ class MemoryStore:
     ) -> Row:
         lane = event.lane
         open_rows = self._open.setdefault(session_id, {})
+        index = len(rows) + 1
+        if event.debounce_key is not None:
+            debounce(open_rows, event.type, event.debounce_key, index, now)
         lane_ready = rules.ready_at_insert(lane, (r.lane for r in open_rows.values()))
         row = Row(
             id=event_id,
             type=event.type,
             payload=encode(event.payload),
-            index=len(rows) + 1,
+            index=index,
             session_id=session_id,
             created_at_ms=now,
             cause=cause,
@@ -295,6 +298,8 @@ class MemoryStore:
             version=event.version,
             concurrency_key=event.concurrency_key,
             concurrency_limit=event.concurrency_limit,
+            not_before_ms=None if event.delay_ms is None else now + event.delay_ms,
+            debounce_key=event.debounce_key,
         )
         rows.append(row)
         self._ids[event_id] = row

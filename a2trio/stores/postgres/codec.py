@@ -63,4 +63,6 @@ def stored_event(row: Row, at: int = 0) -> StoredEvent:
         version=r[23],
         concurrency_key=r[24],
         concurrency_limit=r[25],
+        debounce_key=r[26],
+        debounced_by=r[27],
     )

@@ -36,6 +36,7 @@ __all__ = [
     "claim_live",
     "claimable",
     "claims_at_insert",
+    "debounces",
     "dispatch_ready",
     "drained",
     "due",
@@ -198,6 +199,16 @@ create table if not exists a2_failed_attempts (
   claimed_at  bigint,
   primary key (session_id, idx, attempt)
 );
+-- A debounced event's key, and the index of the later event whose append
+-- skipped it (issue 33). Nullable, guarded as `trace_context` is.
+do $$
+begin
+  if not exists (select 1 from pg_attribute
+                  where attrelid = 'a2_events'::regclass
+                    and attname = 'debounce_key' and not attisdropped) then
+    alter table a2_events add column debounce_key text, add column debounced_by bigint;
+  end if;
+end $$;
 """
 
 # Notifications are transactional: delivered at commit, never for a rollback.
@@ -276,7 +287,8 @@ EVENT_COLUMNS = (
     " processed_at, processed_by_attempt, returned_event_ids, first_claimed_at,"
     " last_claimed_at, attempt_count, failure_count, last_failed_at,"
     " last_failed_attempt, last_error, failed_at, claim_holder, claim_expires_at,"
-    " trace_context, not_before, version, concurrency_key, concurrency_limit"
+    " trace_context, not_before, version, concurrency_key, concurrency_limit,"
+    " debounce_key, debounced_by"
 )
 
 
@@ -335,6 +347,14 @@ def ripe(row: str, now: str) -> str:
     return f"({row}.not_before is null or {row}.not_before <= {now})"
 
 
+# rules.debounces: `row` is settled by a debounced append of `type` and `key`.
+def debounces(row: str, type: str, key: str, now: str) -> str:
+    return (
+        f"{row}.event_type = {type} and {row}.debounce_key = {key}"
+        f" and {alive(row)} and {claim_free(row, now)}"
+    )
+
+
 # rules.claimable
 def claimable(row: str, now: str) -> str:
     return f"{dispatch_ready(row)} and {claim_free(row, now)} and {ripe(row, now)}"
@@ -379,9 +399,13 @@ def has_room(row: str, now: str) -> str:
 
 
 # rules.claims_at_insert, for the row `new` of the CTE `batch` (its lane
-# readiness `ready`): claimable and no concurrency key.
+# readiness `ready`): claimable (ripe: no delay still to wait, as
+# `rules.ripe` of `now + delay`) and no concurrency key.
 def claims_at_insert(new: str, ready: str) -> str:
-    return f"{ready} and not {new}.settled and {new}.flow_key is null"
+    return (
+        f"{ready} and not {new}.settled and {new}.flow_key is null"
+        f" and coalesce({new}.delay, 0) <= 0"
+    )
 
 
 # rules.holds_claim
@@ -525,7 +549,7 @@ with batch as (
   select * from jsonb_to_recordset($2::jsonb)
     as b(ord bigint, id text, type text, payload jsonb, {cause[0]}lane text, settled boolean,
          trace text, version int, flow_key text,
-         flow_limit integer)
+         flow_limit integer, delay bigint, debounce text)
 ),{head}
 ready as materialized (
   -- Materialized so each row's readiness (two subqueries) is computed once,
@@ -540,7 +564,7 @@ inserted as (
     (session_id, idx, event_type, payload, event_id, created_at, {cause[1]}lane,
      lane_ready, processed_at, attempt_count, first_claimed_at, last_claimed_at,
      claim_holder, claim_expires_at, trace_context, version, concurrency_key,
-     concurrency_limit)
+     concurrency_limit, not_before, debounce_key)
   select $1::text, r.idx, r.type, coalesce(r.payload, 'null'::jsonb), r.id,
          {now}::bigint, {cause[2]}r.lane, r.lane_ready,
          case when r.settled then {now}::bigint end,
@@ -549,7 +573,7 @@ inserted as (
          case when r.claim then {now}::bigint end,
          case when r.claim then {holder}::text end,
          case when r.claim then {expiry}::bigint end,
-         r.trace, r.version, r.flow_key, r.flow_limit
+         r.trace, r.version, r.flow_key, r.flow_limit, {now}::bigint + r.delay, r.debounce
     from ready r
   returning idx, claim_holder
 ){tail.replace("{claimed}", claimed)}
@@ -580,6 +604,49 @@ APPEND = Statement(_append_sql(checked=True))
 #   $1 session, $2 batch (jsonb array), $3 now, $4 holder (null: no claim),
 #   $5 claim expiry
 APPEND_FRESH = Statement(_append_sql(checked=False))
+
+# A debounced append's skips (issue 33), after `APPEND` in its transaction
+# (under the session's append lock, so no lane moves meanwhile): every row
+# `rules.debounces` settles for a row the append just wrote ($3 its ids, $2
+# its time: a replayed row, written before, skips nothing) is processed by no
+# attempt, `debounced_by` the least such new row after it, and a lane head
+# among them hands its lane on (the new rows are visible here). The update
+# re-checks the rule on a row a concurrent claim changed.
+#   $1 session, $2 now, $3 the debounced events' ids
+DEBOUNCE = Statement(
+    f"""
+with fresh as materialized (
+  select n.idx, n.event_type, n.debounce_key from a2_events n
+   where n.event_id = any($3::text[]) and n.session_id = $1::text
+     and n.created_at = $2::bigint and n.debounce_key is not null
+),
+before as materialized (
+  select e.idx, e.lane, e.lane_ready,
+         (select f.idx from fresh f
+           where f.idx > e.idx and {debounces("e", "f.event_type", "f.debounce_key", "$2::bigint")}
+           order by f.idx limit 1) as by
+    from a2_events e
+   where e.session_id = $1::text and e.processed_at is null
+     and e.debounce_key in (select debounce_key from fresh)
+),
+skipped as (
+  update a2_events e set
+    processed_at = $2::bigint, debounced_by = b.by, lane_ready = false,
+    claim_holder = null, claim_expires_at = null
+    from before b
+   where b.by is not null and e.session_id = $1::text and e.idx = b.idx
+     and {debounces("e", "e.event_type", "e.debounce_key", "$2::bigint")}
+  returning e.idx
+),
+handed_on as (
+  update a2_events e set lane_ready = true
+   where e.session_id = $1::text and e.idx in (
+     select {next_in_lane("$1::text", "b.lane", "not in (select idx from skipped)")}
+       from before b where b.idx in (select idx from skipped) and {hands_on("b")})
+)
+select count(*) from skipped
+"""
+)
 
 # store-postgres.ts `read`.
 READ = Statement(

@@ -45,7 +45,7 @@ from ..group import GroupCommit, GroupStatistics
 from ..tasks import StoreTasks
 from . import sql as sql
 from .codec import cause_json, encode, stored_event
-from .conn import Param, PgConnection, PgConnectionError, PgError, Row, errors
+from .conn import Param, PgConnection, PgConnectionError, PgError, Row, Statement, errors
 from .database import GROUPED, Database, Kind, Request, lock_order
 
 __all__ = ["PostgresWrites"]
@@ -186,6 +186,8 @@ class PostgresWrites:
                     "version": e.version,
                     "flow_key": e.concurrency_key,
                     "flow_limit": e.concurrency_limit,
+                    "delay": e.delay_ms,
+                    "debounce": e.debounce_key,
                 }
                 for ord_, (e, event_id) in enumerate(zip(events, ids, strict=True), 1)
             ]
@@ -211,10 +213,20 @@ class PostgresWrites:
                     expected_index,
                 )
             )
+            debounced = [i for e, i in zip(events, ids, strict=True) if e.debounce_key is not None]
             with self._inserting(session_id):
                 if on is not None:
                     lock = (sql.LOCK, (session_id, self._db.origin))
-                    [_, rows] = await on.run([lock, (GROUPED[kind], params)])
+                    run: list[tuple[Statement, Sequence[Param]]] = [lock, (GROUPED[kind], params)]
+                    if debounced:
+                        run.append((sql.DEBOUNCE, (session_id, now, debounced)))
+                    [_, rows, *_] = await on.run(run)
+                elif debounced:
+                    # Its skips in the append's transaction (`DEBOUNCE`).
+                    [rows, _] = await self._db.transaction(
+                        [(GROUPED[kind], params), (sql.DEBOUNCE, (session_id, now, debounced))],
+                        lock=session_id,
+                    )
                 elif self._locks_alone(session_id):
                     [rows] = await self._db.transaction([(GROUPED[kind], params)], lock=session_id)
                 else:
@@ -248,6 +260,8 @@ class PostgresWrites:
                 version=e.version,
                 concurrency_key=e.concurrency_key,
                 concurrency_limit=e.concurrency_limit,
+                not_before_ms=None if e.delay_ms is None else now + e.delay_ms,
+                debounce_key=e.debounce_key,
             )
             for ord_, (e, event_id) in enumerate(zip(events, ids, strict=True), 1)
         ]

@@ -150,6 +150,10 @@ class Meta(msgspec.Struct, omit_defaults=True):
     not_before_ms: int | None = msgspec.field(default=None, name="nb")
     concurrency_key: str | None = msgspec.field(default=None, name="ck")
     concurrency_limit: int | None = msgspec.field(default=None, name="cl")
+    #: A debounced event's type and key (the type only to match them in Lua).
+    debounce_type: str | None = msgspec.field(default=None, name="t")
+    debounce_key: str | None = msgspec.field(default=None, name="k")
+    debounced_by: int | None = msgspec.field(default=None, name="db")
 
 
 class Action(msgspec.Struct, frozen=True, array_like=True):
@@ -250,6 +254,8 @@ def row(session_id: str, index: int, entry: bytes, meta: bytes | None) -> Stored
         not_before_ms=m.not_before_ms,
         concurrency_key=m.concurrency_key,
         concurrency_limit=m.concurrency_limit,
+        debounce_key=m.debounce_key,
+        debounced_by=m.debounced_by,
     )
 
 
@@ -306,7 +312,8 @@ def lane_arg(lane: str | None) -> str:
 
 def append_args(events: Sequence[AppendEvent], ids: Sequence[str], now: int) -> list[Any]:
     """``APPEND``'s arguments per event: id, entry, lane, settled, the
-    cause's index and attempt, and the concurrency key and limit."""
+    cause's index and attempt, the concurrency key and limit, the delay, the
+    debounce key (as a lane) and the type."""
     args: list[Any] = []
     for event, event_id in zip(events, ids, strict=True):
         cause = event.cause
@@ -319,6 +326,9 @@ def append_args(events: Sequence[AppendEvent], ids: Sequence[str], now: int) -> 
             "" if cause is None else cause.attempt,
             event.concurrency_key or "",
             event.concurrency_limit or "",
+            "" if event.delay_ms is None else event.delay_ms,
+            lane_arg(event.debounce_key),
+            event.type,
         ]
     return args
 
@@ -377,6 +387,8 @@ def appended_rows(
                 attempt_count=1 if claimed else 0,
                 claim_holder=holder if claimed else None,
                 claim_expires_at_ms=expires_at if claimed else None,
+                not_before_ms=None if event.delay_ms is None else now + event.delay_ms,
+                debounce_key=event.debounce_key,
             )
         )
     return inserted

@@ -21,7 +21,9 @@ collides across sessions):
   expiry, ``fc``/``lc`` first/last claimed, ``lf``/``la`` last failure time
   and attempt, ``e`` error, ``d`` dead-lettered at, ``p`` processed at,
   ``pb`` processed by attempt, ``r`` returned ids as JSON text, ``l`` lane,
-  ``nb`` not before: issue 33; ``ck``/``cl`` concurrency key and limit).
+  ``nb`` not before; ``ck``/``cl`` concurrency key and limit; ``t``/``k`` a
+  debounced event's type and key, ``db`` the index of the event whose append
+  skipped it: issue 33).
   Settled events have none: they are processed at creation.
 * ``P:S:open``: sorted set of the unprocessed indexes (dead letters
   included: they stall their lane), scored by index. Lane readiness is
@@ -118,6 +120,11 @@ local function ripe(m, now)
   return not m.nb or m.nb <= now
 end
 
+-- rules.debounces: m is settled by a debounced append of type and key
+local function debounces(m, type, key, now)
+  return m.t == type and m.k == key and alive(m) and claim_free(m, now)
+end
+
 -- rules.claimable
 local function claimable(m, ready, now)
   return alive(m) and ready and claim_free(m, now) and ripe(m, now)
@@ -186,9 +193,9 @@ local function has_room(limit, live)
   return not limit or live < limit
 end
 
--- rules.claims_at_insert: claimable, and no concurrency key
-local function claims_at_insert(m, ready)
-  return ready and not m.ck
+-- rules.claims_at_insert: claimable (ripe), and no concurrency key
+local function claims_at_insert(m, ready, now)
+  return ready and not m.ck and ripe(m, now)
 end
 
 -- The live slots of a row's key (rules.live_slot over its set): the lapsed
@@ -322,7 +329,11 @@ end
 #: none), claim expiry, notify channel, pending channel, n events, m supplied
 #: ids, expected index ('' for none), the m ids, then per event: id, entry,
 #: lane ('' or '=' .. lane), settled ('1'/'0'), cause index ('' for none),
-#: cause attempt, concurrency key ('' for none), concurrency limit.
+#: cause attempt, concurrency key ('' for none), concurrency limit, delay ms
+#: ('' for none), debounce key ('' or '=' .. key), type. A debounced event
+#: first settles the open events it debounces (``rules.debounces``) as
+#: skipped by it: lane readiness follows the open set, so their lanes move on
+#: by themselves.
 #:
 #: Returns ``{'pending', 0|1}`` (empty batch), ``{'replay', pending, others,
 #: stored rows...}`` (``stored_rows``), ``{'missing', index}`` /
@@ -360,7 +371,7 @@ end
 local at = 11 + m
 local front = frontier()
 for k = 0, n - 1 do
-  local b = at + k * 8
+  local b = at + k * 11
   if ARGV[b + 4] ~= '' then
     local cidx = tonumber(ARGV[b + 4])
     if cidx < 1 or cidx > front then return {'missing', cidx} end
@@ -375,16 +386,30 @@ local found, lanes = others()
 local claimed = {}
 local unsettled = false
 for k = 0, n - 1 do
-  local b = at + k * 8
+  local b = at + k * 11
   local idx = front + k + 1
   local lane = ARGV[b + 2]
+  local settled = ARGV[b + 3] == '1'
+  if ARGV[b + 9] ~= '' and not settled then
+    local key, type = string.sub(ARGV[b + 9], 2), ARGV[b + 10]
+    for _, r in ipairs(open_rows()) do
+      if debounces(r[2], type, key, now) then
+        local m = r[2]
+        m.p, m.db, m.h, m.x = now, idx, nil, nil
+        redis.call('HSET', META, r[1], cjson.encode(m))
+        redis.call('ZREM', OPEN, r[1])
+      end
+    end
+  end
   local mm = insert(
-    KEYS[5], sid, idx, ARGV[b], ARGV[b + 1], lane, ARGV[b + 3] == '1', ARGV[b + 6], ARGV[b + 7])
+    KEYS[5], sid, idx, ARGV[b], ARGV[b + 1], lane, settled, ARGV[b + 6], ARGV[b + 7])
   if mm then
     unsettled = true
+    if ARGV[b + 8] ~= '' then mm.nb = now + tonumber(ARGV[b + 8]) end
+    if ARGV[b + 9] ~= '' then mm.t, mm.k = ARGV[b + 10], string.sub(ARGV[b + 9], 2) end
     if lanes then
       -- Claimed as it is written: a claim in the same transaction.
-      if claims_at_insert(mm, lane_ready(lanes, mm)) then
+      if claims_at_insert(mm, lane_ready(lanes, mm), now) then
         mm.a, mm.fc, mm.lc, mm.h, mm.x = 1, now, now, holder, tonumber(ARGV[5])
         claimed[#claimed + 1] = idx
       end

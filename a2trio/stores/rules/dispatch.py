@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Literal, TypeVar
 
 from ...backoff import Backoff
-from .rows import Bookkeeping, Claim, Dispatch, Laned, Retrying
+from .rows import Bookkeeping, Claim, Debounced, Dispatch, Laned, Retrying
 
 __all__ = [
     "EVENT_RETRY",
@@ -24,6 +24,7 @@ __all__ = [
     "busy_until",
     "claim_free",
     "claimable",
+    "debounces",
     "drained",
     "due",
     "hands_on",
@@ -77,6 +78,20 @@ def ripe(not_before_ms: int | None, now_ms: int) -> bool:
     per-handler backoff's retry-at (``fail_attempt(retry_after_ms=...)``), a
     released attempt's wake time (``release_attempt``), a debounce window."""
     return not_before_ms is None or not_before_ms <= now_ms
+
+
+def debounces(row: Debounced, type: str, key: str, now_ms: int) -> bool:
+    """Whether appending a debounced event of ``type`` and ``key`` settles
+    the earlier ``row`` of its session as skipped (an a2trio addition, issue
+    33): the same type and key, alive, and not under a live claim (a running
+    attempt is left alone; a lapsed claim is not running)."""
+    return (
+        row.type == type
+        and row.debounce_key == key
+        and row.processed_at_ms is None
+        and row.failed_at_ms is None
+        and claim_free(row.claim_expires_at_ms, now_ms)
+    )
 
 
 def claimable(row: Dispatch, now_ms: int) -> bool:

@@ -13,6 +13,7 @@ __all__ = [
     "Bookkeeping",
     "Claim",
     "Completion",
+    "Debounced",
     "Dispatch",
     "Laned",
     "Retrying",
@@ -58,6 +59,21 @@ class Retrying(Dispatch, Protocol):
     def failure_count(self) -> int: ...
     @property
     def last_failed_at_ms(self) -> int | None: ...
+
+
+class Debounced(Protocol):
+    """The columns a debounced append reads of an earlier row."""
+
+    @property
+    def type(self) -> str: ...
+    @property
+    def debounce_key(self) -> str | None: ...
+    @property
+    def processed_at_ms(self) -> int | None: ...
+    @property
+    def failed_at_ms(self) -> int | None: ...
+    @property
+    def claim_expires_at_ms(self) -> int | None: ...
 
 
 class Laned(Protocol):

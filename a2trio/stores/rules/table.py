@@ -14,7 +14,7 @@ import msgspec
 
 from ..base import OperatorActionError
 from .actions import check_action, retry_targets
-from .dispatch import RETRY_FIRST_MS, alive, claimable, renew_verdict, sweepable
+from .dispatch import RETRY_FIRST_MS, alive, claimable, debounces, renew_verdict, sweepable
 from .fences import complete_verdict, fail_verdict, release_verdict
 
 __all__ = [
@@ -32,8 +32,11 @@ __all__ = [
 
 class Facts(msgspec.Struct, frozen=True, kw_only=True):
     """One event row's bookkeeping in a named state of :data:`STATES`, at
-    :data:`NOW` (it satisfies every row protocol above)."""
+    :data:`NOW` (it satisfies every row protocol above). Every row is a
+    ``note`` of debounce key ``k`` (what the ``debounce`` cases append)."""
 
+    type: str = "note"
+    debounce_key: str | None = "k"
     lane: str | None = None
     lane_ready: bool = True
     processed_at_ms: int | None = None
@@ -105,7 +108,16 @@ STATES: dict[str, Facts | None] = {
 }
 
 Rule = Literal[
-    "claim", "sweep", "renew", "complete", "fail", "release", "redrive", "skip", "retry_now"
+    "claim",
+    "sweep",
+    "renew",
+    "complete",
+    "fail",
+    "release",
+    "debounce",
+    "redrive",
+    "skip",
+    "retry_now",
 ]
 
 
@@ -117,7 +129,8 @@ class Case(msgspec.Struct, frozen=True):
     Verdicts: ``claim`` ``claimed``/``passed``; ``sweep`` ``swept``/``passed``;
     ``renew`` a :data:`RenewVerdict`; ``complete`` a :data:`CompleteVerdict`
     (returning no events); ``fail`` the outcome, ``+ recorded`` when it writes;
-    ``release`` a :data:`ReleaseVerdict`;
+    ``release`` a :data:`ReleaseVerdict`; ``debounce`` (a later ``note`` of
+    the row's key appended) ``skipped``/``passed``;
     the operator actions ``done`` or their refusal's reason; ``no_event`` for
     an index the session lacks.
     """
@@ -190,6 +203,13 @@ CASES: tuple[Case, ...] = (
     ),
     *_cases("release", "reclaimed: released", attempt=2),
     *_cases(
+        "debounce",
+        "new: skipped, claimed: passed, lapsed: skipped, reclaimed: passed, failed: skipped,"
+        " failed_due: skipped, dead: passed, processed: passed, waiting: skipped,"
+        " handed_on: skipped, behind_dead: skipped, deferred: skipped, deferred_due: skipped,"
+        " backing_off: skipped",
+    ),
+    *_cases(
         "redrive",
         "dead: done, claimed: claimed, lapsed: not_dead_lettered, new: not_dead_lettered,"
         " failed: not_dead_lettered, processed: not_dead_lettered, missing: no_event",
@@ -217,6 +237,8 @@ def decide(case: Case) -> str:
         return "claimed" if row is not None and claimable(row, NOW) else "passed"
     if case.rule == "sweep":
         return "swept" if row is not None and sweepable(row, NOW) else "passed"
+    if case.rule == "debounce":
+        return "skipped" if row is not None and debounces(row, "note", "k", NOW) else "passed"
     if case.rule == "renew":
         return renew_verdict(row, case.attempt, case.holder, NOW)
     assert row is not None or case.rule in ("redrive", "skip", "retry_now")

@@ -155,8 +155,15 @@ _V7 = (
     """,
 )
 
+# A debounced event's key, and the index of the later event whose append
+# skipped it (issue 33). Null for others, and for events written before.
+_V8 = (
+    "alter table a2_events add column debounce_key text",
+    "alter table a2_events add column debounced_by integer",
+)
+
 #: Statements per migration; entry ``n`` upgrades ``user_version`` ``n`` to ``n + 1``.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
 
 #: The version this release writes and reads.
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -43,6 +43,8 @@ __all__ = [
     "COMPLETE",
     "COMPLETION_TARGET",
     "DEAD_LETTERS",
+    "DEBOUNCED",
+    "DEBOUNCE_CANDIDATES",
     "DRAINED",
     "EVENT_COLUMNS",
     "FAIL",
@@ -84,6 +86,7 @@ __all__ = [
     "TRIM_FAILURES",
     "Bookkeeping",
     "Completion",
+    "Debounce",
     "Dispatch",
     "Target",
     "claimable",
@@ -179,12 +182,13 @@ EVENT_COLUMNS: Final = (
     "processed_by_attempt, returned_event_ids, first_claimed_at, last_claimed_at, "
     "attempt_count, failure_count, last_failed_at, last_failed_attempt, last_error, "
     "failed_at, claim_holder, claim_expires_at, trace_context, not_before, version, "
-    "concurrency_key, concurrency_limit"
+    "concurrency_key, concurrency_limit, debounce_key, debounced_by"
 )
 
 _INSERTED: Final = (
     "session_id, idx, event_type, payload, event_id, created_at, cause, lane, lane_ready, "
-    "processed_at, trace_context, version, concurrency_key, concurrency_limit"
+    "processed_at, trace_context, version, concurrency_key, concurrency_limit, not_before, "
+    "debounce_key"
 )
 
 #: One new unclaimed row, ready in its lane as the fragment decides: a lane
@@ -192,15 +196,33 @@ _INSERTED: Final = (
 #: (issue 31).
 INSERT: Final = f"""
 insert into a2_events ({_INSERTED})
-values (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {_ready_at_insert("?1", "?8")}, ?9, ?10, ?11, ?12, ?13)
+values (
+  ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {_ready_at_insert("?1", "?8")}, ?9, ?10, ?11, ?12, ?13, ?14, ?15
+)
 """
 
 #: One new row claimed as it is written (:func:`insert` decides), so ready in
-#: its lane; ``?6``, its creation, is the claim's time.
+#: its lane and ripe; ``?6``, its creation, is the claim's time.
 INSERT_CLAIMED: Final = f"""
 insert into a2_events
   ({_INSERTED}, attempt_count, first_claimed_at, last_claimed_at, claim_holder, claim_expires_at)
-values (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 1, ?9, ?10, ?11, ?12, ?13, 1, ?6, ?6, ?14, ?15)
+values (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 1, ?9, ?10, ?11, ?12, ?13, ?14, ?15, 1, ?6, ?6, ?16, ?17)
+"""
+
+#: A debounced append's candidates (issue 33): the session's unprocessed rows
+#: of type ``?2`` and debounce key ``?3``; ``rules.debounces`` decides.
+DEBOUNCE_CANDIDATES: Final = """
+select idx, event_type, debounce_key, processed_at, failed_at, claim_expires_at, lane, lane_ready
+from a2_events indexed by a2_events_unprocessed
+where session_id = ?1 and processed_at is null and event_type = ?2 and debounce_key = ?3
+"""
+
+#: A row a debounced append skipped (`rules.debounces` said so): processed by
+#: no attempt, ``debounced_by`` the new event's index.
+DEBOUNCED: Final = """
+update a2_events set processed_at = ?1, debounced_by = ?2, lane_ready = 0,
+  claim_holder = null, claim_expires_at = null
+where session_id = ?3 and idx = ?4
 """
 
 #: Events after ``?2`` through ``?3`` (None: the end). The upper bound is one
@@ -589,6 +611,20 @@ class Dispatch(NamedTuple):
     concurrency_limit: int | None = None
 
 
+class Debounce(NamedTuple):
+    """A debounced append's candidate (``rules.Debounced``, ``rules.Laned``):
+    :data:`DEBOUNCE_CANDIDATES`' row (``at`` its index)."""
+
+    at: int
+    type: str
+    debounce_key: str | None
+    processed_at_ms: int | None
+    failed_at_ms: int | None
+    claim_expires_at_ms: int | None
+    lane: str | None
+    lane_ready: bool
+
+
 def target(row: tuple[Any, ...]) -> Target:
     processed, failed, attempts, holder, failures, last_failed, expires, lane, ready = row
     return Target(
@@ -695,6 +731,9 @@ def insert(
     readiness ``rules.ready_at_insert``'s; unclaimed, ready as
     :data:`INSERT`'s fragment decides."""
     processed_at = now if event.settled else None
+    if event.debounce_key is not None:
+        _debounce(conn, session_id, index, event.type, event.debounce_key, now)
+    not_before = None if event.delay_ms is None else now + event.delay_ms
     row = StoredEvent(
         id=event_id,
         type=event.type,
@@ -709,6 +748,8 @@ def insert(
         version=event.version,
         concurrency_key=event.concurrency_key,
         concurrency_limit=event.concurrency_limit,
+        not_before_ms=not_before,
+        debounce_key=event.debounce_key,
     )
     columns = (
         session_id,
@@ -721,22 +762,15 @@ def insert(
         event.lane,
     )
     flow = (event.concurrency_key, event.concurrency_limit)
+    rest = (processed_at, event.trace_context, event.version, *flow, not_before, event.debounce_key)
     if claim is not None:
         ready = rules.ready_at_insert(event.lane, open_lanes(conn, session_id, event.lane))
-        dispatch = Dispatch(processed_at, None, ready, None, None, *flow)
+        dispatch = Dispatch(processed_at, None, ready, None, not_before, *flow)
         if rules.claims_at_insert(dispatch, now):
             expires_at = now + claim.ttl_ms
             conn.execute(
                 INSERT_CLAIMED,
-                (
-                    *columns,
-                    processed_at,
-                    event.trace_context,
-                    event.version,
-                    *flow,
-                    claim.holder,
-                    expires_at,
-                ),
+                (*columns, *rest, claim.holder, expires_at),
             )
             return msgspec.structs.replace(
                 row,
@@ -746,7 +780,7 @@ def insert(
                 claim_holder=claim.holder,
                 claim_expires_at_ms=expires_at,
             )
-    conn.execute(INSERT, (*columns, processed_at, event.trace_context, event.version, *flow))
+    conn.execute(INSERT, (*columns, *rest))
     return row
 
 
@@ -767,3 +801,17 @@ def fail(
     conn.execute(RECORD_FAILURE, (session_id, index, attempt, error, now))
     conn.execute(TRIM_FAILURES, (session_id, index))
     conn.execute(FAIL, (failures, error, now, attempt, dead_at, retry_at, session_id, index))
+
+
+def _debounce(
+    conn: sqlite3.Connection, session_id: str, index: int, type: str, key: str, now: int
+) -> None:
+    """Skip the earlier rows ``rules.debounces`` says the new debounced row
+    at ``index`` settles, handing their lanes on (before the new row's own
+    lane readiness is decided)."""
+    for found in conn.execute(DEBOUNCE_CANDIDATES, (session_id, type, key)).fetchall():
+        at, found_type, found_key, processed, failed, expires, lane, ready = found
+        row = Debounce(at, found_type, found_key, processed, failed, expires, lane, bool(ready))
+        if rules.debounces(row, type, key, now):
+            conn.execute(DEBOUNCED, (now, index, session_id, row.at))
+            hand_on(conn, session_id, row)

@@ -77,6 +77,7 @@ class WireEventStatus(msgspec.Struct, frozen=True, rename="camel"):
     dead_lettered_at_ms: int | None
     lane: str | None
     not_before_ms: int | None = None
+    debounced_by: int | None = None
 
 
 class WireOperatorAction(msgspec.Struct, frozen=True, rename="camel"):
