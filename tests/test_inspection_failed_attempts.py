@@ -162,7 +162,7 @@ def test_the_cli_lists_each_failed_attempt_and_shows_one_event_whole(
     assert main(["--app", name, "--store", url, "event", "s1", "1"]) == 0
     detail = capsys.readouterr().out
     assert detail.startswith("event s1 #1: job (")
-    assert "state     dead_lettered, 2 attempts, 2 failures" in detail
+    assert "state      dead_lettered, 2 attempts, 2 failures" in detail
     assert '"name": "bad"' in detail
     assert detail.count("Traceback (most recent call last)") == 2, "each error whole"
     assert "retry_now by test" in detail

@@ -190,8 +190,8 @@ def _event_detail(e: InspectedEvent) -> list[str]:
     s = e.status
     lines = [
         f"event {e.event.session_id} #{e.event.index}: {e.event.type} ({e.event.id})",
-        f"created   {e.event.created_at.isoformat(timespec='milliseconds')}",
-        f"state     {s.state}, {s.attempts} attempts, {s.failures} failures"
+        f"created    {e.event.created_at.isoformat(timespec='milliseconds')}",
+        f"state      {s.state}, {_count(s.attempts, 'attempt')}, {_count(s.failures, 'failure')}"
         + ("" if s.lane is None else f", lane {s.lane}"),
     ]
     for name, ms in (
@@ -204,14 +204,14 @@ def _event_detail(e: InspectedEvent) -> list[str]:
         ("dead", s.dead_lettered_at_ms),
     ):
         if ms is not None:
-            lines.append(f"{name:<9} {_when(ms)}")
+            lines.append(f"{name:<10} {_when(ms)}")
     if s.claim_holder is not None:
         lines.append(
-            f"running   attempt {s.attempts} on {s.claim_holder}, lease ends "
+            f"running    attempt {s.attempts} on {s.claim_holder}, lease ends "
             f"{_when(s.claim_expires_at_ms)}"
         )
     if e.trace_id is not None:
-        lines.append(f"trace     {e.trace_id}")
+        lines.append(f"trace      {e.trace_id}")
     lines += ["payload", *("  " + line for line in _pretty(e.event.payload))]
     for f in e.failed_attempts:
         lines += [
@@ -228,6 +228,10 @@ def _event_detail(e: InspectedEvent) -> list[str]:
         for a in e.actions
     ]
     return lines
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
 def _pretty(payload: object) -> list[str]:
