@@ -8,6 +8,10 @@ inspector's JSON and the harness show. The key is per session.
 
 from __future__ import annotations
 
+import json
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -16,10 +20,15 @@ import trio
 import trio.testing
 
 import a2trio
+from a2trio.inspect import main as inspect_main
+from a2trio.stores.base import Store
+from a2trio.stores.postgres import postgres
+from a2trio.stores.sqlite import sqlite
 from a2trio.testing import TrioClock, open_harness
 from a2trio.transport.wire.inspection import session_events_page_to_wire
 
 from .apps import Note, Ordered, orders
+from .backends.postgres import database_dsn, run_sql
 from .backends.sqlite import open_store
 
 
@@ -233,3 +242,131 @@ def test_debounce_must_be_a_debounce() -> None:
     with pytest.raises(TypeError, match=r"debounce must be an a2trio.Debounce"):
         a2trio.on(placed, fn, debounce={"period": 1})  # type: ignore[arg-type]
     assert repr(a2trio.Debounce(2, key=_by_item)) == "Debounce(2.0, key=_by_item)"
+
+
+_CLI_APP = """
+import msgspec, a2trio
+
+class Note(msgspec.Struct, frozen=True):
+    text: str
+
+notes = a2trio.contract("notes", events={"note": Note})
+server = a2trio.Server(notes)
+"""
+
+
+class _CliNote(msgspec.Struct, frozen=True):
+    text: str
+
+
+def test_the_cli_shows_a_debounced_event_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = f"debounce_cli_{secrets.token_hex(4)}"
+    (tmp_path / f"{name}.py").write_text(_CLI_APP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    db = tmp_path / "notes.db"
+    notes = a2trio.contract("notes", events={"note": _CliNote})
+
+    async def noted(ctx: a2trio.HandlerContext[_CliNote]) -> None:
+        return None
+
+    async def write() -> None:
+        handlers = {"note": a2trio.handler(noted, debounce=a2trio.Debounce(3_600))}
+        store = a2trio.stores.sqlite(str(db))
+        async with a2trio.Server(notes, store=store, handlers=handlers) as server:
+            for text in ("a", "b"):
+                await server.session("s1").append(notes.event("note", _CliNote(text)))
+
+    trio.run(write)
+    url = f"sqlite:///{db}"
+    assert inspect_main(["--app", name, "--store", url, "events", "s1"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [row[:3] for row in rows] == [["1", "note", "skipped"], ["2", "note", "pending"]]
+    assert inspect_main(["--app", name, "--store", url, "--json", "events", "s1"]) == 0
+    page = json.loads(capsys.readouterr().out)
+    assert [e["status"]["debouncedBy"] for e in page["events"]] == [2, None]
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+async def durable(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    """A store on a fresh Postgres schema or SQLite file (the app's own
+    transaction needs one)."""
+    if request.param == "postgres":
+        dsn = await database_dsn()
+        schema = f"s_{secrets.token_hex(6)}"
+        store: Store = postgres(dsn, schema=schema)
+        try:
+            async with store:
+                yield store
+        finally:
+            await store.aclose()
+            await run_sql(dsn, f'drop schema if exists "{schema}" cascade')
+    else:
+        async with sqlite(str(tmp_path / "debounce.db")) as store:
+            yield store
+
+
+async def test_debounced_appends_in_the_apps_transaction_skip_at_its_commit_only(
+    durable: Store,
+) -> None:
+    handlers = {"ordered": a2trio.handler(Runs().ordered, debounce=a2trio.Debounce(3_600))}
+    async with a2trio.Server(orders, store=durable, handlers=handlers) as server:
+        session = server.session("s1")
+        await session.append(orders.event("ordered", Ordered("a")))
+        with pytest.raises(LookupError):
+            async with server.transaction() as tx:
+                await session.append(orders.event("ordered", Ordered("b")), transaction=tx)
+                raise LookupError("rolled back")
+        async with server.transaction() as tx:
+            await session.append(orders.event("ordered", Ordered("c")), transaction=tx)
+        page = await server.inspect.read_session_page("s1")
+    assert [(e.event.index, e.status.state, e.status.debounced_by) for e in page.events] == [
+        (1, "skipped", 2),
+        (2, "pending", None),
+    ]
+    assert [e.event.payload.item for e in page.events] == ["a", "c"]
+
+
+async def test_abort_on_cancels_the_running_event_a_newer_one_replaces(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``abort_on`` its own type composes with a debounce: the running
+    attempt is aborted when the newer event lands, which runs after its period."""
+    runs = Runs(sleep=10)
+    handlers = {
+        "ordered": a2trio.handler(runs.ordered, debounce=a2trio.Debounce(1), abort_on=["ordered"])
+    }
+    async with open_harness(orders, handlers=handlers) as app:
+        session = app.session("s1")
+        await session.append(orders.event("ordered", Ordered("a")))
+        await app.advance(2)
+        await session.append(orders.event("ordered", Ordered("b")))
+        await app.advance(30)
+        await app.assert_outcome(session, 1, "aborted", attempts=1)
+        await app.assert_outcome(session, 2, "processed", attempts=1)
+    assert [item for item, _, _ in runs.log] == ["a", "b"]
+
+
+async def test_a_newer_event_skips_one_waiting_for_its_backoff(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    attempts: list[tuple[str, int]] = []
+
+    async def flaky(ctx: a2trio.HandlerContext[Ordered]) -> None:
+        attempts.append((ctx.event.payload.item, ctx.attempt))
+        if ctx.event.payload.item == "a":
+            raise RuntimeError("a fails")
+
+    retry = a2trio.Retry(5, backoff=lambda n: 60.0)
+    handlers = {"ordered": a2trio.handler(flaky, debounce=a2trio.Debounce(1), retry=retry)}
+    async with open_harness(orders, handlers=handlers) as app:
+        session = app.session("s1")
+        await session.append(orders.event("ordered", Ordered("a")))
+        await app.advance(5)
+        await app.assert_outcome(session, 1, "failed", attempts=1, failures=1)
+        await session.append(orders.event("ordered", Ordered("b")))
+        await app.advance(120)
+        await app.assert_outcome(session, 1, "skipped", attempts=1, failures=1)
+        await app.assert_outcome(session, 2, "processed", attempts=1)
+    assert attempts == [("a", 1), ("b", 1)]
