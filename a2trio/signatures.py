@@ -24,7 +24,7 @@ import typing
 from collections.abc import Callable
 from typing import Annotated, Any, Union
 
-__all__ = ["accepts", "parameter_annotation", "type_name"]
+__all__ = ["accepts", "parameter_annotation", "return_annotation", "type_name"]
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
@@ -47,6 +47,20 @@ def parameter_annotation(fn: Callable[..., Any], position: int) -> Any:
         return Any
     annotation = parameters[position].annotation
     if annotation is inspect.Parameter.empty:
+        return Any
+    if isinstance(annotation, str):
+        return _resolve(fn, annotation)
+    return annotation
+
+
+def return_annotation(fn: Callable[..., Any]) -> Any:
+    """The resolved return annotation of ``fn`` (for an ``async def``, the
+    awaited value's), or ``Any`` when there is none or it cannot be resolved."""
+    try:
+        annotation = inspect.signature(fn).return_annotation
+    except (TypeError, ValueError):
+        return Any
+    if annotation is inspect.Signature.empty:
         return Any
     if isinstance(annotation, str):
         return _resolve(fn, annotation)

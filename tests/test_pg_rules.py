@@ -82,6 +82,7 @@ SPELLINGS: dict[str, Spelling] = {
             "DEBOUNCE",
             "LIST_SESSIONS",
             "RETRY_CANDIDATES",
+            "JOURNAL_WRITE",
         ),
         signature=r"failed_at is null",
     ),
@@ -122,7 +123,8 @@ SPELLINGS: dict[str, Spelling] = {
     ),
     "sweepable": Spelling(_pattern(sql.sweepable, "row", "sql"), _users("CLAIMABLE_SESSIONS")),
     "holds_claim": Spelling(
-        _pattern(sql.holds_claim, "row", "sql"), _users("COMPLETE", "FINISH", "FAIL", "RELEASE")
+        _pattern(sql.holds_claim, "row", "sql"),
+        _users("COMPLETE", "FINISH", "FAIL", "RELEASE", "JOURNAL_WRITE"),
     ),
     "renews": Spelling(_pattern(sql.renews, "row", "sql", "sql", "sql"), _users("RENEW")),
     "cause_fenced": Spelling(_pattern(sql.cause_fenced, "row", "sql"), _users("APPEND")),

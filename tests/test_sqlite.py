@@ -183,6 +183,17 @@ async def test_a_version_6_database_gains_the_failed_attempts_table(tmp_path: Pa
         await store.fail_attempt("s", index=2, attempt=1, error="boom", max_failures=3)
         [failed] = await store.inspect.read_failures("s", [1, 2])
     assert (failed.index, failed.attempt, failed.error, failed.holder) == (2, 1, "boom", "h")
+
+
+async def test_a_version_8_database_gains_the_journal(tmp_path: Path) -> None:
+    path = str(tmp_path / "dev.db")
+    await trio.to_thread.run_sync(_database_at, path, 8)
+    async with sqlite(path) as store:
+        await store.append("s", [_event(2, "new-2")])
+        await store.claim_available("s", holder="h", ttl_ms=1_000)
+        await store.journal.write_step("s", index=2, attempt=1, name="charge", result=b"1")
+        [entry] = await store.journal.read_journal("s", 2)
+    assert (entry.name, entry.result, entry.attempt) == ("charge", b"1", 1)
     assert await trio.to_thread.run_sync(_user_version, path) == SCHEMA_VERSION
 
 

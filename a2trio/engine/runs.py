@@ -278,7 +278,7 @@ class AttemptRunner:
         under load thousands of events wait there, and what they still hold is
         what the garbage collector scans."""
         session = HandlerSession(self.engine, self.appends, self.session_id, event)
-        ctx = HandlerContext(self.engine.to_public(event), event.attempt_count, session, aborted)
+        ctx = HandlerContext(self.engine.to_public(event), session, aborted, self.engine, event)
         keyed = AppendInput(event.type, ctx.event.payload, event.id)
         if registration.concurrency is not None and event.concurrency_key is None:
             # Its key failed at append (or it predates the limit): raises

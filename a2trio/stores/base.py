@@ -44,8 +44,9 @@ Optional capabilities are attributes of the store, each the capability
 object or None: ``presence`` (:class:`PresenceStore`), ``inspect``
 (:class:`Inspection`), ``sweep`` (:class:`SweepsClaimable`), ``pending``
 (:class:`WatchesPending`), ``operator`` (:class:`OperatorActions`),
-``retention`` (:class:`Retention`) and ``transactions``
-(:class:`AppTransactions`: the app's own transaction). A caller looks once,
+``retention`` (:class:`Retention`), ``transactions``
+(:class:`AppTransactions`: the app's own transaction) and ``journal``
+(:class:`Journal`: durable handlers' steps). A caller looks once,
 tests for None and calls the object; a backend points
 each at the part of it that does the work, or sets None.
 
@@ -64,6 +65,7 @@ from typing import Any, Protocol, runtime_checkable
 from ..clock import Clock
 from .feed import Feed
 from .inspection import Inspection
+from .journal import Journal, JournalEntry
 from .records import (
     ActionKind,
     AppendEvent,
@@ -121,6 +123,8 @@ __all__ = [
     "FailedAttempt",
     "Feed",
     "Inspection",
+    "Journal",
+    "JournalEntry",
     "OperatorAction",
     "OperatorActionError",
     "OperatorActions",
@@ -238,6 +242,11 @@ class Store(Protocol):
     @property
     def transactions(self) -> AppTransactions | None:
         """The app transaction capability (SQLite, Postgres), or None."""
+        ...
+
+    @property
+    def journal(self) -> Journal | None:
+        """The durable handlers' journal (``ctx.step``), or None."""
         ...
 
     async def __aenter__(self) -> Store: ...

@@ -33,6 +33,7 @@ from ..stores.base import (
     FailResult,
     Feed,
     Inspection,
+    Journal,
     OperatorActions,
     PresenceStore,
     ReleaseResult,
@@ -173,8 +174,8 @@ class FaultyStore:
     """Wraps a store; fails or delays chosen operations on demand.
 
     Everything not listed in :data:`Operation` (presence, inspection,
-    operator actions, retention, the app's transactions, ``stream``, the
-    lifecycle) is delegated untouched.
+    operator actions, retention, the app's transactions, the journal,
+    ``stream``, the lifecycle) is delegated untouched.
     ``clock`` is the wrapped store's, so a server built on the wrapper
     stamps the same times. The store's wake-ups are not offered (``sweep``
     and ``pending`` are None): a server on the wrapper finds work only
@@ -383,6 +384,10 @@ class FaultyStore:
     @property
     def retention(self) -> Retention | None:
         return self.inner.retention
+
+    @property
+    def journal(self) -> Journal | None:
+        return self.inner.journal
 
     @property
     def transactions(self) -> AppTransactions | None:

@@ -66,7 +66,8 @@ and build rows):
 * ``states``: snapshots, ``read_state`` and ``read_states``;
 * ``feeds``: ``stream``;
 * ``presence``, ``inspection``, ``operator``, ``retention``,
-  ``transactions`` (the app's own transaction): the optional capabilities;
+  ``transactions`` (the app's own transaction), ``journal`` (durable
+  handlers' steps): the optional capabilities;
 * ``verdicts``: the rule table of :mod:`a2trio.stores.rules` (``CASES``), every
   case built and asked through the public API, so a backend's spelling of a
   rule that drifts fails by the rule's name and its starting state;
@@ -149,6 +150,11 @@ from .flow import (
 from .inspection import (
     check_inspect_list_sessions,
     check_inspect_read_events_and_snapshots,
+)
+from .journal import (
+    check_journal_erased_with_its_session,
+    check_journal_fence,
+    check_journal_steps,
 )
 from .kit import (
     FEED_DEADLINE_S,
@@ -258,6 +264,9 @@ __all__ = [
     "check_identifiers_and_values_at_the_limits",
     "check_inspect_list_sessions",
     "check_inspect_read_events_and_snapshots",
+    "check_journal_erased_with_its_session",
+    "check_journal_fence",
+    "check_journal_steps",
     "check_not_before_holds_its_lane_and_the_sweep",
     "check_operator_dead_letters",
     "check_operator_redrive",
@@ -352,6 +361,9 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_operator_skip,
     check_operator_retry_now,
     check_operator_dead_letters,
+    check_journal_steps,
+    check_journal_fence,
+    check_journal_erased_with_its_session,
     check_rule_table_claims_and_outcomes,
     check_rule_table_sweep,
     check_rule_table_operator_actions,
@@ -394,6 +406,9 @@ REQUIRES: dict[str, frozenset[str]] = {
     check_operator_retry_now.__name__: frozenset({"operator"}),
     check_operator_dead_letters.__name__: frozenset({"operator"}),
     check_rule_table_sweep.__name__: frozenset({"sweep"}),
+    check_journal_steps.__name__: frozenset({"journal"}),
+    check_journal_fence.__name__: frozenset({"journal"}),
+    check_journal_erased_with_its_session.__name__: frozenset({"journal", "retention"}),
     check_concurrency_with_lanes_and_the_sweep.__name__: frozenset({"sweep"}),
     check_rule_table_operator_actions.__name__: frozenset({"operator"}),
     check_retention_export_and_erase.__name__: frozenset({"retention"}),

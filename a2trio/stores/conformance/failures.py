@@ -18,6 +18,7 @@ from ..base import (
     ClaimRef,
     ClaimRequest,
     Inspection,
+    Journal,
     OperatorActions,
     PresenceStore,
     Retention,
@@ -91,7 +92,7 @@ async def check_every_protocol_method_fails_unavailable_translated_once(
     """Every async method of the :class:`~a2trio.stores.base.Store` protocol
     and of each capability the store has (:class:`PresenceStore`,
     :class:`Inspection`, :class:`SweepsClaimable`, :class:`WatchesPending`,
-    :class:`OperatorActions`, :class:`Retention`),
+    :class:`OperatorActions`, :class:`Retention`, :class:`Journal`),
     as ``base.py`` declares them (read from the protocols, not listed here),
     raises ``A2Error(STORE_UNAVAILABLE)`` against an unreachable backend,
     translated once, inside the store: no other ``A2Error`` below it in the
@@ -135,6 +136,8 @@ def _surfaces(store: Store) -> list[tuple[type, str]]:
         surfaces.append((OperatorActions, "operator."))
     if store.retention is not None:
         surfaces.append((Retention, "retention."))
+    if store.journal is not None:
+        surfaces.append((Journal, "journal."))
     return surfaces
 
 
@@ -224,6 +227,15 @@ def _every_call(store: Store) -> list[tuple[str, Callable[[], Awaitable[object]]
             (
                 "operator.read_actions",
                 lambda: operator.read_actions(sid, after_index=0, through_index=9),
+            ),
+        ]
+    journal = store.journal
+    if journal is not None:
+        calls += [
+            ("journal.read_journal", lambda: journal.read_journal(sid, 1)),
+            (
+                "journal.write_step",
+                lambda: journal.write_step(sid, index=1, attempt=1, name="s", result=b"1"),
             ),
         ]
     retention = store.retention

@@ -104,8 +104,8 @@ class CapabilityMissing(Exception):
 async def capabilities(open_store: StoreFactory) -> frozenset[str]:
     """The optional capabilities of the factory's stores, named as in
     :data:`REQUIRES`: ``presence``, ``presence push``, ``inspect``, ``sweep``,
-    ``operator``, ``retention``, ``transactions``, and ``ids`` when the
-    factory takes ``ids=`` (by its signature).
+    ``operator``, ``retention``, ``transactions``, ``journal``, and ``ids``
+    when the factory takes ``ids=`` (by its signature).
 
     Lets a runner skip checks before running them. Opens one store.
     """
@@ -125,6 +125,8 @@ async def capabilities(open_store: StoreFactory) -> frozenset[str]:
             found.add("retention")
         if store.transactions is not None:
             found.add("transactions")
+        if store.journal is not None:
+            found.add("journal")
         return frozenset(found)
 
 

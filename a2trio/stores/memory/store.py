@@ -57,6 +57,7 @@ from ..base import (
     WatchesPending,
 )
 from ..feed import Feed, FeedStatistics, Wakeups, open_pump_feed
+from .journal import MemoryJournal
 from .operator import MemoryOperator
 from .presence import MemoryPresence
 from .rows import Row, debounce, decode, encode, settle
@@ -198,6 +199,7 @@ class _MemoryRetention:
         for key in snapshots:
             del store._snapshots[key]
         store._failures.pop(session_id, None)
+        store.journal.forget(session_id)
         return Erased(
             session_id,
             len(rows),
@@ -209,9 +211,8 @@ class _MemoryRetention:
 
 
 class MemoryStore:
-    """An in-memory :class:`~a2trio.stores.Store` with presence, inspection,
-    the sweep, operator actions and retention (no cross-process wake-up:
-    one process).
+    """An in-memory :class:`~a2trio.stores.Store` with every capability but
+    app transactions and cross-process wake-up (one process).
 
     Args:
       clock: where stored timestamps come from (``TrioClock`` under a mock clock).
@@ -241,6 +242,7 @@ class MemoryStore:
         self.pending: WatchesPending | None = None
         self.operator: MemoryOperator = MemoryOperator(clock, self._sessions, self._open)
         self.retention: Retention = _MemoryRetention(self)
+        self.journal: MemoryJournal = MemoryJournal(clock, self._sessions)
         #: No app transactions: ``Server.transaction`` raises ``TRANSACTIONS_NOT_SUPPORTED``.
         self.transactions: AppTransactions | None = None
 

@@ -74,6 +74,9 @@ with held as (
   delete from a2_presence where ns = $1::text and exists (select 1 from go) returning 1
 ), failures as (
   delete from a2_failed_attempts where session_id = $1::text and exists (select 1 from go)
+), journal as (
+  -- The durable handlers' steps (issue 34): not counted in `Erased`.
+  delete from a2_journal where session_id = $1::text and exists (select 1 from go)
 )
 select (select n from top), h.idx, h.claim_holder, h.attempt_count, h.claim_expires_at,
        (select count(*) from events), (select count(*) from snapshots),

@@ -209,6 +209,19 @@ begin
     alter table a2_events add column debounce_key text, add column debounced_by bigint;
   end if;
 end $$;
+-- The journal of durable handlers (issue 34): each event's completed steps
+-- by name, written once by the attempt that holds the claim; `seq` keeps the
+-- order they were written in. Results are JSON text, kept verbatim.
+create table if not exists a2_journal (
+  session_id  text    not null,
+  idx         bigint  not null,
+  name        text    not null,
+  result      text    not null,
+  attempt     integer not null,
+  at          bigint  not null,
+  seq         bigserial,
+  primary key (session_id, idx, name)
+);
 """
 
 # Notifications are transactional: delivered at commit, never for a rollback.
@@ -1366,5 +1379,51 @@ READ_ACTIONS = Statement(
 select action, session_id, idx, actor, reason, at from a2_operator_actions
  where session_id = $1::text and idx > $2::bigint and idx <= $3::bigint
  order by idx, id
+"""
+)
+
+# The journal of durable handlers (a2trio addition, issue 34), in `seq` order.
+#   $1 session, $2 idx
+JOURNAL_READ = Statement(
+    """
+select name, result, attempt, at from a2_journal
+ where session_id = $1::text and idx = $2::bigint
+ order by seq
+"""
+)
+
+# rules.journals: the step is written only by the attempt that holds the
+# event's claim (the row read `for share`, so no claim slips in before the
+# commit); a name journaled already keeps its first entry. Rows: whether the
+# event exists, whether the attempt holds it, then the entry (the inserted
+# one, else the stored one).
+#   $1 session, $2 idx, $3 name, $4 attempt, $5 result (JSON text), $6 now
+JOURNAL_WRITE = Statement(
+    f"""
+with parent as materialized (
+  select processed_at, failed_at, attempt_count, claim_holder
+    from a2_events
+   where session_id = $1::text and idx = $2::bigint
+   for share
+),
+holding as materialized (
+  select 1 from parent where {holds_claim("parent", "$4::int")}
+),
+inserted as (
+  insert into a2_journal (session_id, idx, name, result, attempt, at)
+  select $1::text, $2::bigint, $3::text, $5::text, $4::int, $6::bigint from holding
+  on conflict (session_id, idx, name) do nothing
+  returning name, result, attempt, at
+)
+select exists (select 1 from parent), exists (select 1 from holding),
+       w.name, w.result, w.attempt, w.at
+  from (select 1) as one
+  left join (
+    select name, result, attempt, at from inserted
+    union all
+    select name, result, attempt, at from a2_journal
+     where session_id = $1::text and idx = $2::bigint and name = $3::text
+  ) as w on true
+ limit 1
 """
 )

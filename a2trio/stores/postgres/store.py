@@ -107,6 +107,7 @@ from ..base import (
     ClaimResult,
     CompleteResult,
     FailResult,
+    Journal,
     OperatorActions,
     ReleaseResult,
     RenewResult,
@@ -125,6 +126,7 @@ from .codec import encode, stored_event
 from .conn import PgPool, errors
 from .database import Database
 from .inspection import PostgresInspection
+from .journal import PostgresJournal
 from .listener import ListenerStatistics, StoreListener
 from .operator import PostgresOperator
 from .presence import PostgresPresence
@@ -166,7 +168,8 @@ class PostgresStore:
     conninfo, including the schema's ``search_path`` unless
     ``pooler="transaction"``: open your own connections with it), ``clock``,
     ``presence``, ``inspect``, ``sweep``, ``pending`` (the listener),
-    ``operator``, ``transactions`` (the app's own, ``transaction``).
+    ``operator``, ``transactions`` (the app's own, ``transaction``),
+    ``journal``.
     """
 
     def __init__(
@@ -225,6 +228,7 @@ class PostgresStore:
         self.pending: WatchesPending = self._listener
         self.operator: OperatorActions = PostgresOperator(self._db, clock=clock)
         self.retention: Retention = PostgresRetention(self._db, clock=clock)
+        self.journal: Journal = PostgresJournal(self._db, clock=clock)
         self.transactions: AppTransactions = PostgresTransactions(
             self._db, self._writes, self._wakeups
         )

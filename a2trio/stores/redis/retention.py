@@ -43,10 +43,11 @@ return {rows, redis.call('HGETALL', KEYS[3]), redis.call('LRANGE', KEYS[4], 0, -
 """
 
 #: KEYS: log, meta, open, head, snap, presence, actions, ids, sessions,
-#: open-sessions, failures. ARGV: now, the expected frontier ('' for any), the
-#: session key. Returns ``{'claimed', frontier, index, holder, attempts,
-#: expiry}``, ``{'changed', frontier}`` or ``{'erased', frontier, events,
-#: snapshots, actions, presence}``.
+#: open-sessions, failures, journal (the durable handlers' steps, not
+#: counted). ARGV: now, the expected frontier ('' for any), the session key.
+#: Returns ``{'claimed', frontier, index, holder, attempts, expiry}``,
+#: ``{'changed', frontier}`` or ``{'erased', frontier, events, snapshots,
+#: actions, presence}``.
 ERASE: Final = (
     RULES
     + r"""
@@ -69,7 +70,8 @@ end
 local snapshots = redis.call('HLEN', KEYS[5])
 local presence = redis.call('HLEN', KEYS[6])
 local actions = redis.call('LLEN', KEYS[7])
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[11])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[11],
+  KEYS[12])
 redis.call('ZREM', KEYS[9], ARGV[3])
 redis.call('ZREM', KEYS[10], ARGV[3])
 return {'erased', front, #ids, snapshots, actions, presence}
@@ -128,6 +130,7 @@ class RedisRetention:
                     keys.global_key("sessions"),
                     keys.global_key("open-sessions"),
                     keys.key(session_id, "failures"),
+                    keys.key(session_id, "journal"),
                 ],
                 [now, "" if expected_index is None else expected_index, session_id],
             )

@@ -41,6 +41,9 @@ collides across sessions):
   Written by ``FAIL_WRITE`` only, read by inspection only.
 * ``P:S:actions``: list of the operator actions recorded on the session's
   events, oldest first, each ``[action, index, by, reason, at]`` as JSON.
+* ``P:S:journal``: hash, index -> the durable handlers' journaled steps of
+  the event at that index, in the order written, as a JSON array of
+  ``[name, attempt, at, result]`` (``result``: the step's JSON text).
 * ``P:S:watched``: a marker with a TTL that live feeds refresh; writes to a
   session publish a wake-up on ``P:S:notify`` only while it exists.
 * ``P:ids``: hash, event id -> ``"<index>:<session key>"`` (ids are unique
@@ -74,8 +77,10 @@ __all__ = [
     "FAIL_READ",
     "FAIL_WRITE",
     "FIND",
+    "HGET",
     "HGETALL",
     "HMGET",
+    "JOURNAL_WRITE",
     "LIST",
     "LRANGE",
     "PRESENCE_READ",
@@ -692,6 +697,32 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ':' .. ARGV[3] .. ':' .. ARGV[4]
 return 1
 """
 
+#: The durable handlers' journal (issue 34): a step written once, fenced by
+#: ``holds_claim`` (only the attempt that holds the event's claim writes).
+#: KEYS: log, meta, open, head, journal. ARGV: index, attempt, name, result
+#: (JSON text), now. Returns ``{'missing'}``, ``{'superseded'}`` or ``{'ok',
+#: entry}`` (the name's first entry as JSON, this one or the one stored
+#: before).
+JOURNAL_WRITE = (
+    _PRELUDE
+    + r"""
+local idx, attempt = tonumber(ARGV[1]), tonumber(ARGV[2])
+if idx < 1 or idx > frontier() then return {'missing'} end
+local raw = redis.call('HGET', META, ARGV[1])
+if not raw or not holds_claim(cjson.decode(raw), attempt) then return {'superseded'} end
+local raw = redis.call('HGET', KEYS[5], ARGV[1])
+local entries = {}
+if raw then entries = cjson.decode(raw) end
+for _, entry in ipairs(entries) do
+  if entry[1] == ARGV[3] then return {'ok', cjson.encode(entry)} end
+end
+local entry = {ARGV[3], attempt, tonumber(ARGV[5]), ARGV[4]}
+entries[#entries + 1] = entry
+redis.call('HSET', KEYS[5], ARGV[1], cjson.encode(entries))
+return {'ok', cjson.encode(entry)}
+"""
+)
+
 #: Inspection counters. KEYS: (head, meta, open) per session. Returns per
 #: session ``{n, first, updated, pending, failed, attempts, failures}``.
 SUMMARIES = r"""
@@ -882,6 +913,7 @@ LIST = "return redis.call('ZRANGE', KEYS[1], ARGV[1], ARGV[2], 'BYLEX', 'LIMIT',
 LRANGE = "return redis.call('LRANGE', KEYS[1], 0, -1)"
 HGETALL = "return redis.call('HGETALL', KEYS[1])"
 HMGET = "return redis.call('HMGET', KEYS[1], unpack(ARGV))"
+HGET = "return redis.call('HGET', KEYS[1], ARGV[1])"
 SET_PX = "return redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])"
 
 #: Compare-and-set rounds of a failure before giving up (each loses only to

@@ -31,6 +31,7 @@ from ..base import (
     CompleteResult,
     EventCause,
     FailResult,
+    Journal,
     OperatorActions,
     ReleaseResult,
     RenewResult,
@@ -48,6 +49,7 @@ from .claims import RedisClaims
 from .codec import Keys
 from .conn import Connection, errors
 from .inspection import RedisInspection
+from .journal import RedisJournal
 from .operator import RedisOperator
 from .presence import RedisPresence
 from .retention import RedisRetention
@@ -120,6 +122,7 @@ class RedisStore:
             self._conn, self._keys, self.clock, self._origin
         )
         self.retention: Retention = RedisRetention(self._conn, self._keys, self.clock)
+        self.journal: Journal = RedisJournal(self._conn, self._keys, self.clock)
         #: No app transactions: ``Server.transaction`` raises ``TRANSACTIONS_NOT_SUPPORTED``.
         self.transactions: AppTransactions | None = None
 

@@ -25,6 +25,7 @@ __all__ = [
     "fail_verdict",
     "has_pending",
     "holds_claim",
+    "journals",
     "no_event",
     "release_verdict",
     "replayed_batch",
@@ -171,6 +172,23 @@ def holds_claim(row: Bookkeeping, attempt: int) -> bool:
         and row.attempt_count == attempt
         and row.claim_holder is not None
     )
+
+
+def journals(session_id: str, index: int, attempt: int, row: Bookkeeping | None) -> None:
+    """The attempt fence on a durable handler's journal write (issue 34): the
+    step is written only by the attempt that holds the event's claim
+    (:func:`holds_claim`, as a completion), so a superseded attempt's step
+    never lands. ``row`` is the event's, or None. A repeat of a name already
+    journaled is answered by the store after this fence.
+
+    Raises:
+      ValueError: no event at ``index``.
+      A2Error: ``SUPERSEDED_ATTEMPT``.
+    """
+    if row is None:
+        raise no_event(session_id, index)
+    if not holds_claim(row, attempt):
+        raise superseded_attempt(session_id, EventCause(index, attempt))
 
 
 def returned_id_taken() -> A2Error:

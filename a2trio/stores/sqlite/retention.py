@@ -43,6 +43,8 @@ _ERASE: Final = (
     "delete from a2_snapshots where session_id = ?",
     "delete from a2_operator_actions where session_id = ?",
     "delete from a2_presence where ns = ?",
+    # The durable handlers' steps (issue 34): not counted in ``Erased``.
+    "delete from a2_journal where session_id = ?",
 )
 # The session's failed attempts (issue 36), which the answer does not count.
 _ERASE_FAILURES: Final = "delete from a2_failed_attempts where session_id = ?"
@@ -79,7 +81,7 @@ class SqliteRetention:
             found = conn.execute(_LIVE_CLAIM, (session_id, now)).fetchone()
             rules.check_unclaimed(session_id, None if found is None else rules.HeldClaim(*found))
             rules.check_expected(session_id, expected_index, sql.next_index(conn, session_id) - 1)
-            events, snapshots, actions, presence = (
+            events, snapshots, actions, presence, _ = (
                 conn.execute(statement, (session_id,)).rowcount for statement in _ERASE
             )
             conn.execute(_ERASE_FAILURES, (session_id,))

@@ -162,8 +162,26 @@ _V8 = (
     "alter table a2_events add column debounced_by integer",
 )
 
+# The journal of durable handlers (issue 34): each event's completed steps by
+# name, written once by the attempt that holds the claim (``seq`` keeps the
+# order they were written in).
+_V9 = (
+    """
+    create table if not exists a2_journal (
+      session_id text not null,
+      idx integer not null,
+      name text not null,
+      result text not null,
+      attempt integer not null,
+      at integer not null,
+      seq integer not null,
+      primary key (session_id, idx, name)
+    ) without rowid
+    """,
+)
+
 #: Statements per migration; entry ``n`` upgrades ``user_version`` ``n`` to ``n + 1``.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
 
 #: The version this release writes and reads.
 SCHEMA_VERSION = len(MIGRATIONS)

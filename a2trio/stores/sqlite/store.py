@@ -81,6 +81,7 @@ from ..base import (
     CompleteResult,
     EventCause,
     FailResult,
+    Journal,
     OperatorActions,
     ReleaseResult,
     RenewResult,
@@ -97,6 +98,7 @@ from . import sql
 from .conn import ConnectionPool, Transactions
 from .flow import claim_keyed
 from .inspection import SqliteInspection
+from .journal import SqliteJournal
 from .operator import SqliteOperator
 from .presence import SqlitePresence
 from .retention import SqliteRetention
@@ -269,6 +271,7 @@ class SqliteStore:
         self.pending: WatchesPending | None = None
         self.operator: OperatorActions = SqliteOperator(self._transactions, clock)
         self.retention: Retention = SqliteRetention(self._transactions, clock)
+        self.journal: Journal = SqliteJournal(self._transactions, clock)
         self.transactions: AppTransactions = SqliteTransactions(
             self._pool, self._wakeups, _append_rows, clock, self._new_id
         )
