@@ -47,6 +47,7 @@ from .stores.base import (
     RetentionError,
     SessionArchive,
     Store,
+    Trimmed,
 )
 from .telemetry import (
     NOOP_TELEMETRY,
@@ -125,6 +126,7 @@ __all__ = [
     "Telemetry",
     "Timings",
     "Transaction",
+    "Trimmed",
     "TrioClock",
     "UpcastError",
     "actor",

@@ -21,6 +21,7 @@ code                           meaning
 ``TRANSACTIONS_NOT_SUPPORTED`` the store has no app transactions (``Server.transaction``)
 ``INDEX_CONFLICT``             a conditional append found the log past its expected index
 ``CALL_REFUSED``               an actor's call refused (:class:`a2trio.Refused`)
+``TRIMMED``                    a read started below the session's trim point
 ============================== ==========================================================
 
 HTTP statuses for these codes live in one table, ``a2trio.transport.wire``.
@@ -42,8 +43,8 @@ __all__ = ["A2Error", "ErrorCode", "SqlError", "store_unavailable"]
 
 
 class ErrorCode(enum.StrEnum):
-    """The seed's ten error codes, the actors' two and the app transaction's one,
-    spelled as on the wire."""
+    """The seed's ten error codes, the actors' two, the app transaction's one
+    and retention's one (``TRIMMED``), spelled as on the wire."""
 
     INVALID_PAYLOAD = "INVALID_PAYLOAD"
     FORBIDDEN = "FORBIDDEN"
@@ -58,6 +59,7 @@ class ErrorCode(enum.StrEnum):
     TRANSACTIONS_NOT_SUPPORTED = "TRANSACTIONS_NOT_SUPPORTED"
     INDEX_CONFLICT = "INDEX_CONFLICT"
     CALL_REFUSED = "CALL_REFUSED"
+    TRIMMED = "TRIMMED"
 
 
 class A2Error(Exception):

@@ -150,3 +150,61 @@ async def test_a_store_without_retention_is_refused() -> None:
             await server.retention.erase("s1", by="ann", reason="r")
         with pytest.raises(a2trio.InspectionUnsupportedError):
             await server.retention.export("s1")
+
+
+def _count(state: int, event: a2trio.Event[Any]) -> int:
+    return state + 1
+
+
+COUNT = a2trio.Reducer("count", 0, _count)
+
+
+async def test_a_trim_keeps_the_state_and_refuses_reads_below_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="a2trio.retention")
+    async with a2trio.Server(orders, store=a2trio.stores.memory()) as server:
+        session = server.session("s1")
+        for n in range(5):
+            await session.append(orders.event("note", Note(f"n{n}")))
+        with pytest.raises(RetentionError, match=r"no snapshot of reducer 'count'") as refused:
+            await server.retention.trim("s1", COUNT, by="ann", reason="compact")
+        assert refused.value.reason == "no_snapshot"
+        assert await session.state(COUNT) == (5, 5)
+        await server.settle()  # the snapshot's write-back
+        trimmed = await server.retention.trim("s1", COUNT, by="ann", reason="compact")
+        assert (trimmed.session_id, trimmed.through_index, trimmed.events) == ("s1", 4, 4)
+        assert await session.state(COUNT) == (5, 5), "the snapshot covers what went"
+        await session.append(orders.event("note", Note("n5")))
+        assert await session.state(COUNT) == (6, 6)
+        with pytest.raises(a2trio.A2Error) as below:
+            await session.history()
+        assert below.value.code is a2trio.ErrorCode.TRIMMED
+        assert below.value.details == {"trimmedThrough": 4}
+        assert [e.payload.text for e in await session.history(gte=5)] == ["n4", "n5"]
+        with pytest.raises(a2trio.A2Error, match="trimmed through index 4"):
+            await session.state(a2trio.Reducer("other", 0, _count))
+        with pytest.raises(a2trio.A2Error, match="trimmed through index 4"):
+            async with session.stream(0) as feed:
+                await feed.receive()
+        async with session.stream(4) as feed:
+            assert (await feed.receive()).index == 5
+        page = await server.inspect.read_session_page("s1")
+        assert [e.event.index for e in page.events] == [5, 6], "inspection shows what is left"
+        again = await server.retention.trim("s1", "count", by="ann", reason="again")
+        assert (again.through_index, again.events) == (5, 1)
+    messages = [r.getMessage() for r in caplog.records if r.name == "a2trio.retention"]
+    assert messages == [
+        "trimmed session 's1' of 'orders' through index 4 (reducer 'count'): 4 events, "
+        "by 'ann': compact",
+        "trimmed session 's1' of 'orders' through index 5 (reducer 'count'): 1 events, "
+        "by 'ann': again",
+    ]
+
+
+async def test_a_trim_checks_its_input() -> None:
+    async with a2trio.Server(orders, store=a2trio.stores.memory()) as server:
+        with pytest.raises(TypeError, match=r"^`reducer` is an a2trio.Reducer or its name"):
+            await server.retention.trim("s1", "", by="ann", reason="r")
+        with pytest.raises(ValueError, match=r"^`reason` must not be empty"):
+            await server.retention.trim("s1", COUNT, by="ann", reason="")

@@ -15,6 +15,7 @@ import trio
 
 import a2trio
 from a2trio.inspect import main
+from a2trio.stores.base import AppendEvent
 
 APP = """
 import msgspec, a2trio
@@ -42,7 +43,8 @@ JOBS = a2trio.contract("jobs", events={"job": Job})
 def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
     """An app module and a sqlite file: session s1 holds a dead letter
     (index 1) and an event still to run behind it in its lane (index 2);
-    s2 one dead letter, a snapshot and a redrive's record, dead again."""
+    s2 one dead letter, a snapshot and a redrive's record, dead again; s3
+    three processed events and a snapshot at 2."""
     name = f"retention_cli_{secrets.token_hex(4)}"
     (tmp_path / f"{name}.py").write_text(APP)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -66,6 +68,9 @@ def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
             await server.store.put_snapshot(server.key("s2"), "count", 1, {"n": 1})
             await server.inspect.redrive("s2", 1, by="ann", reason="try again")
             await server.settle()
+            done = [AppendEvent("job", {"name": f"d{n}"}, settled=True) for n in range(3)]
+            await server.store.append(server.key("s3"), done)
+            await server.store.put_snapshot(server.key("s3"), "count", 2, {"n": 2})
 
     trio.run(write)
     return name, f"sqlite:///{db}"
@@ -178,3 +183,36 @@ def test_msgspec_payloads_in_an_archive_read_back(app: tuple[str, str], tmp_path
     )
     [_, event, _, _] = target.read_text().splitlines()
     assert msgspec.convert(json.loads(event)["payload"], Job) == Job("c")
+
+
+def test_trim_removes_the_events_below_a_snapshot(
+    app: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    name, url = app
+    base = ["--app", name, "--store", url]
+    with pytest.raises(SystemExit) as usage:
+        main([*base, "trim", "s3", "--reason", "compact"])
+    assert usage.value.code == 2
+    assert "--reducer" in capsys.readouterr().err
+    assert main([*base, "trim", "s3", "--reducer", "other", "--reason", "compact"]) == 1
+    assert "has no snapshot of reducer 'other'" in capsys.readouterr().err
+    assert main([*base, "trim", "s2", "--reducer", "count", "--reason", "compact"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "trimmed session 's2' through index 0: 0 events removed"
+    ], "its one event is its last: it stays"
+    assert main([*base, "trim", "s3", "--reducer", "count", "--reason", "compact"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "trimmed session 's3' through index 2: 2 events removed"
+    ]
+    assert main([*base, "--json", "events", "s3"]) == 0
+    page = json.loads(capsys.readouterr().out)
+    assert [e["event"]["index"] for e in page["events"]] == [3]
+    argv = [*base, "--json", "trim", "s3", "--reducer", "count", "--reason", "again"]
+    assert main(argv) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert {k: v for k, v in again.items() if k != "atMs"} == {
+        "sessionId": "s3",
+        "reducerName": "count",
+        "throughIndex": 2,
+        "events": 0,
+    }

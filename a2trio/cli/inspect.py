@@ -14,6 +14,7 @@ the actions that repair them.
     python -m a2trio.inspect --app module:server export SESSION
     python -m a2trio.inspect --app module:server archive SESSION --to FILE --reason TEXT
     python -m a2trio.inspect --app module:server erase SESSION --reason TEXT
+    python -m a2trio.inspect --app module:server trim SESSION --reducer NAME --reason TEXT
 
 ``--app`` names the server as ``serve`` does (``module:attribute``, the
 attribute defaulting to ``server``; with a list of servers, ``--contract``
@@ -42,6 +43,8 @@ and removes nothing. ``archive`` writes that to a new file (``--to``), then
 erases the session; ``erase`` removes the session and everything derived
 from it. Both need ``--reason``, are refused while a claim on the session is
 live (``RetentionError``, exit 1), and are logged on ``a2trio.retention``.
+``trim`` removes the session's processed events at or below the snapshot of
+the reducer ``--reducer`` names (reads below it then answer ``TRIMMED``).
 
 Only the store is opened, never the server: this process runs no handler and
 no sweep. The serving processes take an action up by themselves: at once on
@@ -406,6 +409,15 @@ async def _run(server: Server, args: argparse.Namespace) -> str:
                     args.session, args.to, by=args.by, reason=args.reason
                 )
             return _render(args, wire.erased_to_wire(erased), lambda: _erased_table(erased))
+        if args.command == "trim":
+            trimmed = await server.retention.trim(
+                args.session, args.reducer, by=args.by, reason=args.reason
+            )
+            line = (
+                f"trimmed session {trimmed.session_id!r} through index {trimmed.through_index}: "
+                f"{trimmed.events} events removed"
+            )
+            return _render(args, wire.trimmed_to_wire(trimmed), lambda: [line])
         if args.command == "retry-now":
             actions = await inspect.retry_now(args.session, by=args.by, reason=args.reason)
         elif args.command == "redrive":
@@ -485,7 +497,10 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m a2trio.ins
     archive.add_argument("--to", required=True, help="the new file (refused if it exists)")
     erase = commands.add_parser("erase", help="remove a session and everything derived from it")
     erase.add_argument("session")
-    for removal in (archive, erase):
+    trim = commands.add_parser("trim", help="remove a session's events below a snapshot")
+    trim.add_argument("session")
+    trim.add_argument("--reducer", required=True, help="the reducer whose snapshot is the point")
+    for removal in (archive, erase, trim):
         removal.add_argument("--reason", required=True, help="why (logged)")
         removal.add_argument("--by", default=_login(), help="who acts (default: login name)")
     args = parser.parse_args(argv)

@@ -202,8 +202,10 @@ class ServerInspection:
         events = page.events
         bad = through < 0 or len(events) > limit
         bad = bad or (through_index is not None and after_index > 0 and through != through_index)
+        # A trimmed session's page starts past its trim point (Retention.trim).
+        start = max(after_index, events[0].index - 1) if events else after_index
         contiguous = all(
-            row.index == after_index + position + 1 and row.index <= through
+            row.index == start + position + 1 and row.index <= through
             for position, row in enumerate(events)
         )
         if bad or not contiguous or (after_index < through and not events):

@@ -1,5 +1,5 @@
-"""``server.retention``: export, archive and erase a session of the server's
-contract (issue 35), over the store's retention capability
+"""``server.retention``: export, archive, erase and trim a session of the
+server's contract (issue 35), over the store's retention capability
 (``Store.retention``, :class:`~a2trio.stores.base.Retention`: memory,
 SQLite, Postgres, Redis).
 
@@ -26,9 +26,10 @@ from typing import Any, Final
 import msgspec
 import trio
 
+from ..contract import Reducer
 from ..identifiers import check_session_id
 from ..stores import rules
-from ..stores.base import Erased, Retention, RetentionError, SessionArchive
+from ..stores.base import Erased, Retention, RetentionError, SessionArchive, Trimmed
 from .actions import MAX_ACTOR_CHARS, MAX_REASON_CHARS, check_words
 from .context import Engine
 from .inspection_records import InspectionUnsupportedError
@@ -58,7 +59,7 @@ class ServerRetention:
         if retention is None:
             raise InspectionUnsupportedError(
                 f"the store {type(self._engine.store).__name__} has no retention "
-                "(export, archive, erase)"
+                "(export, archive, erase, trim)"
             )
         return retention
 
@@ -174,6 +175,56 @@ class ServerRetention:
             raise
         self._log(f"archived to {target!r} and erased", erased, by, reason)
         return erased
+
+    async def trim(
+        self, session_id: str, reducer: Reducer[Any] | str, *, by: str, reason: str
+    ) -> Trimmed:
+        """Remove the session's processed events at or below ``reducer``'s
+        snapshot (the last event always stays, so indexes go on). The state
+        of ``reducer`` still reads, from its snapshot; a read that starts
+        below the trim point (history from the start, a feed's cursor, the
+        state of a reducer whose snapshot is older, or which has none) raises
+        ``A2Error(TRIMMED)``, and the trimmed events' ids are forgotten (one
+        appended again is new). Logged on ``a2trio.retention``. A trim at or
+        below an earlier one removes nothing.
+
+        Args:
+          reducer: the :class:`~a2trio.Reducer` (or its name) whose snapshot
+            is the trim point: read its state first so one is written.
+
+        Raises:
+          TypeError / ValueError: a bad session id, reducer, ``by`` or ``reason``.
+          RetentionError: ``no_snapshot``, ``unprocessed`` (an event at or
+            below the point has work left, or is a dead letter), ``claimed``;
+            nothing removed.
+          InspectionUnsupportedError: the store has no retention.
+          A2Error: ``STORE_UNAVAILABLE``.
+
+        Cancellation: removed entirely or not at all; repeating it is safe.
+        """
+        check_session_id(session_id)
+        name = reducer.name if isinstance(reducer, Reducer) else reducer
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"`reducer` is an a2trio.Reducer or its name, got {reducer!r}")
+        by = check_words("by", by, MAX_ACTOR_CHARS, required=True)
+        reason = check_words("reason", reason, MAX_REASON_CHARS, required=True)
+        store = self._store()
+        try:
+            trimmed = await store.trim(self._engine.key(session_id), name)
+        except RetentionError as exc:
+            raise RetentionError(exc.reason, session_id, exc.detail) from None
+        trimmed = msgspec.structs.replace(trimmed, session_id=session_id)
+        logger.info(
+            "trimmed session %r of %r through index %d (reducer %r): %d events, by %r: %s",
+            session_id,
+            self._engine.contract.name,
+            trimmed.through_index,
+            name,
+            trimmed.events,
+            by,
+            reason,
+        )
+        return trimmed
 
     async def _erase(self, session_id: str, expected_index: int | None) -> Erased:
         store = self._store()

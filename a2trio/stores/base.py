@@ -31,6 +31,12 @@ Obligations every backend keeps:
 * **Not before**: an event whose stored ``not_before_ms`` is still to come
   is claimed by no claim and found by no sweep (``rules.ripe``).
 * **Snapshots** never move backwards.
+* **Trimmed** sessions (``Retention.trim``) keep their events above the trim
+  point and their last one. ``read``, ``stream`` (its ``start_after``) and
+  ``read_state(s)`` (from the snapshot, or from 0 without one) whose range
+  starts below the trim point raise ``A2Error(TRIMMED)`` (``rules.check_read``)
+  rather than answer a gap; ``inspect.read_events`` answers what is stored,
+  its first row past the trim point.
 * **Presence** is field-wise last-writer-wins on the sender's ``at`` (ties go
   to the incoming write); expiry runs on the store's own clock.
 * Every timestamp comes from the store's injected :class:`~a2trio.Clock`.
@@ -99,9 +105,11 @@ from .records import (
 from .retention import (
     ArchivedSnapshot,
     Erased,
+    Retention,
     RetentionError,
     RetentionRefusal,
     SessionArchive,
+    Trimmed,
 )
 
 __all__ = [
@@ -149,6 +157,7 @@ __all__ = [
     "StoredEvent",
     "StoredPresencePatch",
     "SweepsClaimable",
+    "Trimmed",
     "WatchesPending",
     "replay",
 ]
@@ -236,7 +245,7 @@ class Store(Protocol):
 
     @property
     def retention(self) -> Retention | None:
-        """The retention capability (export, erase a session), or None."""
+        """The retention capability (export, erase, trim a session), or None."""
         ...
 
     @property
@@ -494,45 +503,6 @@ class OperatorActions(Protocol):
     ) -> list[OperatorAction]:
         """The actions recorded on events in ``(after_index, through_index]``,
         by index, then in the order they were recorded."""
-        ...
-
-
-class Retention(Protocol):
-    """The optional retention capability (``store.retention``: memory,
-    SQLite, Postgres, Redis; issue 35): read a session whole, and erase it
-    with everything derived from it.
-
-    Every operation is one transaction (a script on Redis) that reads the
-    session's claims and decides with ``rules`` (``check_unclaimed``,
-    ``check_expected``) before it removes anything: a live
-    claim on any of the session's events (unexpired on the store's clock)
-    refuses it with :class:`RetentionError`, and a refused operation removes
-    nothing. None of them keeps a copy of what it removed.
-    """
-
-    async def export(self, session_id: str) -> SessionArchive:
-        """The session's events with their bookkeeping, its snapshots and the
-        operator actions recorded on it, read in one transaction (an empty
-        archive, index 0, for a session the store does not hold).
-
-        Cancellation: a read."""
-        ...
-
-    async def erase(self, session_id: str, *, expected_index: int | None = None) -> Erased:
-        """Remove the session and everything derived from it: its events (and
-        their ids, which may then be appended again, as new), snapshots,
-        operator actions and presence rows. An erased session reads as one
-        never written; its next append is index 1. Erasing a session the
-        store does not hold removes nothing and answers zeros.
-
-        With ``expected_index``, remove it only if its last index is still
-        that one (an export's ``index``: nothing appended since).
-
-        Raises:
-          RetentionError: ``claimed``, ``changed``.
-
-        Cancellation: removed entirely or not at all; repeating it is safe.
-        """
         ...
 
 

@@ -1,13 +1,13 @@
-"""The records of a store's retention capability (issue 35): what an export
-holds, what an erasure removed, and the refusal.
-
-:class:`~a2trio.stores.base.Retention` (``store.retention``) speaks them;
+"""A store's retention capability (issue 35): the protocol
+(:class:`Retention`, ``store.retention``, re-exported by
+:mod:`a2trio.stores.base` with the other capabilities) and its records:
+what an export holds, what an erasure and a trim removed, and the refusal.
 ``a2trio.stores.rules`` decides every refusal once (``rules.retention``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import msgspec
 
@@ -16,12 +16,14 @@ from .records import OperatorAction, StoredEvent
 __all__ = [
     "ArchivedSnapshot",
     "Erased",
+    "Retention",
     "RetentionError",
     "RetentionRefusal",
     "SessionArchive",
+    "Trimmed",
 ]
 
-RetentionRefusal = Literal["claimed", "changed", "unprocessed"]
+RetentionRefusal = Literal["claimed", "changed", "no_snapshot", "unprocessed"]
 
 
 class RetentionError(ValueError):
@@ -30,9 +32,11 @@ class RetentionError(ValueError):
     ``reason``: ``claimed`` (a live claim holds one of the session's events,
     unexpired on the store's clock: its attempt is running), ``changed``
     (an erasure that expected the session at one index found it elsewhere:
-    events were appended since it was read), ``unprocessed`` (an archive of
-    a session with an event still to run: let it run, or skip it, first).
-    The message names the session, then ``detail``.
+    events were appended since it was read), ``no_snapshot`` (a trim names a
+    reducer with no snapshot of the session), ``unprocessed`` (an archive of
+    a session with an event still to run, or a trim with an unprocessed
+    event, dead or alive, at or below its trim point: let it run, skip or
+    redrive it first). The message names the session, then ``detail``.
     """
 
     def __init__(self, reason: RetentionRefusal, session_id: str, detail: str) -> None:
@@ -81,3 +85,70 @@ class Erased(msgspec.Struct, frozen=True):
     actions: int
     presence: int
     at_ms: int
+
+
+class Trimmed(msgspec.Struct, frozen=True):
+    """What a trim removed: the session's events at or below
+    ``through_index`` are gone (``events`` of them by this trim; 0 when an
+    earlier trim took them already). ``at_ms`` is the store's clock."""
+
+    session_id: str
+    reducer_name: str
+    through_index: int
+    events: int
+    at_ms: int
+
+
+class Retention(Protocol):
+    """The optional retention capability (``store.retention``: memory,
+    SQLite, Postgres, Redis; issue 35): read a session whole, erase it with
+    everything derived from it, trim its events below a snapshot.
+
+    Every operation is one transaction (a script on Redis) that reads the
+    session's claims and decides with ``rules`` (``check_unclaimed``,
+    ``check_expected``, ``check_trim``) before it removes anything: a live
+    claim on any of the session's events (unexpired on the store's clock)
+    refuses it with :class:`RetentionError`, and a refused operation removes
+    nothing. None of them keeps a copy of what it removed.
+    """
+
+    async def export(self, session_id: str) -> SessionArchive:
+        """The session's events with their bookkeeping, its snapshots and the
+        operator actions recorded on it, read in one transaction (an empty
+        archive, index 0, for a session the store does not hold).
+
+        Cancellation: a read."""
+        ...
+
+    async def erase(self, session_id: str, *, expected_index: int | None = None) -> Erased:
+        """Remove the session and everything derived from it: its events (and
+        their ids, which may then be appended again, as new), snapshots,
+        operator actions and presence rows. An erased session reads as one
+        never written; its next append is index 1. Erasing a session the
+        store does not hold removes nothing and answers zeros.
+
+        With ``expected_index``, remove it only if its last index is still
+        that one (an export's ``index``: nothing appended since).
+
+        Raises:
+          RetentionError: ``claimed``, ``changed``.
+
+        Cancellation: removed entirely or not at all; repeating it is safe.
+        """
+        ...
+
+    async def trim(self, session_id: str, reducer: str) -> Trimmed:
+        """Remove the session's events at or below the trim point: the index
+        of ``reducer``'s snapshot, or the one before the last index, whichever
+        is lower (the last event always stays, so indexes go on). Their ids
+        are forgotten with them; snapshots, presence and operator actions
+        stay. A trim at or below an earlier one removes nothing.
+
+        Raises:
+          RetentionError: ``claimed``, ``no_snapshot``, ``unprocessed`` (an
+            event at or below the trim point has work left or is a dead
+            letter).
+
+        Cancellation: removed entirely or not at all; repeating it is safe.
+        """
+        ...

@@ -189,6 +189,8 @@ from .presence import (
 from .retention import (
     check_retention_erase_is_refused_while_claimed,
     check_retention_export_and_erase,
+    check_retention_trim,
+    check_retention_trim_keeps_work_and_the_last_event,
     rejected,
 )
 from .states import (
@@ -281,6 +283,8 @@ __all__ = [
     "check_renew_claims",
     "check_retention_erase_is_refused_while_claimed",
     "check_retention_export_and_erase",
+    "check_retention_trim",
+    "check_retention_trim_keeps_work_and_the_last_event",
     "check_rule_table_claims_and_outcomes",
     "check_rule_table_operator_actions",
     "check_rule_table_sweep",
@@ -374,6 +378,8 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_transaction_appends_keep_the_verdicts,
     check_transaction_holds_its_sessions,
     check_failed_attempts_are_erased_with_their_session,
+    check_retention_trim,
+    check_retention_trim_keeps_work_and_the_last_event,
 ]
 """Every check, in the order of ``base.py``'s obligations."""
 
@@ -417,4 +423,6 @@ REQUIRES: dict[str, frozenset[str]] = {
     check_transaction_rolls_back_with_the_apps_rows.__name__: frozenset({"transactions"}),
     check_transaction_appends_keep_the_verdicts.__name__: frozenset({"transactions"}),
     check_transaction_holds_its_sessions.__name__: frozenset({"transactions"}),
+    check_retention_trim.__name__: frozenset({"retention"}),
+    check_retention_trim_keeps_work_and_the_last_event.__name__: frozenset({"retention"}),
 }

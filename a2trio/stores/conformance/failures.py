@@ -243,6 +243,7 @@ def _every_call(store: Store) -> list[tuple[str, Callable[[], Awaitable[object]]
         calls += [
             ("retention.export", lambda: retention.export(sid)),
             ("retention.erase", lambda: retention.erase(sid, expected_index=3)),
+            ("retention.trim", lambda: retention.trim(sid, "r")),
         ]
     presence = store.presence
     if presence is not None:

@@ -1,12 +1,13 @@
 """The ``retention`` capability (issue 35): a session exported whole, erased
-with everything derived from it, never under a live claim; a refusal
-removes nothing."""
+with everything derived from it, trimmed below a snapshot, never under a
+live claim; a refusal removes nothing."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from ...errors import A2Error, ErrorCode
 from ..base import ClaimRequest, Retention, RetentionError, Store
 from .kit import (
     T0,
@@ -18,12 +19,16 @@ from .kit import (
     ev,
     new_sid,
     new_uid,
+    raises,
+    receive,
     unchanged,
 )
 
 __all__ = [
     "check_retention_erase_is_refused_while_claimed",
     "check_retention_export_and_erase",
+    "check_retention_trim",
+    "check_retention_trim_keeps_work_and_the_last_event",
     "rejected",
 ]
 
@@ -164,3 +169,128 @@ async def check_retention_erase_is_refused_while_claimed(open_store: StoreFactor
         assert len(await store.read(other)) == 1
         clock.advance(500)
         assert (await retention.erase(other)).events == 1
+
+
+async def _trimmed_details(store: Store, sid: str) -> object:
+    try:
+        await store.read(sid)
+    except A2Error as exc:
+        return exc.details
+    raise AssertionError("a read of a trimmed session from its start was not refused")
+
+
+async def check_retention_trim(open_store: StoreFactory) -> None:
+    """A trim removes the processed events at or below a reducer's snapshot
+    (never the last one) and forgets their ids; a read that starts below the
+    trim point raises ``TRIMMED``, one after it reads on, and the state from
+    the snapshot still folds; a repeat removes nothing; refused without a
+    snapshot, under a live claim, or over an unprocessed event."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        retention = _retention(store)
+        sid = new_sid("trim")
+        first_id = new_uid("trim-first")
+        await store.append(
+            sid,
+            [
+                ev("a", {"n": 1}, id=first_id, settled=True),
+                ev("b", settled=True),
+                ev("c"),
+                ev("d", settled=True),
+                ev("e", settled=True),
+                ev("f"),
+            ],
+        )
+        assert [e.index for e in claimed_events(await claim(store, sid))] == [3, 6]
+        await store.complete_attempt(sid, index=3, attempt=1, events=[])
+        await store.put_snapshot(sid, "count", 4, {"count": 4})
+        before = await store.read(sid)
+        with rejected("claimed"):
+            await retention.trim(sid, "count")
+        await unchanged(store, sid, before)
+        clock.advance(1_000)  # the claim on 6 lapsed
+        with rejected("no_snapshot"):
+            await retention.trim(sid, "other")
+        trimmed = await retention.trim(sid, "count")
+        assert (trimmed.session_id, trimmed.reducer_name) == (sid, "count")
+        assert (trimmed.through_index, trimmed.events, trimmed.at_ms) == (4, 4, T0 + 1_000)
+
+        for after, through in ((None, None), (0, None), (3, None), (None, 2), (2, 5)):
+            with raises(ErrorCode.TRIMMED):
+                await store.read(sid, after_index=after, through_index=through)
+        details = await _trimmed_details(store, sid)
+        assert details == {"trimmedThrough": 4}, details
+        assert [e.index for e in await store.read(sid, after_index=4)] == [5, 6]
+        assert await store.read(sid, after_index=4) == before[4:], "the rest as it was"
+        assert await store.read(sid, after_index=4, through_index=4) == []
+        assert await store.read(sid, after_index=9, through_index=12) == []
+        assert await store.find_event(sid, first_id) is None, "its id is forgotten"
+
+        state = await store.read_state(sid, "count")
+        assert state.snapshot is not None
+        assert state.snapshot.index == 4
+        assert [e.index for e in state.events] == [5, 6]
+        [also, fresh] = await store.read_states([sid, new_sid("trim-none")], "count")
+        assert (also.snapshot, [e.index for e in also.events]) == (state.snapshot, [5, 6])
+        assert (fresh.snapshot, fresh.events) == (None, [])
+        with raises(ErrorCode.TRIMMED):
+            await store.read_state(sid, "other")  # no snapshot: it would fold from 0
+        await store.put_snapshot(sid, "low", 2, {"count": 2})
+        with raises(ErrorCode.TRIMMED):
+            await store.read_state(sid, "low")
+        with raises(ErrorCode.TRIMMED):
+            async with store.stream(sid, start_after=2) as feed:
+                await receive(feed, 1)
+        async with store.stream(sid, start_after=4) as feed:
+            assert [e.index for e in await receive(feed, 2)] == [5, 6]
+
+        again = await retention.trim(sid, "count")
+        assert (again.through_index, again.events) == (4, 0), "a repeat removes nothing"
+        lower = await retention.trim(sid, "low")
+        assert (lower.through_index, lower.events) == (4, 0), "a lower point removes nothing"
+        if store.inspect is not None:
+            page = await store.inspect.read_events(sid, after_index=0, limit=10)
+            assert ([e.index for e in page.events], page.through_index) == ([5, 6], 6)
+            [summary] = (await store.inspect.list_sessions(prefix=sid, limit=10)).sessions
+            assert summary.event_count == 2, summary
+        reborn = await store.append(sid, [ev("a", id=first_id)])
+        assert [(e.index, e.id) for e in reborn.events] == [(7, first_id)], "indexes go on"
+        erased = await retention.erase(sid)
+        assert erased.events == 3, erased
+        assert await store.read(sid) == [], "an erased session is no longer trimmed"
+        assert [e.index for e in (await store.append(sid, [ev("a")])).events] == [1]
+
+
+async def check_retention_trim_keeps_work_and_the_last_event(open_store: StoreFactory) -> None:
+    """A trim never removes an unprocessed event (alive or dead) at or below
+    its point (refused, nothing removed) nor the session's last event (its
+    point stops one short of it)."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        retention = _retention(store)
+        sid = new_sid("trim-work")
+        await store.append(sid, [ev("a"), ev("b", settled=True), ev("c", settled=True)])
+        await store.put_snapshot(sid, "count", 3, {"count": 3})
+        before = await store.read(sid)
+        with rejected("unprocessed"):
+            await retention.trim(sid, "count")
+        await unchanged(store, sid, before)
+        claimed_events(await claim(store, sid))
+        await store.fail_attempt(sid, index=1, attempt=1, error="boom", max_failures=1)
+        clock.advance(1)
+        with rejected("unprocessed"):
+            await retention.trim(sid, "count")  # a dead letter has work left too
+        if store.operator is not None and store.inspect is not None:
+            assert len(await store.inspect.read_failures(sid, [1])) == 1
+            await store.operator.skip(sid, 1, by="op", reason="given up")
+            trimmed = await retention.trim(sid, "count")
+            assert (trimmed.through_index, trimmed.events) == (2, 2)
+            assert await store.inspect.read_failures(sid, [1]) == [], "its failures went with it"
+        last = new_sid("trim-last")
+        await store.append(last, [ev("a", settled=True), ev("b", settled=True)])
+        await store.put_snapshot(last, "count", 2, {"count": 2})
+        trimmed = await retention.trim(last, "count")
+        assert (trimmed.through_index, trimmed.events) == (1, 1)
+        assert [e.index for e in await store.read(last, after_index=1)] == [2]
+        state = await store.read_state(last, "count")
+        assert (state.snapshot is not None, state.events) == (True, [])

@@ -45,7 +45,12 @@ class MemoryJournal:
             entries[name] = stored
         return stored
 
-    def forget(self, session_id: str) -> None:
-        """Drop the session's steps (its erasure, ``store.retention``)."""
-        for key in [key for key in self._entries if key[0] == session_id]:
+    def forget(self, session_id: str, *, through_index: int | None = None) -> None:
+        """Drop the session's steps (its erasure, ``store.retention``), or
+        those of its events at or below ``through_index`` (a trim)."""
+        for key in [
+            key
+            for key in self._entries
+            if key[0] == session_id and (through_index is None or key[1] <= through_index)
+        ]:
             del self._entries[key]

@@ -20,15 +20,21 @@ __all__ = ["MemoryOperator"]
 
 class MemoryOperator:
     """The operator actions over the store's ``sessions`` (every row, by
-    session) and ``open_rows`` (the unprocessed ones), stamped by its
-    ``clock``. The actions recorded are kept here."""
+    session), ``open_rows`` (the unprocessed ones) and ``trimmed`` (trim
+    points: a trimmed event is no event), stamped by its ``clock``. The
+    actions recorded are kept here."""
 
     def __init__(
-        self, clock: Clock, sessions: dict[str, list[Row]], open_rows: dict[str, dict[int, Row]]
+        self,
+        clock: Clock,
+        sessions: dict[str, list[Row]],
+        open_rows: dict[str, dict[int, Row]],
+        trimmed: dict[str, int],
     ) -> None:
         self._clock = clock
         self._sessions = sessions
         self._open = open_rows
+        self._trimmed = trimmed
         self._actions: dict[str, list[OperatorAction]] = {}
 
     async def dead_letters(
@@ -48,7 +54,8 @@ class MemoryOperator:
 
     def _target(self, session_id: str, index: int) -> Row | None:
         rows = self._sessions.get(session_id, [])
-        return rows[index - 1] if 1 <= index <= len(rows) else None
+        first = self._trimmed.get(session_id, 0) + 1
+        return rows[index - 1] if first <= index <= len(rows) else None
 
     def _record(
         self, session_id: str, index: int, action: ActionKind, by: str, reason: str, now: int

@@ -13,7 +13,7 @@ import msgspec
 from .. import rules
 from ..base import EventCause, StoredEvent
 
-__all__ = ["Row", "debounce", "decode", "encode", "settle"]
+__all__ = ["Row", "debounce", "decode", "encode", "husk", "settle"]
 
 encode = msgspec.json.Encoder().encode
 decode = msgspec.json.Decoder().decode
@@ -84,6 +84,23 @@ class Row:
             debounce_key=self.debounce_key,
             debounced_by=self.debounced_by,
         )
+
+
+def husk(row: Row) -> Row:
+    """What stays of a trimmed event: its place in the session (its index),
+    processed by no attempt, with no id, type or payload."""
+    return Row(
+        id="",
+        type="",
+        payload=b"null",
+        index=row.index,
+        session_id=row.session_id,
+        created_at_ms=row.created_at_ms,
+        cause=None,
+        lane=None,
+        lane_ready=False,
+        processed_at_ms=row.processed_at_ms,
+    )
 
 
 def settle(open_rows: dict[int, Row], row: Row, now: int) -> None:

@@ -30,14 +30,12 @@ from ..base import (
     AppendEvent,
     AppendResult,
     AppTransactions,
-    ArchivedSnapshot,
     Busy,
     Claimed,
     ClaimRef,
     ClaimRequest,
     ClaimResult,
     CompleteResult,
-    Erased,
     EventCause,
     EventPage,
     FailedAttempt,
@@ -45,7 +43,6 @@ from ..base import (
     ReleaseResult,
     RenewResult,
     Retention,
-    SessionArchive,
     SessionPage,
     SessionSummary,
     Settled,
@@ -60,6 +57,7 @@ from ..feed import Feed, FeedStatistics, Wakeups, open_pump_feed
 from .journal import MemoryJournal
 from .operator import MemoryOperator
 from .presence import MemoryPresence
+from .retention import MemoryRetention
 from .rows import Row, debounce, decode, encode, settle
 
 __all__ = ["MemoryStore", "memory"]
@@ -80,7 +78,7 @@ class _MemoryInspection:
         )
         summaries = []
         for sid in ids[:limit]:
-            rows = self._store._sessions[sid]
+            rows = self._store._sessions[sid][self._store._trimmed.get(sid, 0) :]
             summaries.append(
                 SessionSummary(
                     session_id=sid,
@@ -115,7 +113,8 @@ class _MemoryInspection:
         rows = self._store._sessions.get(session_id, [])
         frontier = len(rows)
         through = frontier if through_index is None else min(through_index, frontier)
-        page = [r.stored() for r in rows[after_index:through]][:limit]
+        start = max(after_index, self._store._trimmed.get(session_id, 0))
+        page = [r.stored() for r in rows[start:through]][:limit]
         return EventPage(page, through)
 
     async def list_snapshots(self, session_id: str) -> list[SnapshotInfo]:
@@ -157,59 +156,6 @@ class _MemorySweep:
         return sorted(found)[:limit]
 
 
-class _MemoryRetention:
-    """Retention (``store.retention``) over the store's rows: each operation
-    decides and removes without an await in between."""
-
-    def __init__(self, store: MemoryStore) -> None:
-        self._store = store
-
-    async def export(self, session_id: str) -> SessionArchive:
-        """See :meth:`Retention.export`."""
-        await trio.lowlevel.checkpoint()
-        store = self._store
-        rows = store._sessions.get(session_id, [])
-        snapshots = [
-            ArchivedSnapshot(reducer, index, decode(state), updated)
-            for (sid, reducer), (index, state, updated) in sorted(store._snapshots.items())
-            if sid == session_id
-        ]
-        return SessionArchive(
-            session_id,
-            len(rows),
-            [row.stored() for row in rows],
-            snapshots,
-            store.operator.recorded(session_id),
-        )
-
-    async def erase(self, session_id: str, *, expected_index: int | None = None) -> Erased:
-        """See :meth:`Retention.erase`."""
-        await trio.lowlevel.checkpoint()
-        store = self._store
-        now = store.clock.now_ms()
-        rows = store._sessions.get(session_id, [])
-        open_rows = store._open.get(session_id, {})
-        rules.check_unclaimed(session_id, rules.live_claim(open_rows.values(), now))
-        rules.check_expected(session_id, expected_index, len(rows))
-        store._sessions.pop(session_id, None)
-        store._open.pop(session_id, None)
-        for row in rows:
-            del store._ids[row.id]
-        snapshots = [key for key in store._snapshots if key[0] == session_id]
-        for key in snapshots:
-            del store._snapshots[key]
-        store._failures.pop(session_id, None)
-        store.journal.forget(session_id)
-        return Erased(
-            session_id,
-            len(rows),
-            len(snapshots),
-            store.operator.forget(session_id),
-            store.presence.forget(session_id),
-            now,
-        )
-
-
 class MemoryStore:
     """An in-memory :class:`~a2trio.stores.Store` with every capability but
     app transactions and cross-process wake-up (one process).
@@ -240,9 +186,25 @@ class MemoryStore:
         self.inspect: _MemoryInspection = _MemoryInspection(self)
         self.sweep: SweepsClaimable = _MemorySweep(self)
         self.pending: WatchesPending | None = None
-        self.operator: MemoryOperator = MemoryOperator(clock, self._sessions, self._open)
-        self.retention: Retention = _MemoryRetention(self)
         self.journal: MemoryJournal = MemoryJournal(clock, self._sessions)
+        # Each trimmed session's trim point: its rows at or below are husks.
+        self._trimmed: dict[str, int] = {}
+        self.operator: MemoryOperator = MemoryOperator(
+            clock, self._sessions, self._open, self._trimmed
+        )
+        self.retention: Retention = MemoryRetention(
+            clock,
+            self._sessions,
+            self._ids,
+            self._open,
+            self._snapshots,
+            self._trimmed,
+            self._failures,
+            self._keyed,
+            self.operator,
+            self.presence,
+            self.journal,
+        )
         #: No app transactions: ``Server.transaction`` raises ``TRANSACTIONS_NOT_SUPPORTED``.
         self.transactions: AppTransactions | None = None
 
@@ -394,8 +356,13 @@ class MemoryStore:
         await trio.lowlevel.checkpoint()
         rows = self._sessions.get(session_id, [])
         start = max(0, after_index or 0)
+        self._check_trimmed(session_id, start, through_index)
         stop = len(rows) if through_index is None else max(start, through_index)
         return [r.stored() for r in rows[start:stop]]
+
+    def _check_trimmed(self, session_id: str, after: int, through: int | None) -> None:
+        trimmed = self._trimmed.get(session_id)
+        rules.check_read(session_id, after, through, None if trimmed is None else trimmed + 1)
 
     async def claim_available(
         self,
@@ -562,6 +529,7 @@ class MemoryStore:
         snap = self._snapshots.get((session_id, reducer))
         snapshot = None if snap is None else Snapshot(snap[0], decode(snap[1]))
         after = 0 if snapshot is None else snapshot.index
+        self._check_trimmed(session_id, after, None)
         rows = self._sessions.get(session_id, [])
         return StateRead(snapshot, [r.stored() for r in rows[after:]])
 

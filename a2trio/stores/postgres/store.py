@@ -98,6 +98,7 @@ import trio
 from ...clock import SYSTEM_CLOCK, Clock
 from ...ids import IdSource, random_id
 from ...timings import DEFAULT_TIMINGS, Timings
+from .. import rules
 from ..base import (
     AppendEvent,
     AppendResult,
@@ -111,7 +112,6 @@ from ..base import (
     OperatorActions,
     ReleaseResult,
     RenewResult,
-    Retention,
     Snapshot,
     StateRead,
     StoredEvent,
@@ -227,7 +227,7 @@ class PostgresStore:
         self.sweep: SweepsClaimable = _PostgresSweep(self._db, clock)
         self.pending: WatchesPending = self._listener
         self.operator: OperatorActions = PostgresOperator(self._db, clock=clock)
-        self.retention: Retention = PostgresRetention(self._db, clock=clock)
+        self.retention: PostgresRetention = PostgresRetention(self._db, clock=clock)
         self.journal: Journal = PostgresJournal(self._db, clock=clock)
         self.transactions: AppTransactions = PostgresTransactions(
             self._db, self._writes, self._wakeups
@@ -355,15 +355,13 @@ class PostgresStore:
         through_index: int | None = None,
     ) -> list[StoredEvent]:
         """Events in ``(after_index, through_index]``. Cancellation: a read."""
+        after = max(0, after_index or 0)
         with errors("read"):
             rows = await self._db.query(
                 sql.READ,
-                (
-                    session_id,
-                    max(0, after_index or 0),
-                    _MAX_INDEX if through_index is None else through_index,
-                ),
+                (session_id, after, _MAX_INDEX if through_index is None else through_index),
             )
+            await self.retention.check_read(session_id, after, through_index, rows)
         return [stored_event(row) for row in rows]
 
     async def find_event(self, session_id: str, event_id: str) -> StoredEvent | None:
@@ -486,7 +484,11 @@ class PostgresStore:
                 snapshots[row[1]] = Snapshot(row[2], row[3])
             else:
                 events.setdefault(row[1], []).append(stored_event(row, 4))
-        return [StateRead(snapshots.get(sid), events.get(sid, [])) for sid in session_ids]
+        states = [StateRead(snapshots.get(sid), events.get(sid, [])) for sid in session_ids]
+        for sid, state in zip(session_ids, states, strict=True):
+            after = 0 if state.snapshot is None else state.snapshot.index
+            rules.check_read(sid, after, None, state.events[0].index if state.events else None)
+        return states
 
     async def put_snapshot(self, session_id: str, reducer: str, index: int, state: Any) -> None:
         """The guarded upsert: never moves a snapshot backwards.

@@ -29,7 +29,8 @@ collides across sessions):
   included: they stall their lane), scored by index. Lane readiness is
   computed from it: the oldest open event of a lane is the ready one.
 * ``P:S:head``: hash ``n`` (the frontier), ``first``/``last`` (created at of
-  the first and latest event), ``dead`` (how many open events are dead).
+  the first and latest event), ``dead`` (how many open events are dead),
+  ``trimmed`` (the trim point, once trimmed: ``retention``).
 * ``P:S:snap``: hash, reducer -> ``"<index>:<updated_at>:<state json>"``.
 * ``P:S:presence``: hash, ``participant NUL field`` ->
   ``"<at>:<seen>:<expires_at>:<value json>"``; the key itself expires (real
@@ -728,7 +729,7 @@ return {'ok', cjson.encode(entry)}
 SUMMARIES = r"""
 local out = {}
 for s = 0, #KEYS / 3 - 1 do
-  local head = redis.call('HMGET', KEYS[s * 3 + 1], 'n', 'first', 'last', 'dead')
+  local head = redis.call('HMGET', KEYS[s * 3 + 1], 'n', 'first', 'last', 'dead', 'trimmed')
   local updated = tonumber(head[3] or '0')
   local failed, attempts, failures = 0, 0, 0
   for _, raw in ipairs(redis.call('HVALS', KEYS[s * 3 + 2])) do
@@ -742,7 +743,8 @@ for s = 0, #KEYS / 3 - 1 do
     end
   end
   local pending = redis.call('ZCARD', KEYS[s * 3 + 3]) - tonumber(head[4] or '0')
-  out[#out + 1] = {tonumber(head[1] or '0'), tonumber(head[2] or '0'), updated, pending, failed,
+  local stored = tonumber(head[1] or '0') - tonumber(head[5] or '0')
+  out[#out + 1] = {stored, tonumber(head[2] or '0'), updated, pending, failed,
     attempts, failures}
 end
 return out

@@ -35,7 +35,6 @@ from ..base import (
     OperatorActions,
     ReleaseResult,
     RenewResult,
-    Retention,
     StateRead,
     StoredEvent,
     SweepsClaimable,
@@ -121,7 +120,7 @@ class RedisStore:
         self.operator: OperatorActions = RedisOperator(
             self._conn, self._keys, self.clock, self._origin
         )
-        self.retention: Retention = RedisRetention(self._conn, self._keys, self.clock)
+        self.retention: RedisRetention = RedisRetention(self._conn, self._keys, self.clock)
         self.journal: Journal = RedisJournal(self._conn, self._keys, self.clock)
         #: No app transactions: ``Server.transaction`` raises ``TRANSACTIONS_NOT_SUPPORTED``.
         self.transactions: AppTransactions | None = None
@@ -319,7 +318,9 @@ class RedisStore:
                 ],
                 [after, "+" if through is None else through, watch_ttl_ms],
             )
-        return codec.rows(session_id, flat)
+            rows = codec.rows(session_id, flat)
+            await self.retention.check_read(session_id, after, through, rows)
+        return rows
 
     async def read(
         self,
@@ -495,7 +496,10 @@ class RedisStore:
         for n, sid in enumerate(session_ids):
             snap, rows = flat[2 * n], flat[2 * n + 1]
             snapshot = None if snap is None else codec.snapshot(snap)
-            states.append(StateRead(snapshot, codec.rows(sid, rows)))
+            events = codec.rows(sid, rows)
+            after = 0 if snapshot is None else snapshot.index
+            verdicts.check_read(sid, after, None, events[0].index if events else None)
+            states.append(StateRead(snapshot, events))
         return states
 
     async def put_snapshot(self, session_id: str, reducer: str, index: int, state: Any) -> None:

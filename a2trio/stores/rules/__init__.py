@@ -89,8 +89,12 @@ from .retention import (
     Holding,
     check_expected,
     check_finished,
+    check_read,
+    check_trim,
     check_unclaimed,
     live_claim,
+    needs_first_index,
+    trim_point,
 )
 from .rows import (
     ActionTarget,
@@ -150,6 +154,8 @@ __all__ = [
     "check_cause",
     "check_expected",
     "check_finished",
+    "check_read",
+    "check_trim",
     "check_unclaimed",
     "claim_free",
     "claimable",
@@ -170,6 +176,7 @@ __all__ = [
     "journals",
     "live_claim",
     "live_slot",
+    "needs_first_index",
     "next_in_lane",
     "no_event",
     "ready_at_insert",
@@ -187,4 +194,5 @@ __all__ = [
     "superseded_attempt",
     "supplied_ids",
     "sweepable",
+    "trim_point",
 ]

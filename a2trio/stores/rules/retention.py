@@ -5,6 +5,11 @@ No retention operation removes a session under work: a live claim (its
 lease unexpired on the store's clock) on any of its events refuses it, since
 its attempt is running and would complete into a hole. An expired claim is
 fair game, as for the operator's actions (``check_action``).
+
+A trim removes a session's processed events up to a snapshot and keeps the
+last event, so the indexes go on; a trimmed session's first stored index is
+then past 1, and a read whose range starts below it (``check_read``) is
+refused with ``TRIMMED`` instead of answering a silent gap.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Protocol, TypeVar
 
+from ...errors import A2Error, ErrorCode
 from ..records import StoredEvent
 from ..retention import RetentionError
 from .dispatch import alive, claim_free
@@ -22,8 +28,12 @@ __all__ = [
     "Holding",
     "check_expected",
     "check_finished",
+    "check_read",
+    "check_trim",
     "check_unclaimed",
     "live_claim",
+    "needs_first_index",
+    "trim_point",
 ]
 
 
@@ -109,3 +119,79 @@ def check_finished(session_id: str, events: Iterable[StoredEvent]) -> None:
                 f"has event {event.index} still to run: archive a finished session "
                 "(let it run, or skip it, first)",
             )
+
+
+def trim_point(snapshot_index: int, index: int) -> int:
+    """Where a trim at a snapshot of ``snapshot_index`` cuts a session whose
+    last index is ``index``: the events at or below it go. The last event
+    always stays, so the session's indexes go on from it."""
+    return max(0, min(snapshot_index, index - 1))
+
+
+def check_trim(
+    session_id: str,
+    reducer: str,
+    snapshot_index: int | None,
+    index: int,
+    first_open: int | None,
+) -> int:
+    """The trim point of a session (see :func:`trim_point`).
+
+    Args:
+      snapshot_index: the reducer's snapshot's index, None without one.
+      index: the session's last index.
+      first_open: the lowest index of an unprocessed event (alive or dead), or None.
+
+    Raises:
+      RetentionError: ``no_snapshot``, ``unprocessed``.
+    """
+    if snapshot_index is None:
+        raise RetentionError(
+            "no_snapshot",
+            session_id,
+            f"has no snapshot of reducer {reducer!r}: read its state once "
+            "(session.state) so one is written, then trim",
+        )
+    point = trim_point(snapshot_index, index)
+    if first_open is not None and first_open <= point:
+        raise RetentionError(
+            "unprocessed",
+            session_id,
+            f"has event {first_open} unprocessed at or below the trim point {point}: "
+            "let it run, or skip or redrive it, first",
+        )
+    return point
+
+
+def needs_first_index(after_index: int, through_index: int | None, found: bool) -> bool:
+    """Whether a read of ``(after_index, through_index]`` that found no row
+    (``found`` False) must look up the session's first stored index to
+    tell a trimmed range from an empty one. A read up to the frontier never
+    does: the last event is never trimmed, so it would have found a row."""
+    return not found and through_index is not None and through_index > after_index
+
+
+def check_read(
+    session_id: str, after_index: int, through_index: int | None, first_index: int | None
+) -> None:
+    """Refuse a read of ``(after_index, through_index]`` that starts below
+    the session's trim point.
+
+    Args:
+      first_index: the first row the read found, or, when it found none and
+        :func:`needs_first_index` says so, the session's first stored index
+        (None: no rows).
+
+    Raises:
+      A2Error: ``TRIMMED`` (``details``: ``trimmedThrough``, the trim point).
+    """
+    empty = through_index is not None and through_index <= after_index
+    if first_index is None or empty or first_index <= after_index + 1:
+        return
+    trimmed = first_index - 1
+    raise A2Error(
+        ErrorCode.TRIMMED,
+        f"session {session_id!r} is trimmed through index {trimmed}: its events from "
+        f"{after_index + 1} to {trimmed} were removed; read after {trimmed}",
+        {"trimmedThrough": trimmed},
+    )

@@ -1,25 +1,29 @@
-"""The SQLite store's retention (issue 35): export a session, erase it.
+"""The SQLite store's retention (issue 35): export, erase and trim a
+session, and the trim point's check on its reads (:func:`checked`).
 
 :class:`SqliteRetention` is the store's
 :class:`~a2trio.stores.base.Retention` capability (``store.retention``): an
 export is one read transaction, an erasure one write transaction that reads
 the session's first live claim through the partial index over unprocessed
 rows, decides with ``rules`` (``check_unclaimed``, ``check_expected``) and
-deletes every row of the session in every table.
+deletes every row of the session in every table. A trim, one write
+transaction too, reads the facts ``rules.check_trim`` decides on (the
+snapshot, the last index, the first unprocessed event) by key and the
+partial index, then deletes the range of the primary key below the point.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from typing import Final
+from typing import Any, Final
 
 from ...clock import Clock
 from .. import rules
-from ..base import ArchivedSnapshot, Erased, OperatorAction, SessionArchive
+from ..base import ArchivedSnapshot, Erased, OperatorAction, SessionArchive, StoredEvent, Trimmed
 from . import sql
 from .conn import Transactions
 
-__all__ = ["SqliteRetention"]
+__all__ = ["SqliteRetention", "checked"]
 
 # The partial index holds only unprocessed rows: a claim lives only there.
 _LIVE_CLAIM: Final = """
@@ -37,6 +41,18 @@ _ACTIONS: Final = (
     "select action, session_id, idx, actor, reason, at from a2_operator_actions "
     "where session_id = ? order by idx, id"
 )
+_FIRST: Final = "select idx from a2_events where session_id = ? order by idx limit 1"
+_FIRST_OPEN: Final = (
+    "select idx from a2_events indexed by a2_events_unprocessed "
+    "where session_id = ? and processed_at is null order by idx limit 1"
+)
+_TRIM: Final = "delete from a2_events where session_id = ? and idx <= ?"
+# What else a trimmed event leaves: its failed attempts and journaled steps.
+_TRIM_DERIVED: Final = (
+    "delete from a2_failed_attempts where session_id = ? and idx <= ?",
+    "delete from a2_journal where session_id = ? and idx <= ?",
+)
+
 # Every table that holds rows of a session, and its session column.
 _ERASE: Final = (
     "delete from a2_events where session_id = ?",
@@ -48,6 +64,23 @@ _ERASE: Final = (
 )
 # The session's failed attempts (issue 36), which the answer does not count.
 _ERASE_FAILURES: Final = "delete from a2_failed_attempts where session_id = ?"
+
+
+def checked(
+    conn: sqlite3.Connection,
+    session_id: str,
+    after: int,
+    through: int | None,
+    rows: list[tuple[Any, ...]],
+) -> list[StoredEvent]:
+    """A read's rows, decoded, once ``rules.check_read`` passed them (the
+    first stored index read in the same transaction when it must be)."""
+    first = rows[0][3] if rows else None
+    if rules.needs_first_index(after, through, bool(rows)):
+        found = conn.execute(_FIRST, (session_id,)).fetchone()
+        first = None if found is None else found[0]
+    rules.check_read(session_id, after, through, first)
+    return [sql.stored(row) for row in rows]
 
 
 class SqliteRetention:
@@ -88,3 +121,29 @@ class SqliteRetention:
             return Erased(session_id, events, snapshots, actions, presence, now)
 
         return await self._transactions.write("erase", work)
+
+    async def trim(self, session_id: str, reducer: str) -> Trimmed:
+        """See :meth:`Retention.trim`: one write transaction. Cancellation:
+        removed entirely or not at all."""
+        now = self._clock.now_ms()
+
+        def work(conn: sqlite3.Connection) -> Trimmed:
+            found = conn.execute(_LIVE_CLAIM, (session_id, now)).fetchone()
+            rules.check_unclaimed(session_id, None if found is None else rules.HeldClaim(*found))
+            snapshot = conn.execute(sql.READ_SNAPSHOT, (session_id, reducer)).fetchone()
+            first_open = conn.execute(_FIRST_OPEN, (session_id,)).fetchone()
+            point = rules.check_trim(
+                session_id,
+                reducer,
+                None if snapshot is None else snapshot[0],
+                sql.next_index(conn, session_id) - 1,
+                None if first_open is None else first_open[0],
+            )
+            removed = conn.execute(_TRIM, (session_id, point)).rowcount
+            for statement in _TRIM_DERIVED:
+                conn.execute(statement, (session_id, point))
+            first = conn.execute(_FIRST, (session_id,)).fetchone()
+            through = point if first is None else max(point, first[0] - 1)
+            return Trimmed(session_id, reducer, through, removed, now)
+
+        return await self._transactions.write("trim", work)

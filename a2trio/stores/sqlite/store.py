@@ -101,7 +101,7 @@ from .inspection import SqliteInspection
 from .journal import SqliteJournal
 from .operator import SqliteOperator
 from .presence import SqlitePresence
-from .retention import SqliteRetention
+from .retention import SqliteRetention, checked
 from .transaction import SqliteTransactions
 
 __all__ = ["DEFAULT_PATH", "SqliteStore", "sqlite"]
@@ -351,7 +351,7 @@ class SqliteStore:
 
         def work(conn: sqlite3.Connection) -> list[StoredEvent]:
             rows = conn.execute(sql.READ, (session_id, after_index or 0, through_index)).fetchall()
-            return [sql.stored(row) for row in rows]
+            return checked(conn, session_id, after_index or 0, through_index, rows)
 
         return await self._transactions.read("read", work)
 
@@ -562,10 +562,9 @@ class SqliteStore:
 def _state_read(conn: sqlite3.Connection, session_id: str, reducer: str) -> StateRead:
     snap = conn.execute(sql.READ_SNAPSHOT, (session_id, reducer)).fetchone()
     snapshot = None if snap is None else Snapshot(snap[0], sql.decode(snap[1]))
-    rows = conn.execute(
-        sql.READ_TAIL, (session_id, 0 if snapshot is None else snapshot.index)
-    ).fetchall()
-    return StateRead(snapshot, [sql.stored(row) for row in rows])
+    after = 0 if snapshot is None else snapshot.index
+    rows = conn.execute(sql.READ_TAIL, (session_id, after)).fetchall()
+    return StateRead(snapshot, checked(conn, session_id, after, None, rows))
 
 
 def sqlite(

@@ -108,6 +108,7 @@ from .inspection import (
     WireSessionsPage,
     WireSessionSummary,
     WireSnapshotInfo,
+    WireTrimmed,
     actions_to_wire,
     bulk_result_to_wire,
     crons_to_wire,
@@ -116,6 +117,7 @@ from .inspection import (
     erased_to_wire,
     session_events_page_to_wire,
     sessions_page_to_wire,
+    trimmed_to_wire,
 )
 from .records import (
     WireEvent,
@@ -174,6 +176,7 @@ __all__ = [
     "WireSessionSummary",
     "WireSessionsPage",
     "WireSnapshotInfo",
+    "WireTrimmed",
     "actions_to_wire",
     "as_a2_error",
     "bulk_result_to_wire",
@@ -204,5 +207,6 @@ __all__ = [
     "presence_snapshot_to_wire",
     "session_events_page_to_wire",
     "sessions_page_to_wire",
+    "trimmed_to_wire",
     "wire_event",
 ]

@@ -40,6 +40,8 @@ ERROR_STATUS: Final[dict[ErrorCode, int]] = {
     ErrorCode.TRANSACTIONS_NOT_SUPPORTED: 500,
     ErrorCode.INDEX_CONFLICT: 409,
     ErrorCode.CALL_REFUSED: 409,
+    # A read below a trim point: those events are gone for good (RFC 9110 Gone).
+    ErrorCode.TRIMMED: 410,
 }
 
 _KNOWN_CODES: Final = frozenset(code.value for code in ERROR_STATUS)

@@ -29,7 +29,7 @@ from ...engine.inspection_records import (
     SessionsPage,
     State,
 )
-from ...stores.base import ActionKind, Erased, FailedAttempt, OperatorAction
+from ...stores.base import ActionKind, Erased, FailedAttempt, OperatorAction, Trimmed
 from .records import WireEvent, event_to_wire
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "WireSessionSummary",
     "WireSessionsPage",
     "WireSnapshotInfo",
+    "WireTrimmed",
     "actions_to_wire",
     "bulk_result_to_wire",
     "crons_to_wire",
@@ -56,6 +57,7 @@ __all__ = [
     "erased_to_wire",
     "session_events_page_to_wire",
     "sessions_page_to_wire",
+    "trimmed_to_wire",
 ]
 
 
@@ -235,6 +237,16 @@ class WireErased(msgspec.Struct, frozen=True, rename="camel"):
     at_ms: int
 
 
+class WireTrimmed(msgspec.Struct, frozen=True, rename="camel"):
+    """What a trim removed (:class:`~a2trio.stores.base.Trimmed`)."""
+
+    session_id: str
+    reducer_name: str
+    through_index: int
+    events: int
+    at_ms: int
+
+
 def decode_bulk_request(raw: bytes) -> WireBulkRequest:
     """A bulk action's JSON body.
 
@@ -299,4 +311,9 @@ def bulk_result_to_wire(result: BulkResult) -> WireBulkResult:
 
 def erased_to_wire(erased: Erased) -> WireErased:
     wired: WireErased = _mirror(erased, WireErased)
+    return wired
+
+
+def trimmed_to_wire(trimmed: Trimmed) -> WireTrimmed:
+    wired: WireTrimmed = _mirror(trimmed, WireTrimmed)
     return wired
