@@ -27,7 +27,7 @@ import msgspec
 import trio
 
 from ..contract import Reducer
-from ..identifiers import check_session_id
+from ..identifiers import MAX_SAFE_INTEGER, check_session_id
 from ..stores import rules
 from ..stores.base import Erased, Retention, RetentionError, SessionArchive, Trimmed
 from .actions import MAX_ACTOR_CHARS, MAX_REASON_CHARS, check_words
@@ -113,19 +113,23 @@ class ServerRetention:
                 out.append(_encode({"kind": kind, **_camel(msgspec.to_builtins(record))}))
         return b"\n".join(out) + b"\n"
 
-    async def erase(self, session_id: str, *, by: str, reason: str) -> Erased:
+    async def erase(
+        self, session_id: str, *, by: str, reason: str, expected_index: int | None = None
+    ) -> Erased:
         """Remove the session and everything derived from it: its events
         (their ids may then be appended again, as new), snapshots, operator
         actions and presence rows (the right to erasure). Logged on
         ``a2trio.retention`` with ``by``, ``reason`` and the counts; nothing
         of what was removed is kept. Erasing a session with no rows answers
-        zeros.
+        zeros. With ``expected_index`` (an export's ``index``), only if
+        nothing was appended since: how an archive is made over HTTP.
 
         Raises:
-          TypeError / ValueError: a bad session id, ``by`` or ``reason``
-            (both required).
+          TypeError / ValueError: a bad session id, ``by``, ``reason`` (both
+            required) or ``expected_index``.
           RetentionError: ``claimed`` (a live claim holds one of its events:
-            its attempt is running); nothing removed.
+            its attempt is running), ``changed`` (not at ``expected_index``);
+            nothing removed.
           InspectionUnsupportedError: the store has no retention.
           A2Error: ``STORE_UNAVAILABLE``.
 
@@ -134,7 +138,16 @@ class ServerRetention:
         check_session_id(session_id)
         by = check_words("by", by, MAX_ACTOR_CHARS, required=True)
         reason = check_words("reason", reason, MAX_REASON_CHARS, required=True)
-        erased = await self._erase(session_id, None)
+        if expected_index is not None and (
+            isinstance(expected_index, bool)
+            or not isinstance(expected_index, int)
+            or not 0 <= expected_index <= MAX_SAFE_INTEGER
+        ):
+            raise TypeError(
+                f"`expected_index` is an index (0 to {MAX_SAFE_INTEGER}) or None, "
+                f"got {expected_index!r}"
+            )
+        erased = await self._erase(session_id, expected_index)
         self._log("erased", erased, by, reason)
         return erased
 

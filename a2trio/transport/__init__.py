@@ -45,6 +45,7 @@ from .server.actors import View
 from .server.auth import (
     Authorize,
     CallOperation,
+    EraseOperation,
     HistoryOperation,
     InspectOperation,
     MetricsOperation,
@@ -57,6 +58,7 @@ from .server.auth import (
     StateOperation,
     StreamOperation,
     SubscribeOperation,
+    TrimOperation,
 )
 from .server.cors import Cors, SocketOrigins
 from .server.limits import DEFAULT_LIMITS, Limits
@@ -118,6 +120,7 @@ __all__ = [
     "ConnectionState",
     "ConnectionWatch",
     "Cors",
+    "EraseOperation",
     "EventFrame",
     "Fold",
     "Folded",
@@ -148,6 +151,7 @@ __all__ = [
     "StreamOperation",
     "SubscribeOperation",
     "TokenClaims",
+    "TrimOperation",
     "View",
     "asgi",
     "issue_token",

@@ -13,6 +13,8 @@ error's status. The operation is a tagged union, dispatched with ``match``:
 * :class:`InspectOperation` - an operator's read through ``/_a2/inspect``;
 * :class:`RedriveOperation`, :class:`SkipOperation`,
   :class:`RetryNowOperation` - an operator's action through ``/_a2/inspect``;
+* :class:`EraseOperation`, :class:`TrimOperation` - an operator's removal of
+  a session's data through ``/_a2/inspect`` (retention);
 * :class:`MetricsOperation` - an operator's scrape of ``/_a2/metrics``;
 * :class:`StateOperation` - an actor's snapshot (``GET ?snapshot=1``);
 * :class:`CallOperation` - a call on an actor (``POST``); an actor's live
@@ -159,6 +161,29 @@ class RetryNowOperation(msgspec.Struct, frozen=True, tag="retry_now"):
     reason: str
 
 
+class EraseOperation(msgspec.Struct, frozen=True, tag="erase"):
+    """An operator's erasure of a session through ``/_a2/inspect`` (its
+    events and everything derived from them: ``server.retention.erase``),
+    refused as :class:`RedriveOperation` is."""
+
+    contract: str
+    session_id: str
+    by: str
+    reason: str
+
+
+class TrimOperation(msgspec.Struct, frozen=True, tag="trim"):
+    """An operator's trim of a session below ``reducer``'s snapshot through
+    ``/_a2/inspect`` (``server.retention.trim``), refused as
+    :class:`RedriveOperation` is."""
+
+    contract: str
+    session_id: str
+    reducer: str
+    by: str
+    reason: str
+
+
 class MetricsOperation(msgspec.Struct, frozen=True, tag="metrics"):
     """An operator's scrape of ``/_a2/metrics`` (off unless the app enables
     it): the numbers of every mounted contract, so ``contract`` and
@@ -170,7 +195,15 @@ class MetricsOperation(msgspec.Struct, frozen=True, tag="metrics"):
 
 
 #: The operations an app must allow explicitly: refused without ``authorize``.
-_OPERATOR = (InspectOperation, RedriveOperation, SkipOperation, RetryNowOperation, MetricsOperation)
+_OPERATOR = (
+    InspectOperation,
+    RedriveOperation,
+    SkipOperation,
+    RetryNowOperation,
+    EraseOperation,
+    TrimOperation,
+    MetricsOperation,
+)
 
 
 class StateOperation(msgspec.Struct, frozen=True, tag="state"):
@@ -200,6 +233,8 @@ Operation = (
     | RedriveOperation
     | SkipOperation
     | RetryNowOperation
+    | EraseOperation
+    | TrimOperation
     | MetricsOperation
     | StateOperation
     | CallOperation

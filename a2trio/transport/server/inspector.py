@@ -12,6 +12,9 @@ request                                                     answer
 ``POST /_a2/inspect/{contract}/{session}/{index}/skip``     ``{"actions": [...]}``
 ``POST /_a2/inspect/{contract}/{session}/retry-now``        ``{"actions": [...]}``
 ``POST /_a2/inspect/{contract}``                            a bulk action's result
+``GET /_a2/inspect/{contract}/{session}?view=export``       the session, JSON lines
+``POST /_a2/inspect/{contract}/{session}/erase``            ``{"erased": {...}}``
+``POST /_a2/inspect/{contract}/{session}/trim``             ``{"trimmed": {...}}``
 =========================================================== =====================
 
 Reads take ``?limit=``, ``?cursor=`` (sessions, dead letters), ``?after=`` and
@@ -35,6 +38,17 @@ throughIndex, nextIndex}``.
 A refused action answers 404 (``no_event``) or 409 (``not_dead_lettered``,
 ``settled``, ``claimed``, ``nothing_to_retry``) with the error envelope, its
 ``details`` naming the reason.
+
+Retention (issue 35): ``?view=export`` answers the session as
+``server.retention.lines`` writes an archive (``application/x-ndjson``),
+authorized as an :class:`~a2trio.transport.InspectOperation` of the session.
+``erase`` takes ``{"by", "reason", "expectedIndex"?}`` (an export's
+``index``: the erasure is then refused if the session moved, which is how an
+archive is made over HTTP) and ``trim`` ``{"by", "reason", "reducer"}``;
+they are authorized as :class:`~a2trio.transport.EraseOperation` and
+:class:`~a2trio.transport.TrimOperation`, and a refusal
+(:class:`~a2trio.RetentionError`: ``claimed``, ``changed``, ``no_snapshot``,
+``unprocessed``) answers 409 with its reason in the envelope's ``details``.
 
 A bulk action (issue 35) is POSTed to the contract with the wire's
 :class:`~a2trio.transport.wire.WireBulkRequest` body (``{action, filter, by,
@@ -62,15 +76,17 @@ from ...engine.inspection import DEFAULT_BULK_LIMIT, InspectionUnsupportedError
 from ...engine.inspection_records import BulkResult
 from ...errors import A2Error, ErrorCode
 from ...server import Server
-from ...stores.base import OperatorAction, OperatorActionError
+from ...stores.base import OperatorAction, OperatorActionError, RetentionError
 from .. import wire
 from .auth import (
     Authorize,
+    EraseOperation,
     InspectOperation,
     RedriveOperation,
     Request,
     RetryNowOperation,
     SkipOperation,
+    TrimOperation,
     check_authorized,
 )
 from .http import Refusal, Send, bad_input, index_param, respond
@@ -93,6 +109,27 @@ class _ActionBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 _decode_action = msgspec.json.Decoder(_ActionBody).decode
+
+
+class _EraseBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
+    by: str
+    reason: str
+    expected_index: int | None = None
+
+
+class _TrimBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    by: str
+    reason: str
+    reducer: str
+
+
+_decode_erase = msgspec.json.Decoder(_EraseBody).decode
+_decode_trim = msgspec.json.Decoder(_TrimBody).decode
+_NDJSON: Final = [
+    (b"content-type", b"application/x-ndjson"),
+    (b"cache-control", b"no-store"),
+    (b"x-content-type-options", b"nosniff"),
+]
 
 
 @cache
@@ -142,7 +179,20 @@ async def serve_inspector(
     if len(target) in (1, 2):
         if not reads:
             raise Refusal(405, "inspection reads take GET; actions are POSTed to their own routes")
+        if len(target) == 2 and request.query.get("view") == "export":
+            content = await _export(_server(servers, target[0]), authorize, target[1], request)
+            await send({"type": "http.response.start", "status": 200, "headers": _NDJSON})
+            await send({"type": "http.response.body", "body": content})
+            return
         await respond(send, 200, await _read(servers, authorize, target, request))
+        return
+    if len(target) == 3 and target[2] in ("erase", "trim"):
+        if method != "POST":
+            raise Refusal(405, f"{target[2]} takes POST")
+        _check_json(request, target[2])
+        raw = await body()
+        server = _server(servers, target[0])
+        await respond(send, 200, await _remove(server, authorize, target, request, raw or b"{}"))
         return
     action = target[-1]
     if not (
@@ -152,7 +202,7 @@ async def serve_inspector(
         raise Refusal(
             404,
             "inspection actions are POST /_a2/inspect/{contract}/{session}/{index}/redrive "
-            "(or /skip) and /{contract}/{session}/retry-now",
+            "(or /skip) and /{contract}/{session}/retry-now (or /erase, /trim)",
         )
     if method != "POST":
         raise Refusal(405, f"{action} takes POST")
@@ -284,6 +334,59 @@ async def _bulk(
                 limit=DEFAULT_BULK_LIMIT if asked.limit is None else asked.limit,
                 allow=allow,
             )
+    except InspectionUnsupportedError as exc:
+        raise Refusal(404, str(exc)) from None
+
+
+async def _export(
+    server: Server, authorize: Authorize | None, session: str, request: Request
+) -> bytes:
+    with bad_input():
+        session_id = server.session(session).id
+    await check_authorized(authorize, request, InspectOperation(server.contract.name, session_id))
+    try:
+        with bad_input():
+            archive = await server.retention.export(session_id)
+    except InspectionUnsupportedError as exc:
+        raise Refusal(404, str(exc)) from None
+    return server.retention.lines(archive)
+
+
+async def _remove(
+    server: Server, authorize: Authorize | None, target: list[str], request: Request, raw: bytes
+) -> bytes:
+    """An erasure or a trim: the body checked, the operation authorized, then
+    ``server.retention`` asked; its answer as the wire's record."""
+    contract = server.contract.name
+    with bad_input():
+        session_id = server.session(target[1]).id
+        asked = _decode_erase(raw) if target[2] == "erase" else _decode_trim(raw)
+    operation: EraseOperation | TrimOperation
+    if isinstance(asked, _EraseBody):
+        operation = EraseOperation(contract, session_id, asked.by, asked.reason)
+    else:
+        operation = TrimOperation(contract, session_id, asked.reducer, asked.by, asked.reason)
+    await check_authorized(authorize, request, operation)
+    retention = server.retention
+    try:
+        with bad_input():
+            try:
+                if isinstance(asked, _EraseBody):
+                    erased = await retention.erase(
+                        session_id,
+                        by=asked.by,
+                        reason=asked.reason,
+                        expected_index=asked.expected_index,
+                    )
+                    return wire.encode({"erased": wire.erased_to_wire(erased)})
+                trimmed = await retention.trim(
+                    session_id, asked.reducer, by=asked.by, reason=asked.reason
+                )
+                return wire.encode({"trimmed": wire.trimmed_to_wire(trimmed)})
+            except RetentionError as exc:
+                refusal = Refusal(409, str(exc))
+                refusal.error = A2Error(ErrorCode.INVALID_PAYLOAD, str(exc), {"reason": exc.reason})
+                raise refusal from None
     except InspectionUnsupportedError as exc:
         raise Refusal(404, str(exc)) from None
 
