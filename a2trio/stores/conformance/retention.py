@@ -181,7 +181,7 @@ async def _trimmed_details(store: Store, sid: str) -> object:
 
 async def check_retention_trim(open_store: StoreFactory) -> None:
     """A trim removes the processed events at or below a reducer's snapshot
-    (never the last one) and forgets their ids; a read that starts below the
+    (never the last one) and forgets their ids and journaled steps; a read that starts below the
     trim point raises ``TRIMMED``, one after it reads on, and the state from
     the snapshot still folds; a repeat removes nothing; refused without a
     snapshot, under a live claim, or over an unprocessed event."""
@@ -202,6 +202,8 @@ async def check_retention_trim(open_store: StoreFactory) -> None:
             ],
         )
         assert [e.index for e in claimed_events(await claim(store, sid))] == [3, 6]
+        if store.journal is not None:
+            await store.journal.write_step(sid, index=3, attempt=1, name="s", result=b"1")
         await store.complete_attempt(sid, index=3, attempt=1, events=[])
         await store.put_snapshot(sid, "count", 4, {"count": 4})
         before = await store.read(sid)
@@ -225,6 +227,8 @@ async def check_retention_trim(open_store: StoreFactory) -> None:
         assert await store.read(sid, after_index=4, through_index=4) == []
         assert await store.read(sid, after_index=9, through_index=12) == []
         assert await store.find_event(sid, first_id) is None, "its id is forgotten"
+        if store.journal is not None:
+            assert await store.journal.read_journal(sid, 3) == [], "its journal went with it"
 
         state = await store.read_state(sid, "count")
         assert state.snapshot is not None
