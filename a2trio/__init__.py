@@ -19,7 +19,7 @@ from .engine.actor_calls import ActorHandle, ActorState
 from .engine.crons import Cron, CronInfo, cron
 from .engine.drain import DrainResult
 from .engine.fanout import FeedEntry, Lapped, Subscription
-from .engine.flow import Concurrency
+from .engine.flow import Concurrency, Throttle
 from .engine.handlers import HandlerContext, HandlerSpec, Returned, handler, on
 from .engine.inspection import InspectionUnsupportedError
 from .engine.pacing import Debounce, Retry
@@ -124,6 +124,7 @@ __all__ = [
     "Subscription",
     "SystemClock",
     "Telemetry",
+    "Throttle",
     "Timings",
     "Transaction",
     "Trimmed",

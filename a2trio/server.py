@@ -187,6 +187,9 @@ class Server:
                 if spec.concurrency is not None
             },
             debounces={t: spec.debounce for t, spec in specs.items() if spec.debounce is not None},
+            throttle={
+                type_: spec.throttle for type_, spec in specs.items() if spec.throttle is not None
+            },
             scheduler=scheduler,
             telemetry=telemetry or NOOP_TELEMETRY,
             metrics=metrics,

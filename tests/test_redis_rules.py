@@ -45,6 +45,7 @@ FUNCTIONS = {
     "has_room": {"has_room"},
     "claims_at_insert": {"claims_at_insert"},
     "live_slots": {"live_slot"},
+    "live_starts": {"live_start"},
 }
 
 #: What a rule looks like spelled out, and the functions of ``RULES`` that

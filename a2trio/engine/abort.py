@@ -21,18 +21,31 @@ record a failure and are retried.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import trio
 
-from ..contract import Event
+from ..contract import Event, EventType
 from ..stores.base import Store, StoredEvent
 
-__all__ = ["AbortHub", "AbortMatcher", "AbortSubscription"]
+__all__ = [
+    "AbortHub",
+    "AbortMatcher",
+    "AbortOn",
+    "AbortPredicate",
+    "AbortSubscription",
+    "abort_matcher",
+]
 
 #: type -> True (any event of the type aborts) or a predicate
 #: ``(event, trigger, {"attempt": n}) -> bool``.
+AbortPredicate = Callable[[Event[Any], Event[Any], dict[str, int]], bool]
+#: ``abort_on=``: event types (names or handles), or a mapping of them to
+#: ``True`` or a predicate.
+AbortOn = (
+    Sequence[str | EventType[Any]] | Mapping[str | EventType[Any], bool | AbortPredicate] | None
+)
 AbortMatcher = Mapping[str, "bool | Callable[[Event[Any], Event[Any], dict[str, int]], bool]"]
 
 
@@ -155,3 +168,28 @@ class AbortHub:
                     subscription.fail(closed)
             if self._scope is scope:
                 self._scope = None
+
+
+def abort_matcher(abort_on: AbortOn) -> dict[str, bool | AbortPredicate] | None:
+    """``abort_on=`` as the matcher :class:`AbortHub` reads (None: none).
+
+    Raises:
+      TypeError: a bad shape (a string, a rule that is neither ``True`` nor
+        a predicate)."""
+    if abort_on is None:
+        return None
+    if isinstance(abort_on, Mapping):
+        matcher: dict[str, bool | AbortPredicate] = {}
+        for key, rule in abort_on.items():
+            name = key.name if isinstance(key, EventType) else key
+            if rule is not True and rule is not False and not callable(rule):
+                raise TypeError(f"abort_on[{name!r}] must be True or a predicate, got {rule!r}")
+            if rule is not False:
+                matcher[name] = rule
+        return matcher or None
+    if isinstance(abort_on, str):
+        raise TypeError(f"abort_on must be a list of types, not the string {abort_on!r}")
+    return (
+        dict.fromkeys((key.name if isinstance(key, EventType) else key for key in abort_on), True)
+        or None
+    )

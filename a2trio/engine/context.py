@@ -30,7 +30,7 @@ from ..telemetry import Metrics, Telemetry
 from ..timings import Timings
 from .background import Background
 from .fanout import SessionFeeds
-from .flow import Concurrency, FlowWaiters
+from .flow import Concurrency, FlowWaiters, Throttle
 from .pacing import Debounce
 from .state import StateReads
 from .transaction import Transaction
@@ -98,6 +98,7 @@ class Engine:
       concurrency: the handled types with a :class:`~a2trio.Concurrency`.
       debounces: the event types whose handler is debounced, each with its
         :class:`~a2trio.Debounce`.
+      throttle: the handled types with a :class:`~a2trio.Throttle`.
 
     Attributes:
       background: the server's nursery and the tasks counted in it.
@@ -114,6 +115,7 @@ class Engine:
         lanes: Mapping[str, str | LaneFn | None],
         concurrency: Mapping[str, Concurrency] | None = None,
         debounces: Mapping[str, Debounce] | None = None,
+        throttle: Mapping[str, Throttle] | None = None,
         scheduler: Scheduler | None,
         telemetry: Telemetry,
         metrics: Metrics | None = None,
@@ -128,6 +130,8 @@ class Engine:
         self.lanes = dict(lanes)
         #: The handled types with a concurrency limit, resolved at append.
         self.concurrency = dict(concurrency or {})
+        #: The handled types with a throttle, resolved at append.
+        self.throttle = dict(throttle or {})
         #: The sessions whose events wait on a full concurrency key.
         self.waiters = FlowWaiters()
         self.debounces = dict(debounces or {})

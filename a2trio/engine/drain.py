@@ -280,6 +280,9 @@ class _Drain:
                 if not self.active and not self._awaiting_append():
                     if isinstance(claim, Busy):
                         self._request_watchdog(self.watchdogs.due_after(claim.retry_at_ms))
+                        if claim.throttled:
+                            # A throttle's window has room again at exactly this instant.
+                            self.watchdogs.wake(self.session_id, claim.retry_at_ms)
                         return DrainResult(False, "busy", self.processed, claim.retry_at_ms)
                     return self._finished()
             elif not self.active and not self._awaiting_append():

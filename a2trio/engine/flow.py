@@ -1,4 +1,5 @@
-"""Flow limits across sessions (issue 33): a handler's :class:`Concurrency`.
+"""Flow limits across sessions (issue 33): a handler's :class:`Concurrency`
+and :class:`Throttle`.
 
 The limit lives in the store, not here: an event appended for a handler
 with ``concurrency=`` carries its key, resolved at append (as a lane
@@ -18,11 +19,15 @@ A key function that raises or returns a non-string leaves the event
 without a key at append, and the attempt that runs it resolves the key
 again and dead-letters the event with the error (:class:`FlowKeyError`),
 as any handler failure (a key resolved then, for an event appended before
-the handler had a limit, runs it unlimited).
+the handler had a limit, runs it unlimited). A throttle's key is resolved,
+stored and failed the same way (``AppendEvent.throttle_*``); a throttled
+event's wait ends at a known instant, at which the drain is armed.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -33,8 +38,10 @@ __all__ = [
     "FlowKeyError",
     "FlowWaiters",
     "KeyFn",
+    "Throttle",
     "key_value",
     "resolve_concurrency",
+    "resolve_throttle",
 ]
 
 #: ``key(event) -> str``: the flow key of an event, resolved at append.
@@ -81,27 +88,90 @@ class Concurrency:
         return f"Concurrency({self.limit}{key})"
 
 
+_PERIOD = re.compile(r"^(?:0|[1-9]\d*)(?:\.\d+)?(ms|s|m|h|d)$")
+_PERIOD_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _period_ms(period: float | str) -> int:
+    if isinstance(period, str):
+        found = _PERIOD.match(period)
+        if found is None:
+            raise ValueError(
+                f"Throttle(period=...) must be seconds or a duration like '30s', '1m', "
+                f"'500ms', got {period!r}"
+            )
+        ms = round(float(period[: -len(found.group(1))]) * _PERIOD_MS[found.group(1)])
+    elif isinstance(period, bool) or not isinstance(period, (int, float)):
+        raise TypeError(f"Throttle(period=...) must be seconds or a duration, got {period!r}")
+    elif not (period > 0 and math.isfinite(period)):
+        raise ValueError(f"Throttle(period=...) must be positive and finite, got {period!r}")
+    else:
+        ms = round(period * 1000)
+    if ms < 1:
+        raise ValueError(f"Throttle(period=...) must be at least 1 ms, got {period!r}")
+    return ms
+
+
+class Throttle:
+    """At most ``limit`` attempt starts of a handler per ``period`` per key
+    value, across sessions and processes: ``a2trio.handler(fn,
+    throttle=a2trio.Throttle(10, "1m", key=lambda e: e.payload.customer))``.
+
+    An attempt starts when it is claimed (a retry is a new start); the
+    excess waits, in order, and is never dropped: it runs once the window
+    has room (its first start's ``period`` has passed).
+
+    Args:
+      limit: attempt starts per period per key value (at least 1).
+      period: seconds, or a duration string (``"500ms"``, ``"30s"``,
+        ``"1m"``, ``"1h"``).
+      key: as :class:`Concurrency`'s.
+
+    Raises:
+      TypeError: ``limit`` is not an int, ``period`` not a number or a
+        string, or ``key`` not callable.
+      ValueError: ``limit`` below 1, or a period that is not positive.
+    """
+
+    __slots__ = ("key", "limit", "period_ms")
+
+    def __init__(self, limit: int, period: float | str, key: KeyFn | None = None) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise TypeError(f"Throttle(limit=...) must be an int, got {limit!r}")
+        if limit < 1:
+            raise ValueError(f"Throttle(limit=...) must be at least 1, got {limit!r}")
+        self.period_ms = _period_ms(period)
+        if key is not None and not callable(key):
+            raise TypeError(f"Throttle(key=...) must be a function of the event, got {key!r}")
+        self.limit = limit
+        self.key = key
+
+    def __repr__(self) -> str:
+        key = "" if self.key is None else f", key={getattr(self.key, '__name__', self.key)}"
+        return f"Throttle({self.limit}, {self.period_ms / 1000:g}{key})"
+
+
 class FlowKeyError(Exception):
     """A :class:`Concurrency` key function raised or returned a non-string:
     its event is dead-lettered with this error, at once."""
 
 
-def key_value(concurrency: Concurrency, event: AppendInput) -> str:
-    """The key value of ``event`` (``""`` without a key function).
+def key_value(option: Concurrency | Throttle, event: AppendInput) -> str:
+    """The key value of ``event`` under ``option`` (``""`` without a key
+    function).
 
     Raises:
       FlowKeyError: the key function raised (its error is the cause) or
         returned a non-string."""
-    if concurrency.key is None:
+    if option.key is None:
         return ""
+    what = "concurrency" if isinstance(option, Concurrency) else "throttle"
     try:
-        value: Any = concurrency.key(event)
+        value: Any = option.key(event)
     except Exception as exc:
-        raise FlowKeyError(f"the concurrency key of {event.type!r} raised {exc!r}") from exc
+        raise FlowKeyError(f"the {what} key of {event.type!r} raised {exc!r}") from exc
     if not isinstance(value, str):
-        raise FlowKeyError(
-            f"the concurrency key of {event.type!r} must return a string, got {value!r}"
-        )
+        raise FlowKeyError(f"the {what} key of {event.type!r} must return a string, got {value!r}")
     return value
 
 
@@ -118,6 +188,20 @@ def resolve_concurrency(
     except FlowKeyError:
         return None, None
     return f"{prefix}{event.type}{_SEP}{value}", concurrency.limit
+
+
+def resolve_throttle(
+    prefix: str, throttle: Throttle | None, event: AppendInput
+) -> tuple[str | None, int | None, int | None]:
+    """The stored throttle key, limit and period of ``event`` (Nones:
+    unthrottled, or a key that failed), scoped as :func:`resolve_concurrency`'s."""
+    if throttle is None:
+        return None, None, None
+    try:
+        value = key_value(throttle, event)
+    except FlowKeyError:
+        return None, None, None
+    return f"{prefix}{event.type}{_SEP}{value}", throttle.limit, throttle.period_ms
 
 
 class FlowWaiters:
@@ -148,3 +232,4 @@ class FlowWaiters:
 
 
 Concurrency.__module__ = "a2trio"
+Throttle.__module__ = "a2trio"

@@ -13,14 +13,14 @@ Both take the handler's flow options (issue 33): ``retry=`` (a
 dead letter, how long each retry waits, and which exceptions dead-letter at
 once), ``timeout=`` (seconds an attempt may run before it is cancelled and
 counted as a failure), ``concurrency=`` (a :class:`~a2trio.Concurrency`:
-attempts at once per key, across sessions and processes; :mod:`.flow`) and
-``debounce=`` (a :class:`~a2trio.Debounce`: only the last event of a key runs,
-once its period passed without a newer one).
+attempts at once per key, across sessions and processes; :mod:`.flow`),
+``throttle=`` (a :class:`~a2trio.Throttle`: attempt starts per period per
+key) and ``debounce=`` (a :class:`~a2trio.Debounce`: only the last event of a
+key runs, once its period passed without a newer one).
 """
 
 from __future__ import annotations
 
-import math
 import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, TypeVarTuple, overload
@@ -29,10 +29,11 @@ import trio
 
 from ..contract import AppendInput, Contract, Event, EventType
 from ..signatures import accepts, parameter_annotation, type_name
+from .abort import AbortOn, AbortPredicate, abort_matcher
 from .context import LaneFn
 from .durable import DurableRun
-from .flow import Concurrency
-from .pacing import Debounce, Retry
+from .flow import Concurrency, Throttle
+from .pacing import Debounce, Retry, check_timeout
 
 if TYPE_CHECKING:
     from ..stores.base import StoredEvent
@@ -63,12 +64,6 @@ P_co = TypeVar("P_co", covariant=True)
 Returned = AppendInput | Sequence[AppendInput] | None
 
 HandlerFn = Callable[["HandlerContext[Any]"], Awaitable[Returned]]
-AbortPredicate = Callable[[Event[Any], Event[Any], dict[str, int]], bool]
-#: ``abort_on=``: event types (names or handles), or a mapping of them to
-#: ``True`` or a predicate.
-AbortOn = (
-    Sequence[str | EventType[Any]] | Mapping[str | EventType[Any], bool | AbortPredicate] | None
-)
 
 
 class HandlerContext(Generic[P_co]):
@@ -177,9 +172,20 @@ class HandlerSpec:
       timeout: seconds an attempt may run, or None (no limit).
       concurrency: the :class:`~a2trio.Concurrency` limit, or None.
       debounce: the :class:`~a2trio.Debounce`, or None.
+      throttle: the :class:`~a2trio.Throttle`, or None.
     """
 
-    __slots__ = ("abort_on", "concurrency", "debounce", "event", "fn", "lane", "retry", "timeout")
+    __slots__ = (
+        "abort_on",
+        "concurrency",
+        "debounce",
+        "event",
+        "fn",
+        "lane",
+        "retry",
+        "throttle",
+        "timeout",
+    )
 
     def __init__(
         self,
@@ -192,6 +198,7 @@ class HandlerSpec:
         timeout: float | None = None,
         concurrency: Concurrency | None = None,
         debounce: Debounce | None = None,
+        throttle: Throttle | None = None,
     ) -> None:
         self.fn = fn
         self.abort_on: AbortMatcher | None = abort_on
@@ -201,6 +208,7 @@ class HandlerSpec:
         self.timeout = timeout
         self.concurrency = concurrency
         self.debounce = debounce
+        self.throttle = throttle
 
     def check(self, contract: Contract, type: str) -> None:
         """Raise TypeError/ValueError if this spec does not fit ``contract``'s
@@ -295,36 +303,6 @@ def _check_payload(fn: HandlerFn, type: str, declared: Any, where: str) -> None:
         )
 
 
-def _abort_matcher(abort_on: AbortOn) -> dict[str, bool | AbortPredicate] | None:
-    if abort_on is None:
-        return None
-    if isinstance(abort_on, Mapping):
-        matcher: dict[str, bool | AbortPredicate] = {}
-        for key, rule in abort_on.items():
-            name = key.name if isinstance(key, EventType) else key
-            if rule is not True and rule is not False and not callable(rule):
-                raise TypeError(f"abort_on[{name!r}] must be True or a predicate, got {rule!r}")
-            if rule is not False:
-                matcher[name] = rule
-        return matcher or None
-    if isinstance(abort_on, str):
-        raise TypeError(f"abort_on must be a list of types, not the string {abort_on!r}")
-    return (
-        dict.fromkeys((key.name if isinstance(key, EventType) else key for key in abort_on), True)
-        or None
-    )
-
-
-def _timeout(timeout: float | None) -> float | None:
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
-    if not (timeout > 0 and math.isfinite(timeout)):
-        raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
-    return float(timeout)
-
-
 def _spec(
     fn: HandlerFn,
     abort_on: AbortOn,
@@ -334,10 +312,11 @@ def _spec(
     timeout: float | None,
     concurrency: Concurrency | None,
     debounce: Debounce | None,
+    throttle: Throttle | None,
 ) -> HandlerSpec:
     if not callable(fn):
         raise TypeError(f"handler must be an async function, got {fn!r}")
-    matcher = _abort_matcher(abort_on)
+    matcher = abort_matcher(abort_on)
     if lane is not None and not callable(lane) and (not isinstance(lane, str) or not lane):
         raise TypeError(f"lane must be a non-empty string or a function, got {lane!r}")
     if retry is not None and not isinstance(retry, Retry):
@@ -346,15 +325,18 @@ def _spec(
         raise TypeError(f"concurrency must be an a2trio.Concurrency(...), got {concurrency!r}")
     if debounce is not None and not isinstance(debounce, Debounce):
         raise TypeError(f"debounce must be an a2trio.Debounce(...), got {debounce!r}")
+    if throttle is not None and not isinstance(throttle, Throttle):
+        raise TypeError(f"throttle must be an a2trio.Throttle(...), got {throttle!r}")
     return HandlerSpec(
         fn,
         matcher,
         lane,
         event,
         retry=retry,
-        timeout=_timeout(timeout),
+        timeout=check_timeout(timeout),
         concurrency=concurrency,
         debounce=debounce,
+        throttle=throttle,
     )
 
 
@@ -367,6 +349,7 @@ def handler(
     timeout: float | None = None,
     concurrency: Concurrency | None = None,
     debounce: Debounce | None = None,
+    throttle: Throttle | None = None,
 ) -> HandlerSpec:
     """Wrap a handler with options, for a key of ``Server(handlers={...})``
     (:func:`on` is the typed form).
@@ -393,16 +376,19 @@ def handler(
       debounce: a :class:`~a2trio.Debounce`: run only the last event of a
         key (per session) once its period passed without a newer one; the
         earlier ones are skipped. None: every event runs.
+      throttle: a :class:`~a2trio.Throttle`: at most ``limit`` attempt
+        starts per ``period`` per key value, across sessions and processes;
+        the excess waits. None: no throttle.
 
     Raises:
       TypeError: ``fn`` is not callable, a bad ``abort_on`` shape, a lane that
         is neither a non-empty string nor a function, a ``retry`` that is no
         :class:`Retry`, a ``concurrency`` that is no :class:`Concurrency`, a
-        ``timeout`` that is no number, or a ``debounce`` that is no
-        :class:`~a2trio.Debounce`.
+        ``throttle`` that is no :class:`Throttle`, a ``timeout`` that is no
+        number, or a ``debounce`` that is no :class:`~a2trio.Debounce`.
       ValueError: a ``timeout`` that is not positive and finite.
     """
-    return _spec(fn, abort_on, lane, None, retry, timeout, concurrency, debounce)
+    return _spec(fn, abort_on, lane, None, retry, timeout, concurrency, debounce, throttle)
 
 
 def on(
@@ -415,6 +401,7 @@ def on(
     timeout: float | None = None,
     concurrency: Concurrency | None = None,
     debounce: Debounce | None = None,
+    throttle: Throttle | None = None,
 ) -> HandlerSpec:
     """Register ``fn`` for the event type ``event``, for ``Server(handlers=[...])``.
 
@@ -432,16 +419,17 @@ def on(
       timeout: as for :func:`handler`.
       concurrency: as for :func:`handler`.
       debounce: as for :func:`handler`.
+      throttle: as for :func:`handler`.
 
     Raises:
       TypeError: ``event`` is not a handle, ``fn`` is not callable or is
         annotated for another payload type, a bad ``abort_on``, lane, retry,
-        timeout or debounce.
+        timeout, concurrency, throttle or debounce.
       ValueError: as for :func:`handler`.
     """
     if not isinstance(event, EventType):
         raise TypeError(f"on() takes an a2trio.event_type(...) handle, got {event!r}")
-    spec = _spec(fn, abort_on, lane, event, retry, timeout, concurrency, debounce)
+    spec = _spec(fn, abort_on, lane, event, retry, timeout, concurrency, debounce, throttle)
     _check_payload(fn, event.name, event.payload_type, "")
     return spec
 

@@ -31,7 +31,7 @@ from ..push import PushedEvent, PushValidation
 from ..scheduler import AppendTask, ScheduledEvent
 from ..stores.base import AppendEvent, StoredEvent
 from .context import Engine
-from .flow import resolve_concurrency
+from .flow import resolve_concurrency, resolve_throttle
 from .pacing import DebounceKeyError
 
 __all__ = ["check_push", "delivered", "returned", "schedule", "validate"]
@@ -79,6 +79,7 @@ def validate(
         settled = False
         flow_key: str | None = None
         flow_limit: int | None = None
+        throttle: tuple[str | None, int | None, int | None] = (None, None, None)
         if dispatch:
             if event.type not in engine.lanes:
                 settled = True
@@ -99,6 +100,11 @@ def validate(
                 if concurrency is not None:
                     flow_key, flow_limit = resolve_concurrency(
                         engine.prefix, concurrency, AppendInput(event.type, typed, event.id)
+                    )
+                limited = engine.throttle.get(event.type)
+                if limited is not None:
+                    throttle = resolve_throttle(
+                        engine.prefix, limited, AppendInput(event.type, typed, event.id)
                     )
         delay_ms: int | None = None
         key: str | None = None
@@ -121,6 +127,7 @@ def validate(
                 flow_limit,
                 delay_ms,
                 key,
+                *throttle,
             )
         )
     return validated

@@ -28,7 +28,7 @@ from typing import Any
 from ..backoff import Backoff
 from ..contract import AppendInput
 
-__all__ = ["BackoffFn", "Debounce", "DebounceKeyError", "KeyFn", "Retry"]
+__all__ = ["BackoffFn", "Debounce", "DebounceKeyError", "KeyFn", "Retry", "check_timeout"]
 
 #: ``key(event) -> str``: a debounced event's key (an :class:`~a2trio.AppendInput`
 #: with the typed payload), resolved when it is appended.
@@ -234,3 +234,17 @@ class Debounce:
 
 Retry.__module__ = "a2trio"
 Debounce.__module__ = "a2trio"
+
+
+def check_timeout(timeout: float | None) -> float | None:
+    """``timeout=`` as seconds (None: no limit).
+
+    Raises:
+      TypeError: not a number. ValueError: not positive and finite."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
+    return float(timeout)

@@ -286,6 +286,8 @@ class AttemptRunner:
             key_value(registration.concurrency, keyed)
         if registration.debounce is not None and event.debounce_key is None:
             registration.debounce.key_of(keyed)  # the same, for a debounce key
+        if registration.throttle is not None and event.throttle_key is None:
+            key_value(registration.throttle, keyed)
         if abort_scope is None and timeout_scope is None:
             return await registration.fn(ctx)
         with abort_scope or contextlib.nullcontext(), timeout_scope or contextlib.nullcontext():

@@ -245,11 +245,12 @@ class Writes:
                     watchdog_at_ms,
                 )
             # Keyed events are claimed by the drain, under their limits
-            # (``rules.claims_at_insert``); a debounced append may have skipped
+            # (``rules.claims_at_insert``), throttled ones too; a debounced append may have skipped
             # a lane head, whose lane moved on.
             if (
                 result.others_claimable
                 or any(e.concurrency_key is not None for e in events)
+                or any(e.throttle_key is not None for e in events)
                 or any(e.debounce_key is not None for e in events)
             ):
                 drains.wake(session_id, watchdog_at_ms)

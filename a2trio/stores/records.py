@@ -81,6 +81,9 @@ class AppendEvent(msgspec.Struct, frozen=True):
     claim as skipped by this one (``rules.debounces``: processed by no
     attempt, ``debounced_by`` its index, its lane handed on), in the same
     transaction.
+    claims of rows with that key, across sessions (``rules.flow``); the
+    ``throttle_*`` fields its :class:`~a2trio.Throttle`: at most that many
+    attempt starts of the key per period.
     """
 
     type: str
@@ -95,6 +98,9 @@ class AppendEvent(msgspec.Struct, frozen=True):
     concurrency_limit: int | None = None
     delay_ms: int | None = None
     debounce_key: str | None = None
+    throttle_key: str | None = None
+    throttle_limit: int | None = None
+    throttle_period_ms: int | None = None
 
 
 class StoredEvent(msgspec.Struct, frozen=True):
@@ -139,26 +145,33 @@ class StoredEvent(msgspec.Struct, frozen=True):
     concurrency_limit: int | None = None
     debounce_key: str | None = None
     debounced_by: int | None = None
+    throttle_key: str | None = None
+    throttle_limit: int | None = None
+    throttle_period_ms: int | None = None
 
 
 class Claimed(msgspec.Struct, frozen=True, tag="claimed"):
     """Events claimed by this holder, in index order, ``attempt_count`` advanced.
 
     ``waiting``: the concurrency keys whose full limit held events of this
-    session back (claimable once a slot of the key frees), sorted.
+    session back (claimable once a slot of the key frees), sorted;
+    ``throttled``: the throttle keys whose full window did.
     """
 
     events: list[StoredEvent]
     waiting: list[str] = msgspec.field(default_factory=list)
+    throttled: list[str] = msgspec.field(default_factory=list)
 
 
 class Busy(msgspec.Struct, frozen=True, tag="busy"):
     """Nothing claimable now; live claims held elsewhere expire at
-    ``retry_at_ms``. ``waiting`` as :class:`Claimed`'s: with keys waiting,
-    ``retry_at_ms`` is at latest when a slot of one of them lapses."""
+    ``retry_at_ms``. ``waiting`` and ``throttled`` as :class:`Claimed`'s:
+    with keys waiting, ``retry_at_ms`` is at latest when a slot of one of
+    them lapses; with throttles, when the first of their windows has room."""
 
     retry_at_ms: int
     waiting: list[str] = msgspec.field(default_factory=list)
+    throttled: list[str] = msgspec.field(default_factory=list)
 
 
 class Settled(msgspec.Struct, frozen=True, tag="settled"):

@@ -1,8 +1,9 @@
 """Flow limits across sessions (issue 33, ``rules.flow``): a row's
 concurrency key counts against its limit in every session's claims; slots
 are the live claims (freed by completion, failure or lapse, kept by
-renewal); a keyed row is never claimed at insert; the sweep skips a session
-whose only work waits on a full key."""
+renewal); a row's throttle key counts its attempt starts in the period's
+window; a keyed row is never claimed at insert; the sweep skips a session
+whose only work waits on a full key or window."""
 
 from __future__ import annotations
 
@@ -25,12 +26,25 @@ __all__ = [
     "check_concurrency_slots_are_leases",
     "check_concurrency_with_lanes_and_the_sweep",
     "check_concurrency_within_a_session",
+    "check_throttle_across_sessions",
+    "check_throttle_within_a_session_and_the_sweep",
 ]
 
 
 def keyed(key: str, limit: int, *, lane: str | None = None, n: int = 0) -> AppendEvent:
     """A note counted against ``key``'s ``limit``."""
     return AppendEvent("note", {"n": n}, lane=lane, concurrency_key=key, concurrency_limit=limit)
+
+
+def throttled(key: str, limit: int, period_ms: int, *, n: int = 0) -> AppendEvent:
+    """A note counted against throttle ``key``: ``limit`` starts per ``period_ms``."""
+    return AppendEvent(
+        "note",
+        {"n": n},
+        throttle_key=key,
+        throttle_limit=limit,
+        throttle_period_ms=period_ms,
+    )
 
 
 def new_key(name: str) -> str:
@@ -162,3 +176,72 @@ async def check_concurrency_with_lanes_and_the_sweep(open_store: StoreFactory) -
         assert indexes_of(taken) == [1]
         assert await claim(store, a, "h3") == Busy(T0 + 1_000, [key])
         assert await sweep.claimable_sessions(prefix, limit=10) == []
+
+
+async def check_throttle_across_sessions(open_store: StoreFactory) -> None:
+    """At most ``limit`` attempt starts per period per throttle key across
+    sessions: the excess waits (``Busy`` naming the throttle, due when the
+    window's first start leaves it); a completion frees nothing; a retry is
+    a new start; the key, limit and period are stored with the row."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        key = new_key("throttle")
+        sids = [new_sid(f"throttle-{i}") for i in range(3)]
+        for sid in sids:
+            await store.append(sid, [throttled(key, 2, 1_000)])
+        [row] = await store.read(sids[0])
+        assert (row.throttle_key, row.throttle_limit, row.throttle_period_ms) == (key, 2, 1_000)
+        claimed_events(await claim(store, sids[0], "h1"))
+        clock.advance(10)
+        claimed_events(await claim(store, sids[1], "h2"))
+        clock.advance(10)
+        assert await claim(store, sids[2], "h3") == Busy(T0 + 1_000, [], [key]), (
+            "two starts in the window: Busy until the first leaves it"
+        )
+        for sid in sids[:2]:
+            done = await store.complete_attempt(sid, index=1, attempt=1, events=[])
+            assert done.outcome == "completed"
+        assert await claim(store, sids[2], "h3") == Busy(T0 + 1_000, [], [key]), (
+            "a completion frees no start"
+        )
+        clock.advance(980)
+        first = claimed_events(await claim(store, sids[2], "h3", ttl_ms=5_000))
+        assert first[0].attempt_count == 1, "the first start left the window exactly at its end"
+        failed = await store.fail_attempt(sids[2], index=1, attempt=1, error="boom", max_failures=3)
+        assert failed.outcome == "failed"
+        assert await claim(store, sids[2], "h4") == Busy(T0 + 1_010, [], [key]), (
+            "a retry is a new start: the window holds two"
+        )
+        clock.advance(10)
+        again = claimed_events(await claim(store, sids[2], "h4"))
+        assert again[0].attempt_count == 2
+
+
+async def check_throttle_within_a_session_and_the_sweep(open_store: StoreFactory) -> None:
+    """In one session the lowest indexes take the window's starts and the
+    claim names the throttle it left waiting; an append with a claim request
+    writes throttled rows unclaimed; the sweep skips the session until the
+    window has room."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        sweep = store.sweep
+        if sweep is None:
+            raise CapabilityMissing("sweep")
+        key = new_key("throttle-within")
+        prefix = f"conformance-throttle-{uuid4().hex[:8]}-"
+        sid = prefix + "a"
+        result = await store.append(
+            sid,
+            [throttled(key, 2, 500, n=i) for i in range(3)],
+            claim=ClaimRequest("h0", 1_000),
+        )
+        assert result.claimed == [], "throttled rows are not claimed at insert"
+        got = await claim(store, sid, "h1", ttl_ms=5_000)
+        assert isinstance(got, Claimed), got
+        assert indexes_of(got.events) == [1, 2]
+        assert got.throttled == [key], f"event 3 waits on its throttle; got {got!r}"
+        assert await sweep.claimable_sessions(prefix, limit=10) == []
+        clock.advance(500)
+        assert await sweep.claimable_sessions(prefix, limit=10) == [sid]
+        later = claimed_events(await claim(store, sid, "h2"))
+        assert indexes_of(later) == [3]

@@ -50,6 +50,9 @@ class Row:
     concurrency_limit: int | None = None
     debounce_key: str | None = None
     debounced_by: int | None = None
+    throttle_key: str | None = None
+    throttle_limit: int | None = None
+    throttle_period_ms: int | None = None
 
     def stored(self) -> StoredEvent:
         return StoredEvent(
@@ -83,6 +86,9 @@ class Row:
             concurrency_limit=self.concurrency_limit,
             debounce_key=self.debounce_key,
             debounced_by=self.debounced_by,
+            throttle_key=self.throttle_key,
+            throttle_limit=self.throttle_limit,
+            throttle_period_ms=self.throttle_period_ms,
         )
 
 

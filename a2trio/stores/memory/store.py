@@ -54,6 +54,7 @@ from ..base import (
     WatchesPending,
 )
 from ..feed import Feed, FeedStatistics, Wakeups, open_pump_feed
+from .flow import Flows
 from .journal import MemoryJournal
 from .operator import MemoryOperator
 from .presence import MemoryPresence
@@ -148,8 +149,7 @@ class _MemorySweep:
             for key, rows in store._open.items()
             if key.startswith(prefix)
             and any(
-                rules.sweepable(row, now)
-                and rules.has_room(row.concurrency_limit, store._live(row.concurrency_key, now))
+                rules.sweepable(row, now) and store._flows.has_room(row, now)
                 for row in rows.values()
             )
         ]
@@ -174,9 +174,8 @@ class MemoryStore:
         # Unprocessed rows per session, in index order: claims, lane checks and
         # has_pending look only here, so a long processed history costs nothing.
         self._open: dict[str, dict[int, Row]] = {}
-        # Unprocessed rows per concurrency key, across sessions: the live
-        # claims of a key are counted here (``rules.flow``).
-        self._keyed: dict[str, dict[tuple[str, int], Row]] = {}
+        # The concurrency keys' rows and the throttles' starts (``rules.flow``).
+        self._flows = Flows()
         self._snapshots: dict[tuple[str, str], tuple[int, bytes, int]] = {}
         # The failed attempts per session and index, the latest
         # rules.MAX_FAILED_ATTEMPTS each (written by fail_attempt only).
@@ -200,7 +199,7 @@ class MemoryStore:
             self._snapshots,
             self._trimmed,
             self._failures,
-            self._keyed,
+            self._flows.keyed,
             self.operator,
             self.presence,
             self.journal,
@@ -264,25 +263,16 @@ class MemoryStore:
             concurrency_limit=event.concurrency_limit,
             not_before_ms=None if event.delay_ms is None else now + event.delay_ms,
             debounce_key=event.debounce_key,
+            throttle_key=event.throttle_key,
+            throttle_limit=event.throttle_limit,
+            throttle_period_ms=event.throttle_period_ms,
         )
         rows.append(row)
         self._ids[event_id] = row
         if not event.settled:
             open_rows[row.index] = row
-            if row.concurrency_key is not None:
-                keyed = self._keyed.setdefault(row.concurrency_key, {})
-                keyed[(session_id, row.index)] = row
+            self._flows.add(session_id, row)
         return row
-
-    def _slots(self, key: str, now: int) -> list[Row]:
-        """The rows holding a live slot of ``key`` (processed ones forgotten)."""
-        keyed = self._keyed.get(key, {})
-        for done in [k for k, r in keyed.items() if r.processed_at_ms is not None]:
-            del keyed[done]
-        return [r for r in keyed.values() if rules.live_slot(r, now)]
-
-    def _live(self, key: str | None, now: int) -> int:
-        return 0 if key is None else len(self._slots(key, now))
 
     async def append(
         self,
@@ -381,13 +371,19 @@ class MemoryStore:
         open_rows = self._open.get(session_id, {}).values()
         candidates = [r for r in open_rows if r.index not in excluded and rules.claimable(r, now)]
         live = {
-            r.concurrency_key: self._live(r.concurrency_key, now)
+            r.concurrency_key: self._flows.live(r.concurrency_key, now)
             for r in candidates
             if r.concurrency_key is not None
         }
-        chosen, waiting = rules.flow_select(candidates, live, limit)
+        started = {
+            r.throttle_key: len(self._flows.started(r.throttle_key, now))
+            for r in candidates
+            if r.throttle_key is not None
+        }
+        chosen, waiting, throttled = rules.flow_select(candidates, live, started, limit)
         claimed: list[StoredEvent] = []
         for row in chosen:
+            self._flows.start(row, now)
             row.attempt_count += 1
             if row.first_claimed_at_ms is None:
                 row.first_claimed_at_ms = now
@@ -396,12 +392,13 @@ class MemoryStore:
             row.claim_expires_at_ms = expires_at
             claimed.append(row.stored())
         if claimed:
-            return Claimed(claimed, waiting)
+            return Claimed(claimed, waiting, throttled)
         retry_at = rules.flow_retry_at(
             rules.busy_until(open_rows, now),
-            [rules.busy_until(self._slots(key, now), now) for key in waiting],
+            [rules.busy_until(self._flows.slots(key, now), now) for key in waiting]
+            + [min(self._flows.started(key, now), default=None) for key in throttled],
         )
-        return Settled() if retry_at is None else Busy(retry_at, waiting)
+        return Settled() if retry_at is None else Busy(retry_at, waiting, throttled)
 
     def __repr__(self) -> str:
         return "MemoryStore()"

@@ -65,4 +65,7 @@ def stored_event(row: Row, at: int = 0) -> StoredEvent:
         concurrency_limit=r[25],
         debounce_key=r[26],
         debounced_by=r[27],
+        throttle_key=r[28],
+        throttle_limit=r[29],
+        throttle_period_ms=r[30],
     )

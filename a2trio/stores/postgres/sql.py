@@ -46,6 +46,7 @@ __all__ = [
     "held",
     "holds_claim",
     "live_slot",
+    "live_start",
     "next_in_lane",
     "ready_at_insert",
     "renews",
@@ -222,6 +223,24 @@ create table if not exists a2_journal (
   seq         bigserial,
   primary key (session_id, idx, name)
 );
+
+-- Throttles (issue 33): each event's throttle key, limit and period, and the
+-- attempt starts of each key, as the instants they stop counting.
+do $$
+begin
+  if not exists (select 1 from pg_attribute
+                  where attrelid = 'a2_events'::regclass
+                    and attname = 'throttle_key' and not attisdropped) then
+    alter table a2_events add column throttle_key text,
+                          add column throttle_limit integer,
+                          add column throttle_period_ms bigint;
+  end if;
+end $$;
+create table if not exists a2_flow_starts (
+  throttle_key text   not null,
+  expires_at   bigint not null
+);
+create index if not exists a2_flow_starts_key on a2_flow_starts (throttle_key, expires_at);
 """
 
 # Notifications are transactional: delivered at commit, never for a rollback.
@@ -301,7 +320,7 @@ EVENT_COLUMNS = (
     " last_claimed_at, attempt_count, failure_count, last_failed_at,"
     " last_failed_attempt, last_error, failed_at, claim_holder, claim_expires_at,"
     " trace_context, not_before, version, concurrency_key, concurrency_limit,"
-    " debounce_key, debounced_by"
+    " debounce_key, debounced_by, throttle_key, throttle_limit, throttle_period_ms"
 )
 
 
@@ -401,13 +420,22 @@ def live_slot(row: str, now: str) -> str:
     return f"{alive(row)} and {claim_live(row, now)}"
 
 
-# rules.has_room for the row `row`: no key, or fewer live slots of its key
-# than its limit.
+# rules.live_start, over the starts `start` of one throttle (`a2_flow_starts`).
+def live_start(start: str, now: str) -> str:
+    return f"{start}.expires_at > {now}"
+
+
+# rules.has_room for the row `row`, for both its keys: no concurrency key, or
+# fewer live slots of it than its limit, and no throttle, or fewer live
+# starts (rules.live_start) than its limit.
 def has_room(row: str, now: str) -> str:
     return (
         f"({row}.concurrency_key is null or (select count(*) from a2_events h"
         f" where h.concurrency_key = {row}.concurrency_key and {live_slot('h', now)})"
         f" < {row}.concurrency_limit)"
+        f" and ({row}.throttle_key is null or (select count(*) from a2_flow_starts s"
+        f" where s.throttle_key = {row}.throttle_key and {live_start('s', now)})"
+        f" < {row}.throttle_limit)"
     )
 
 
@@ -417,7 +445,7 @@ def has_room(row: str, now: str) -> str:
 def claims_at_insert(new: str, ready: str) -> str:
     return (
         f"{ready} and not {new}.settled and {new}.flow_key is null"
-        f" and coalesce({new}.delay, 0) <= 0"
+        f" and {new}.throttle_key is null and coalesce({new}.delay, 0) <= 0"
     )
 
 
@@ -562,7 +590,8 @@ with batch as (
   select * from jsonb_to_recordset($2::jsonb)
     as b(ord bigint, id text, type text, payload jsonb, {cause[0]}lane text, settled boolean,
          trace text, version int, flow_key text,
-         flow_limit integer, delay bigint, debounce text)
+         flow_limit integer, delay bigint, debounce text,
+         throttle_key text, throttle_limit integer, throttle_period bigint)
 ),{head}
 ready as materialized (
   -- Materialized so each row's readiness (two subqueries) is computed once,
@@ -577,7 +606,8 @@ inserted as (
     (session_id, idx, event_type, payload, event_id, created_at, {cause[1]}lane,
      lane_ready, processed_at, attempt_count, first_claimed_at, last_claimed_at,
      claim_holder, claim_expires_at, trace_context, version, concurrency_key,
-     concurrency_limit, not_before, debounce_key)
+     concurrency_limit, not_before, debounce_key, throttle_key, throttle_limit,
+     throttle_period_ms)
   select $1::text, r.idx, r.type, coalesce(r.payload, 'null'::jsonb), r.id,
          {now}::bigint, {cause[2]}r.lane, r.lane_ready,
          case when r.settled then {now}::bigint end,
@@ -586,7 +616,8 @@ inserted as (
          case when r.claim then {now}::bigint end,
          case when r.claim then {holder}::text end,
          case when r.claim then {expiry}::bigint end,
-         r.trace, r.version, r.flow_key, r.flow_limit, {now}::bigint + r.delay, r.debounce
+         r.trace, r.version, r.flow_key, r.flow_limit, {now}::bigint + r.delay, r.debounce,
+         r.throttle_key, r.throttle_limit, r.throttle_period
     from ready r
   returning idx, claim_holder
 ){tail.replace("{claimed}", claimed)}
@@ -700,7 +731,8 @@ with keyed as materialized (
   -- A keyed row claimable: the claim is `CLAIM_KEYED`'s, under key locks.
   select exists(select 1 from a2_events k
    where k.session_id = $1::text and {claimable("k", "$2::bigint")}
-     and k.concurrency_key is not null and not (k.idx = any($5::bigint[]))) as found
+     and (k.concurrency_key is not null or k.throttle_key is not null)
+     and not (k.idx = any($5::bigint[]))) as found
 ),
 eligible as materialized (
   select event.ctid as tid, event.idx from a2_events event
@@ -749,48 +781,78 @@ select busy.retry_at, {_cols("claimed")},
 #   $1 session, $2 now, $3 excluded indexes
 LOCK_KEYS = Statement(
     f"""
-select set_config('a2.flow_keys', coalesce(jsonb_agg(k.key order by k.key), '[]')::text, true)
-  from (select k.key, pg_advisory_xact_lock(hashtextextended('a2:flow:' || k.key, 0))
-          from (select distinct e.concurrency_key as key from a2_events e
+select set_config('a2.flow_keys', jsonb_build_object(
+         'c', coalesce(jsonb_agg(k.key order by k.key) filter (where k.kind = 'c'), '[]'),
+         't', coalesce(jsonb_agg(k.key order by k.key) filter (where k.kind = 't'), '[]')
+       )::text, true)
+  from (select k.kind, k.key,
+               pg_advisory_xact_lock(hashtextextended(
+                 case k.kind when 'c' then 'a2:flow:' else 'a2:throttle:' end || k.key, 0))
+          from (select distinct kinds.kind, kinds.key
+                  from a2_events e,
+                       lateral (values ('c', e.concurrency_key), ('t', e.throttle_key))
+                         as kinds(kind, key)
                  where e.session_id = $1::text and {claimable("e", "$2::bigint")}
-                   and e.concurrency_key is not null and not (e.idx = any($3::bigint[]))
-                 order by 1) k) k
+                   and kinds.key is not null and not (e.idx = any($3::bigint[]))
+                 order by 1, 2) k) k
 """
 )
 
 # `CLAIM` for a session with keyed rows (`rules.flow_select`), after
-# `LOCK_KEYS` in the same transaction: each candidate ranked within its key,
-# taken while the key's live slots (across sessions, `live_slot`) leave
-# room; the waiting keys, and their earliest slot's lapse, for the answer.
+# `LOCK_KEYS` in the same transaction: each candidate ranked within each of
+# its keys, taken while both ranks fit: the concurrency key's live slots
+# (across sessions, `live_slot`) and the throttle's live starts
+# (`a2_flow_starts`, `rules.live_start`) leave room. Each claimed throttled
+# row records a start; the expired starts of its throttles are deleted. The
+# waiting keys and throttles, and when the earliest of them frees, for the
+# answer.
 #   $1 session, $2 now, $3 holder, $4 expires at, $5 excluded indexes,
 #   $6 the most to claim (null: every eligible event)
 CLAIM_KEYED = Statement(
     f"""
 with locked as (
-  select jsonb_array_elements_text(current_setting('a2.flow_keys')::jsonb) as key
+  select current_setting('a2.flow_keys')::jsonb as k
+),
+lc as (
+  select jsonb_array_elements_text((select k->'c' from locked)) as key
+),
+lt as (
+  select jsonb_array_elements_text((select k->'t' from locked)) as key
 ),
 live as materialized (
   select l.key, (select count(*) from a2_events h
                   where h.concurrency_key = l.key and {live_slot("h", "$2::bigint")}) as n
-    from locked l
+    from lc l
+),
+started as materialized (
+  select l.key, (select count(*) from a2_flow_starts s
+                  where s.throttle_key = l.key and {live_start("s", "$2::bigint")}) as n
+    from lt l
 ),
 ranked as materialized (
-  select e.ctid as tid, e.idx, e.concurrency_key as key, e.concurrency_limit as lim,
-         row_number() over (partition by e.concurrency_key order by e.idx) as rn
+  select e.ctid as tid, e.idx, e.concurrency_key as ck, e.concurrency_limit as cl,
+         e.throttle_key as tk, e.throttle_limit as tl,
+         row_number() over (partition by e.concurrency_key order by e.idx) as rc,
+         row_number() over (partition by e.throttle_key order by e.idx) as rt
     from a2_events e
    where e.session_id = $1::text and {claimable("e", "$2::bigint")}
      and not (e.idx = any($5::bigint[]))
-     and (e.concurrency_key is null or e.concurrency_key in (select key from locked))
+     and (e.concurrency_key is null or e.concurrency_key in (select key from lc))
+     and (e.throttle_key is null or e.throttle_key in (select key from lt))
 ),
 fits as materialized (
-  select r.*, r.key is null
-              or r.rn <= r.lim - coalesce((select n from live where live.key = r.key), 0) as room
+  select r.*,
+         r.ck is null
+           or r.rc <= r.cl - coalesce((select n from live where live.key = r.ck), 0) as c_room,
+         r.tk is null
+           or r.rt <= r.tl - coalesce((select n from started where started.key = r.tk), 0)
+           as t_room
     from ranked r
 ),
 eligible as materialized (
   select event.ctid as tid, event.idx from a2_events event
     join fits f on f.tid = event.ctid
-   where f.room
+   where f.c_room and f.t_room
    order by event.idx
    limit $6::bigint
    for update of event
@@ -806,19 +868,35 @@ claimed as (
   where claimed.ctid = eligible.tid
   returning claimed.*
 ),
+recorded as (
+  insert into a2_flow_starts (throttle_key, expires_at)
+  select c.throttle_key, $2::bigint + c.throttle_period_ms from claimed c
+   where c.throttle_key is not null
+),
+pruned as (
+  delete from a2_flow_starts s
+   where s.throttle_key in (select key from lt) and s.expires_at <= $2::bigint
+),
 waiting as (
-  select coalesce(jsonb_agg(distinct f.key order by f.key), '[]'::jsonb) as keys
-    from fits f where not f.room
+  select coalesce(jsonb_agg(distinct f.ck order by f.ck) filter (where not f.c_room), '[]')
+           as keys,
+         coalesce(jsonb_agg(distinct f.tk order by f.tk) filter (where not f.t_room), '[]')
+           as throttles
+    from fits f
 ),
 busy as (
   select least(
     (select min(claim_expires_at) from a2_events e
       where session_id = $1::text and {held("e", "$2::bigint")}),
     (select min(h.claim_expires_at) from a2_events h
-      where h.concurrency_key in (select f.key from fits f where not f.room)
-        and {live_slot("h", "$2::bigint")})) as retry_at
+      where h.concurrency_key in (select f.ck from fits f where not f.c_room)
+        and {live_slot("h", "$2::bigint")}),
+    (select min(s.expires_at) from a2_flow_starts s
+      where s.throttle_key in (select f.tk from fits f where not f.t_room)
+        and {live_start("s", "$2::bigint")})) as retry_at
 )
-select busy.retry_at, (select keys from waiting), {_cols("claimed")},
+select busy.retry_at, (select keys from waiting), (select throttles from waiting),
+       {_cols("claimed")},
        (select count(*) from eligible) - (select count(*) from claimed) as stale
   from busy left join claimed on true
  order by claimed.idx
@@ -891,18 +969,20 @@ verdict as (
 batch as (
   select * from jsonb_to_recordset($5::jsonb)
     as b(ord bigint, id text, type text, payload jsonb, lane text, settled boolean,
-         trace text, version int, flow_key text,
-         flow_limit integer)
+         trace text, version int, flow_key text, flow_limit integer,
+         throttle_key text, throttle_limit integer, throttle_period bigint)
 ),
 inserted as (
   insert into a2_events
     (session_id, idx, event_type, payload, event_id, created_at, cause, lane,
-     lane_ready, processed_at, trace_context, version, concurrency_key, concurrency_limit)
+     lane_ready, processed_at, trace_context, version, concurrency_key, concurrency_limit,
+     throttle_key, throttle_limit, throttle_period_ms)
   select $1::text, v.base + b.ord, b.type, coalesce(b.payload, 'null'::jsonb), b.id,
          $6::bigint, $7::jsonb, b.lane,
          {ready_at_insert("b", "$1::text", "<> $2::bigint")},
          case when b.settled then $6::bigint end,
-         b.trace, b.version, b.flow_key, b.flow_limit
+         b.trace, b.version, b.flow_key, b.flow_limit, b.throttle_key, b.throttle_limit,
+         b.throttle_period
     from batch b, verdict v
    where v.outcome = 'completed'
   returning *

@@ -188,6 +188,9 @@ class PostgresWrites:
                     "flow_limit": e.concurrency_limit,
                     "delay": e.delay_ms,
                     "debounce": e.debounce_key,
+                    "throttle_key": e.throttle_key,
+                    "throttle_limit": e.throttle_limit,
+                    "throttle_period": e.throttle_period_ms,
                 }
                 for ord_, (e, event_id) in enumerate(zip(events, ids, strict=True), 1)
             ]
@@ -262,6 +265,9 @@ class PostgresWrites:
                 concurrency_limit=e.concurrency_limit,
                 not_before_ms=None if e.delay_ms is None else now + e.delay_ms,
                 debounce_key=e.debounce_key,
+                throttle_key=e.throttle_key,
+                throttle_limit=e.throttle_limit,
+                throttle_period_ms=e.throttle_period_ms,
             )
             for ord_, (e, event_id) in enumerate(zip(events, ids, strict=True), 1)
         ]
@@ -332,14 +338,14 @@ class PostgresWrites:
                     [(sql.LOCK_KEYS, (session_id, now, exclude)), (sql.CLAIM_KEYED, params)],
                     lock=None,
                 )
-            claimed = [stored_event(row, 2) for row in rows if row[2] is not None]
-            waiting = list(rows[0][1])
+            claimed = [stored_event(row, 3) for row in rows if row[3] is not None]
+            waiting, throttled = list(rows[0][1]), list(rows[0][2])
             if claimed:
-                return Claimed(claimed, waiting)
+                return Claimed(claimed, waiting, throttled)
             if not rows[0][-1]:
                 break
         retry_at = rows[0][0]
-        return Settled() if retry_at is None else Busy(retry_at, waiting)
+        return Settled() if retry_at is None else Busy(retry_at, waiting, throttled)
 
     async def renew_claims(
         self,
@@ -397,6 +403,9 @@ class PostgresWrites:
                 "version": e.version,
                 "flow_key": e.concurrency_key,
                 "flow_limit": e.concurrency_limit,
+                "throttle_key": e.throttle_key,
+                "throttle_limit": e.throttle_limit,
+                "throttle_period": e.throttle_period_ms,
             }
             for ord_, e in enumerate(events, 1)
         ]

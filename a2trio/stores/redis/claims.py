@@ -74,13 +74,15 @@ class RedisClaims:
                     expires_at,
                     -1 if limit is None else max(0, limit),
                     self._keys.flow_prefix,
+                    self._keys.throttle_prefix,
                     *exclude,
                 ],
             )
         if reply[0] == b"claimed":
-            return Claimed(codec.rows(session_id, reply[2:]), [codec.text(k) for k in reply[1]])
+            waiting, throttled = _keys(reply[1]), _keys(reply[2])
+            return Claimed(codec.rows(session_id, reply[3:]), waiting, throttled)
         if reply[0] == b"busy":
-            return Busy(int(reply[1]), [codec.text(k) for k in reply[2]])
+            return Busy(int(reply[1]), _keys(reply[2]), _keys(reply[3]))
         return Settled()
 
     async def claimable_sessions(self, prefix: str, *, limit: int) -> list[str]:
@@ -106,7 +108,9 @@ class RedisClaims:
                     break
                 keys = [self._keys.key(sid, s) for sid in page for s in ("open", "meta")]
                 flags = await self._conn.run(
-                    lua.SWEEP, keys, [self._clock.now_ms(), self._keys.flow_prefix]
+                    lua.SWEEP,
+                    keys,
+                    [self._clock.now_ms(), self._keys.flow_prefix, self._keys.throttle_prefix],
                 )
                 found += [sid for sid, flag in zip(page, flags, strict=True) if flag]
                 if len(page) < SWEEP_PAGE:
@@ -237,3 +241,7 @@ class RedisClaims:
         if failure is not None:
             args.append(codec.encode(failure))
         return bool(await self._conn.run(lua.FAIL_WRITE, keys, args))
+
+
+def _keys(reply: Sequence[bytes]) -> list[str]:
+    return [codec.text(key) for key in reply]

@@ -80,6 +80,11 @@ class Keys:
         """Where the concurrency keys' sets live: ``P:flow:K`` for key ``K``."""
         return f"{self.prefix}:flow:"
 
+    @property
+    def throttle_prefix(self) -> str:
+        """Where the throttles' sets live: ``P:throttle:K`` for key ``K``."""
+        return f"{self.prefix}:throttle:"
+
     def global_key(self, name: str) -> str:
         """A store-wide key or channel, ``P:name``."""
         return f"{self.prefix}:{name}"
@@ -154,6 +159,9 @@ class Meta(msgspec.Struct, omit_defaults=True):
     debounce_type: str | None = msgspec.field(default=None, name="t")
     debounce_key: str | None = msgspec.field(default=None, name="k")
     debounced_by: int | None = msgspec.field(default=None, name="db")
+    throttle_key: str | None = msgspec.field(default=None, name="tk")
+    throttle_limit: int | None = msgspec.field(default=None, name="tl")
+    throttle_period_ms: int | None = msgspec.field(default=None, name="tp")
 
 
 class Action(msgspec.Struct, frozen=True, array_like=True):
@@ -256,6 +264,9 @@ def row(session_id: str, index: int, entry: bytes, meta: bytes | None) -> Stored
         concurrency_limit=m.concurrency_limit,
         debounce_key=m.debounce_key,
         debounced_by=m.debounced_by,
+        throttle_key=m.throttle_key,
+        throttle_limit=m.throttle_limit,
+        throttle_period_ms=m.throttle_period_ms,
     )
 
 
@@ -313,7 +324,8 @@ def lane_arg(lane: str | None) -> str:
 def append_args(events: Sequence[AppendEvent], ids: Sequence[str], now: int) -> list[Any]:
     """``APPEND``'s arguments per event: id, entry, lane, settled, the
     cause's index and attempt, the concurrency key and limit, the delay, the
-    debounce key (as a lane) and the type."""
+    debounce key (as a lane), the type, and the throttle key, limit and
+    period."""
     args: list[Any] = []
     for event, event_id in zip(events, ids, strict=True):
         cause = event.cause
@@ -329,6 +341,9 @@ def append_args(events: Sequence[AppendEvent], ids: Sequence[str], now: int) -> 
             "" if event.delay_ms is None else event.delay_ms,
             lane_arg(event.debounce_key),
             event.type,
+            event.throttle_key or "",
+            event.throttle_limit or "",
+            event.throttle_period_ms or "",
         ]
     return args
 
@@ -337,7 +352,7 @@ def complete_args(
     events: Sequence[AppendEvent], ids: Sequence[str], now: int, cause: EventCause
 ) -> list[Any]:
     """``COMPLETE``'s arguments per returned event: id, entry, lane, settled,
-    concurrency key and limit."""
+    concurrency key and limit, throttle key, limit and period."""
     args: list[Any] = []
     for event, event_id in zip(events, ids, strict=True):
         args += [
@@ -347,6 +362,9 @@ def complete_args(
             "1" if event.settled else "0",
             event.concurrency_key or "",
             event.concurrency_limit or "",
+            event.throttle_key or "",
+            event.throttle_limit or "",
+            event.throttle_period_ms or "",
         ]
     return args
 
@@ -382,6 +400,9 @@ def appended_rows(
                 version=event.version,
                 concurrency_key=event.concurrency_key,
                 concurrency_limit=event.concurrency_limit,
+                throttle_key=event.throttle_key,
+                throttle_limit=event.throttle_limit,
+                throttle_period_ms=event.throttle_period_ms,
                 first_claimed_at_ms=now if claimed else None,
                 last_claimed_at_ms=now if claimed else None,
                 attempt_count=1 if claimed else 0,
@@ -419,6 +440,9 @@ def returned_rows(
             version=event.version,
             concurrency_key=event.concurrency_key,
             concurrency_limit=event.concurrency_limit,
+            throttle_key=event.throttle_key,
+            throttle_limit=event.throttle_limit,
+            throttle_period_ms=event.throttle_period_ms,
         )
         for ord_, (event, event_id) in enumerate(zip(events, ids, strict=True), 1)
     ]

@@ -23,7 +23,7 @@ collides across sessions):
   ``pb`` processed by attempt, ``r`` returned ids as JSON text, ``l`` lane,
   ``nb`` not before; ``ck``/``cl`` concurrency key and limit; ``t``/``k`` a
   debounced event's type and key, ``db`` the index of the event whose append
-  skipped it: issue 33).
+  skipped it; ``tk``/``tl``/``tp`` throttle key, limit and period: issue 33).
   Settled events have none: they are processed at creation.
 * ``P:S:open``: sorted set of the unprocessed indexes (dead letters
   included: they stall their lane), scored by index. Lane readiness is
@@ -58,6 +58,9 @@ collides across sessions):
   the claim's expiry: a claim adds its row, a renewal moves its score, a
   completion or failure removes it, and a claim prunes the lapsed ones
   first (so a crashed holder's slot frees at its expiry).
+* ``P:throttle:K``: sorted set of the attempt starts of throttle ``K``,
+  members ``<meta key>#<index>#<attempt>`` scored by when each stops
+  counting (the start plus the period); a claim prunes the expired ones.
 
 Numbers pass through Lua as doubles; every number the scripts store (epoch
 milliseconds, counters) is an integer below 10^14, which Lua and cjson
@@ -199,15 +202,24 @@ local function has_room(limit, live)
   return not limit or live < limit
 end
 
--- rules.claims_at_insert: claimable (ripe), and no concurrency key
+-- rules.claims_at_insert: claimable (ripe), and no concurrency or throttle key
 local function claims_at_insert(m, ready, now)
-  return ready and not m.ck and ripe(m, now)
+  return ready and not m.ck and not m.tk and ripe(m, now)
 end
 
 -- The live slots of a row's key (rules.live_slot over its set): the lapsed
 -- ones pruned (a claim expiring exactly now is free), then counted.
 local function live_slots(flow, m, now)
   local set = flow .. m.ck
+  redis.call('ZREMRANGEBYSCORE', set, '-inf', now)
+  return redis.call('ZCARD', set)
+end
+
+-- The live starts of a row's throttle (rules.live_start over its set): the
+-- expired ones pruned (a start expiring exactly now counts no more), then
+-- counted.
+local function live_starts(throttle, m, now)
+  local set = throttle .. m.tk
   redis.call('ZREMRANGEBYSCORE', set, '-inf', now)
   return redis.call('ZCARD', set)
 end
@@ -290,13 +302,15 @@ local function stored_rows(ids_key, sid, ids, out)
 end
 
 -- Append one row at idx (the caller maintains the head).
-local function insert(ids_key, sid, idx, id, entry, lane, settled, key, limit)
+local function insert(ids_key, sid, idx, id, entry, lane, settled, key, limit, tkey, tlimit,
+                      tperiod)
   redis.call('XADD', LOG, idx .. '-0', 'r', entry)
   redis.call('HSET', ids_key, id, idx .. ':' .. sid)
   if settled then return nil end
   local m = {}
   if lane ~= '' then m.l = string.sub(lane, 2) end
   if key ~= '' then m.ck, m.cl = key, tonumber(limit) end
+  if tkey ~= '' then m.tk, m.tl, m.tp = tkey, tonumber(tlimit), tonumber(tperiod) end
   redis.call('ZADD', OPEN, idx, idx)
   return m
 end
@@ -336,7 +350,8 @@ end
 #: ids, expected index ('' for none), the m ids, then per event: id, entry,
 #: lane ('' or '=' .. lane), settled ('1'/'0'), cause index ('' for none),
 #: cause attempt, concurrency key ('' for none), concurrency limit, delay ms
-#: ('' for none), debounce key ('' or '=' .. key), type. A debounced event
+#: ('' for none), debounce key ('' or '=' .. key), type, throttle key ('' for
+#: none), throttle limit, throttle period in ms. A debounced event
 #: first settles the open events it debounces (``rules.debounces``) as
 #: skipped by it: lane readiness follows the open set, so their lanes move on
 #: by themselves.
@@ -377,7 +392,7 @@ end
 local at = 11 + m
 local front = frontier()
 for k = 0, n - 1 do
-  local b = at + k * 11
+  local b = at + k * 14
   if ARGV[b + 4] ~= '' then
     local cidx = tonumber(ARGV[b + 4])
     if cidx < 1 or cidx > front then return {'missing', cidx} end
@@ -392,7 +407,7 @@ local found, lanes = others()
 local claimed = {}
 local unsettled = false
 for k = 0, n - 1 do
-  local b = at + k * 11
+  local b = at + k * 14
   local idx = front + k + 1
   local lane = ARGV[b + 2]
   local settled = ARGV[b + 3] == '1'
@@ -408,7 +423,8 @@ for k = 0, n - 1 do
     end
   end
   local mm = insert(
-    KEYS[5], sid, idx, ARGV[b], ARGV[b + 1], lane, settled, ARGV[b + 6], ARGV[b + 7])
+    KEYS[5], sid, idx, ARGV[b], ARGV[b + 1], lane, settled, ARGV[b + 6], ARGV[b + 7],
+    ARGV[b + 11], ARGV[b + 12], ARGV[b + 13])
   if mm then
     unsettled = true
     if ARGV[b + 8] ~= '' then mm.nb = now + tonumber(ARGV[b + 8]) end
@@ -512,40 +528,51 @@ return out
 )
 
 #: store-postgres.ts ``claimAvailable``, with ``rules.flow_select``: a
-#: keyed row only while its key's set (``P:flow:K``) has room. KEYS: log,
-#: meta, open, head. ARGV: now, holder, expiry, limit (-1: none), the flow
-#: sets' prefix (``P:flow:``), excluded indexes... Returns ``{'claimed',
-#: {waiting keys}, index, entry, meta, ...}``, ``{'busy', retry_at, {waiting
-#: keys}}`` or ``{'settled'}``.
+#: keyed row takes the next slot of its concurrency key's set (``P:flow:K``)
+#: and of its throttle's (``P:throttle:K``) and is claimed when both fit.
+#: KEYS: log, meta, open, head. ARGV: now, holder, expiry, limit (-1: none),
+#: the flow sets' prefix, the throttle sets' prefix, excluded indexes...
+#: Returns ``{'claimed', {waiting keys}, {throttled keys}, index, entry,
+#: meta, ...}``, ``{'busy', retry_at, {waiting keys}, {throttled keys}}`` or
+#: ``{'settled'}``.
 CLAIM = (
     _PRELUDE
     + r"""
 local now, holder, expires = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
-local limit, flow = tonumber(ARGV[4]), ARGV[5]
+local limit, flow, throttle = tonumber(ARGV[4]), ARGV[5], ARGV[6]
 local excluded = {}
-for i = 6, #ARGV do excluded[tonumber(ARGV[i])] = true end
-local waiting, live = {}, {}
-local out = {'claimed', {}}
+for i = 7, #ARGV do excluded[tonumber(ARGV[i])] = true end
+local waiting, throttled, live, started, rank_c, rank_t = {}, {}, {}, {}, {}, {}
+local out = {'claimed', {}, {}}
 local busy = nil
 for _, r in ipairs(open_rows()) do
   local idx, m, ready = r[1], r[2], r[3]
   busy = busy_until(busy, m, ready, now)
   if claimable(m, ready, now) and not excluded[idx] then
-    local room = true
+    local fits = true
     if m.ck then
-      if not live[m.ck] then live[m.ck] = live_slots(flow, m, now) end
-      room = has_room(m.cl, live[m.ck])
-      if not room then waiting[m.ck] = true end
+      if not live[m.ck] then live[m.ck], rank_c[m.ck] = live_slots(flow, m, now), 0 end
+      rank_c[m.ck] = rank_c[m.ck] + 1
+      if not has_room(m.cl, live[m.ck] + rank_c[m.ck] - 1) then
+        waiting[m.ck], fits = true, false
+      end
     end
-    if room and (limit < 0 or (#out - 2) / 3 < limit) then
+    if m.tk then
+      if not started[m.tk] then started[m.tk], rank_t[m.tk] = live_starts(throttle, m, now), 0 end
+      rank_t[m.tk] = rank_t[m.tk] + 1
+      if not has_room(m.tl, started[m.tk] + rank_t[m.tk] - 1) then
+        throttled[m.tk], fits = true, false
+      end
+    end
+    if fits and (limit < 0 or (#out - 3) / 3 < limit) then
       m.a = (m.a or 0) + 1
       if not m.fc then m.fc = now end
       m.lc, m.h, m.x = now, holder, expires
       local raw = cjson.encode(m)
       redis.call('HSET', META, idx, raw)
-      if m.ck then
-        live[m.ck] = live[m.ck] + 1
-        redis.call('ZADD', flow .. m.ck, expires, META .. '#' .. idx)
+      if m.ck then redis.call('ZADD', flow .. m.ck, expires, META .. '#' .. idx) end
+      if m.tk then
+        redis.call('ZADD', throttle .. m.tk, now + m.tp, META .. '#' .. idx .. '#' .. m.a)
       end
       out[#out + 1] = idx
       out[#out + 1] = entry_of(LOG, idx)
@@ -553,17 +580,24 @@ for _, r in ipairs(open_rows()) do
     end
   end
 end
-local keys = {}
-for key in pairs(waiting) do keys[#keys + 1] = key end
-table.sort(keys)
-out[2] = keys
-if #out > 2 then return out end
-for _, key in ipairs(keys) do
-  local first = redis.call('ZRANGE', flow .. key, 0, 0, 'WITHSCORES')
-  local at = tonumber(first[2])
-  if at and (not busy or at < busy) then busy = at end
+local function sorted_keys(set)
+  local keys = {}
+  for key in pairs(set) do keys[#keys + 1] = key end
+  table.sort(keys)
+  return keys
 end
-if busy then return {'busy', busy, keys} end
+local function earliest(prefix, keys)
+  for _, key in ipairs(keys) do
+    local first = redis.call('ZRANGE', prefix .. key, 0, 0, 'WITHSCORES')
+    local at = tonumber(first[2])
+    if at and (not busy or at < busy) then busy = at end
+  end
+end
+out[2], out[3] = sorted_keys(waiting), sorted_keys(throttled)
+if #out > 3 then return out end
+earliest(flow, out[2])
+earliest(throttle, out[3])
+if busy then return {'busy', busy, out[2], out[3]} end
 return {'settled'}
 """
 )
@@ -602,7 +636,7 @@ return {renewed, superseded}
 #: sessions, watched, pending-watched, open-sessions. ARGV: session, index, attempt, now,
 #: origin, returned ids (JSON text), notify channel, pending channel, n, the
 #: flow sets' prefix, then per event: id, entry, lane, settled, concurrency
-#: key, concurrency limit.
+#: key, concurrency limit, throttle key, throttle limit, throttle period.
 #:
 #: Returns ``{'missing'}``, ``{'superseded'}``, ``{'duplicate'}``,
 #: ``{'replay', processed_by_attempt, returned ids, stored rows...}`` or
@@ -619,7 +653,7 @@ local raw = redis.call('HGET', META, idx)
 if not raw then return {'superseded'} end
 local m = cjson.decode(raw)
 local ids = {}
-for k = 0, n - 1 do ids[k + 1] = ARGV[11 + k * 6] end
+for k = 0, n - 1 do ids[k + 1] = ARGV[11 + k * 9] end
 if m.p then
   local out = {'replay', m.pb or false, m.r or false}
   return stored_rows(KEYS[5], sid, ids, out)
@@ -630,11 +664,11 @@ for _, id in ipairs(ids) do
 end
 local unsettled = false
 for k = 0, n - 1 do
-  local b = 11 + k * 6
+  local b = 11 + k * 9
   local settled = ARGV[b + 3] == '1'
   local mm = insert(
     KEYS[5], sid, front + k + 1, ARGV[b], ARGV[b + 1], ARGV[b + 2], settled,
-    ARGV[b + 4], ARGV[b + 5])
+    ARGV[b + 4], ARGV[b + 5], ARGV[b + 6], ARGV[b + 7], ARGV[b + 8])
   if mm then
     unsettled = true
     redis.call('HSET', META, front + k + 1, cjson.encode(mm))
@@ -801,12 +835,12 @@ return out
 
 #: ``claimable_sessions``: for each session, whether a claim would take an
 #: event now (``rules.sweepable``, its key with room: ``rules.has_room``).
-#: KEYS: (open, meta) per session. ARGV: now, the flow sets' prefix. Returns
-#: 0/1 per session.
+#: KEYS: (open, meta) per session. ARGV: now, the flow sets' prefix, the
+#: throttle sets' prefix. Returns 0/1 per session.
 SWEEP = (
     RULES
     + r"""
-local now, flow = tonumber(ARGV[1]), ARGV[2]
+local now, flow, throttle = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 local out = {}
 for s = 0, #KEYS / 2 - 1 do
   local idxs = redis.call('ZRANGE', KEYS[s * 2 + 1], 0, -1)
@@ -819,7 +853,8 @@ for s = 0, #KEYS / 2 - 1 do
     for j = 1, #raws do
       local m = cjson.decode(raws[j])
       if sweepable(m, lane_ready(seen, m), now)
-          and (not m.ck or has_room(m.cl, live_slots(flow, m, now))) then
+          and (not m.ck or has_room(m.cl, live_slots(flow, m, now)))
+          and (not m.tk or has_room(m.tl, live_starts(throttle, m, now))) then
         found = 1
         break
       end

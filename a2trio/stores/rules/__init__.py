@@ -78,11 +78,13 @@ from .fences import (
 from .flow import (
     Keyed,
     KeyedDispatch,
+    Selection,
     claims_at_insert,
     flow_retry_at,
     flow_select,
     has_room,
     live_slot,
+    live_start,
 )
 from .retention import (
     HeldClaim,
@@ -148,6 +150,7 @@ __all__ = [
     "RenewVerdict",
     "Retrying",
     "Rule",
+    "Selection",
     "alive",
     "busy_until",
     "check_action",
@@ -176,6 +179,7 @@ __all__ = [
     "journals",
     "live_claim",
     "live_slot",
+    "live_start",
     "needs_first_index",
     "next_in_lane",
     "no_event",

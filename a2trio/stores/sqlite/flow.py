@@ -1,10 +1,13 @@
-"""The SQLite claim of a session that holds keyed rows (``rules.flow``).
+"""The SQLite claim of a session that holds keyed rows (``rules.flow``):
+concurrency keys and throttles.
 
 The write lock held since ``BEGIN IMMEDIATE`` serializes every claim, so the
 live slots counted here are the ones the claim writes against. The
 decisions are the rules' own, in Python: the candidates and each key's
 slots are read through their indexes (``a2_events_dispatch_ready``,
-``a2_events_concurrency``), the chosen rows claimed by key.
+``a2_events_concurrency``), each throttle's starts through
+``a2_flow_starts_key`` (the expired ones deleted first), the chosen rows
+claimed by key and their starts recorded.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ class _Candidate(NamedTuple):
     idx: int
     concurrency_key: str | None
     concurrency_limit: int | None
+    throttle_key: str | None
+    throttle_limit: int | None
+    throttle_period_ms: int | None
 
 
 def claim_keyed(
@@ -49,7 +55,18 @@ def claim_keyed(
             count, first = conn.execute(sql.SLOTS, (key, now)).fetchone()
             slots[key] = (count, first)
     live = {key: count for key, (count, _) in slots.items()}
-    chosen, waiting = rules.flow_select(candidates, live, limit)
+    starts: dict[str, tuple[int, int | None]] = {}
+    for row in candidates:
+        throttle = row.throttle_key
+        if throttle is not None and throttle not in starts:
+            conn.execute(sql.PRUNE_STARTS, (throttle, now))
+            count, first = conn.execute(sql.STARTS, (throttle, now)).fetchone()
+            starts[throttle] = (count, first)
+    started = {key: count for key, (count, _) in starts.items()}
+    chosen, waiting, throttled = rules.flow_select(candidates, live, started, limit)
+    for row in chosen:
+        if row.throttle_key is not None:
+            conn.execute(sql.RECORD_START, (row.throttle_key, now + (row.throttle_period_ms or 0)))
     claimed = [
         sql.stored(
             conn.execute(sql.CLAIM_ONE, (session_id, now, holder, expires_at, r.idx)).fetchone()
@@ -57,7 +74,9 @@ def claim_keyed(
         for r in chosen
     ]
     if claimed:
-        return Claimed(claimed, waiting)
+        return Claimed(claimed, waiting, throttled)
     (busy_at,) = conn.execute(sql.RETRY_AT, (session_id, now)).fetchone()
-    retry_at = rules.flow_retry_at(busy_at, [slots[key][1] for key in waiting])
-    return Settled() if retry_at is None else Busy(retry_at, waiting)
+    retry_at = rules.flow_retry_at(
+        busy_at, [slots[key][1] for key in waiting] + [starts[key][1] for key in throttled]
+    )
+    return Settled() if retry_at is None else Busy(retry_at, waiting, throttled)

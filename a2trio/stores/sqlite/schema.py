@@ -180,8 +180,26 @@ _V9 = (
     """,
 )
 
+# Throttles (issue 33): each event's throttle key, limit and period, and the
+# attempt starts of each key, as the instants they stop counting.
+_V10 = (
+    "alter table a2_events add column throttle_key text",
+    "alter table a2_events add column throttle_limit integer",
+    "alter table a2_events add column throttle_period_ms integer",
+    """
+    create table if not exists a2_flow_starts (
+      throttle_key text not null,
+      expires_at integer not null
+    )
+    """,
+    """
+    create index if not exists a2_flow_starts_key
+      on a2_flow_starts (throttle_key, expires_at)
+    """,
+)
+
 #: Statements per migration; entry ``n`` upgrades ``user_version`` ``n`` to ``n + 1``.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
 
 #: The version this release writes and reads.
 SCHEMA_VERSION = len(MIGRATIONS)

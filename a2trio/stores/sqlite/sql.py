@@ -63,6 +63,7 @@ __all__ = [
     "PRESENCE_READ",
     "PRESENCE_SWEEP",
     "PRESENCE_UPSERT",
+    "PRUNE_STARTS",
     "PUT_SNAPSHOT",
     "READ",
     "READY_LANE",
@@ -73,6 +74,7 @@ __all__ = [
     "READ_TAIL",
     "RECORD_ACTION",
     "RECORD_FAILURE",
+    "RECORD_START",
     "REDRIVE",
     "RELEASE",
     "RENEW",
@@ -81,6 +83,7 @@ __all__ = [
     "ROWS_BY_IDS",
     "SKIP",
     "SLOTS",
+    "STARTS",
     "TARGET",
     "TOP_AND_PENDING",
     "TRIM_FAILURES",
@@ -166,12 +169,22 @@ def _live_slot(now: str) -> str:
     return f"{_ALIVE} and claim_expires_at > {now}"
 
 
-# rules.has_room for the row `e`: no key, or fewer live slots of its key than its limit
+# rules.live_start, over the starts of one throttle (``a2_flow_starts_key``)
+def _live_start(now: str) -> str:
+    return f"expires_at > {now}"
+
+
+# rules.has_room for the row `e`, for both its keys: no key, or fewer live
+# slots of its concurrency key than its limit, and fewer live starts
+# (rules.live_start) of its throttle than its limit
 def _has_room(now: str) -> str:
     return f"""(e.concurrency_key is null or (
     select count(*) from a2_events indexed by a2_events_concurrency
     where concurrency_key = e.concurrency_key and {_live_slot(now)}
-  ) < e.concurrency_limit)"""
+  ) < e.concurrency_limit) and (e.throttle_key is null or (
+    select count(*) from a2_flow_starts indexed by a2_flow_starts_key
+    where throttle_key = e.throttle_key and {_live_start(now)}
+  ) < e.throttle_limit)"""
 
 
 # -- events ----------------------------------------------------------------
@@ -182,13 +195,14 @@ EVENT_COLUMNS: Final = (
     "processed_by_attempt, returned_event_ids, first_claimed_at, last_claimed_at, "
     "attempt_count, failure_count, last_failed_at, last_failed_attempt, last_error, "
     "failed_at, claim_holder, claim_expires_at, trace_context, not_before, version, "
-    "concurrency_key, concurrency_limit, debounce_key, debounced_by"
+    "concurrency_key, concurrency_limit, debounce_key, debounced_by, throttle_key, "
+    "throttle_limit, throttle_period_ms"
 )
 
 _INSERTED: Final = (
     "session_id, idx, event_type, payload, event_id, created_at, cause, lane, lane_ready, "
     "processed_at, trace_context, version, concurrency_key, concurrency_limit, not_before, "
-    "debounce_key"
+    "debounce_key, throttle_key, throttle_limit, throttle_period_ms"
 )
 
 #: One new unclaimed row, ready in its lane as the fragment decides: a lane
@@ -197,7 +211,8 @@ _INSERTED: Final = (
 INSERT: Final = f"""
 insert into a2_events ({_INSERTED})
 values (
-  ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {_ready_at_insert("?1", "?8")}, ?9, ?10, ?11, ?12, ?13, ?14, ?15
+  ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {_ready_at_insert("?1", "?8")},
+  ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18
 )
 """
 
@@ -206,7 +221,10 @@ values (
 INSERT_CLAIMED: Final = f"""
 insert into a2_events
   ({_INSERTED}, attempt_count, first_claimed_at, last_claimed_at, claim_holder, claim_expires_at)
-values (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 1, ?9, ?10, ?11, ?12, ?13, ?14, ?15, 1, ?6, ?6, ?16, ?17)
+values (
+  ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 1, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
+  1, ?6, ?6, ?19, ?20
+)
 """
 
 #: A debounced append's candidates (issue 33): the session's unprocessed rows
@@ -354,13 +372,15 @@ order by session_id limit ?4
 KEYED: Final = f"""
 select exists(
   select 1 from a2_events indexed by a2_events_dispatch_ready
-  where session_id = ?1 and {_claimable("?2")} and concurrency_key is not null
+  where session_id = ?1 and {_claimable("?2")}
+    and (concurrency_key is not null or throttle_key is not null)
 )
 """
 
 #: The claimable rows of the session with their keys, by index.
 CANDIDATES: Final = f"""
-select idx, concurrency_key, concurrency_limit from a2_events indexed by a2_events_dispatch_ready
+select idx, concurrency_key, concurrency_limit, throttle_key, throttle_limit, throttle_period_ms
+from a2_events indexed by a2_events_dispatch_ready
 where session_id = ?1 and {_claimable("?2")}
 order by idx
 """
@@ -370,6 +390,19 @@ SLOTS: Final = f"""
 select count(*), min(claim_expires_at) from a2_events indexed by a2_events_concurrency
 where concurrency_key = ?1 and {_live_slot("?2")}
 """
+
+#: The live starts of throttle ``?1`` (rules.live_start): how many, and when
+#: the first stops counting.
+STARTS: Final = f"""
+select count(*), min(expires_at) from a2_flow_starts indexed by a2_flow_starts_key
+where throttle_key = ?1 and {_live_start("?2")}
+"""
+
+#: The starts of throttle ``?1`` that no longer count, forgotten.
+PRUNE_STARTS: Final = "delete from a2_flow_starts where throttle_key = ?1 and expires_at <= ?2"
+
+#: An attempt start of throttle ``?1``, counting until ``?2``.
+RECORD_START: Final = "insert into a2_flow_starts (throttle_key, expires_at) values (?1, ?2)"
 
 #: The claim of one row by key (``CLAIM``'s update).
 CLAIM_ONE: Final = f"""
@@ -609,6 +642,8 @@ class Dispatch(NamedTuple):
     not_before_ms: int | None
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
+    throttle_key: str | None = None
+    throttle_limit: int | None = None
 
 
 class Debounce(NamedTuple):
@@ -750,6 +785,9 @@ def insert(
         concurrency_limit=event.concurrency_limit,
         not_before_ms=not_before,
         debounce_key=event.debounce_key,
+        throttle_key=event.throttle_key,
+        throttle_limit=event.throttle_limit,
+        throttle_period_ms=event.throttle_period_ms,
     )
     columns = (
         session_id,
@@ -762,10 +800,19 @@ def insert(
         event.lane,
     )
     flow = (event.concurrency_key, event.concurrency_limit)
-    rest = (processed_at, event.trace_context, event.version, *flow, not_before, event.debounce_key)
+    throttle = (event.throttle_key, event.throttle_limit, event.throttle_period_ms)
+    rest = (
+        processed_at,
+        event.trace_context,
+        event.version,
+        *flow,
+        not_before,
+        event.debounce_key,
+        *throttle,
+    )
     if claim is not None:
         ready = rules.ready_at_insert(event.lane, open_lanes(conn, session_id, event.lane))
-        dispatch = Dispatch(processed_at, None, ready, None, not_before, *flow)
+        dispatch = Dispatch(processed_at, None, ready, None, not_before, *flow, *throttle[:2])
         if rules.claims_at_insert(dispatch, now):
             expires_at = now + claim.ttl_ms
             conn.execute(
