@@ -189,6 +189,7 @@ from .presence import (
     check_presence_subscribe,
 )
 from .retention import (
+    check_retention_cancelled_removals_are_all_or_nothing,
     check_retention_erase_is_refused_while_claimed,
     check_retention_export_and_erase,
     check_retention_trim,
@@ -283,6 +284,7 @@ __all__ = [
     "check_read_states",
     "check_release_attempt",
     "check_renew_claims",
+    "check_retention_cancelled_removals_are_all_or_nothing",
     "check_retention_erase_is_refused_while_claimed",
     "check_retention_export_and_erase",
     "check_retention_trim",
@@ -386,6 +388,7 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_failed_attempts_are_erased_with_their_session,
     check_retention_trim,
     check_retention_trim_keeps_work_and_the_last_event,
+    check_retention_cancelled_removals_are_all_or_nothing,
 ]
 """Every check, in the order of ``base.py``'s obligations."""
 
@@ -432,4 +435,5 @@ REQUIRES: dict[str, frozenset[str]] = {
     check_transaction_holds_its_sessions.__name__: frozenset({"transactions"}),
     check_retention_trim.__name__: frozenset({"retention"}),
     check_retention_trim_keeps_work_and_the_last_event.__name__: frozenset({"retention"}),
+    check_retention_cancelled_removals_are_all_or_nothing.__name__: frozenset({"retention"}),
 }

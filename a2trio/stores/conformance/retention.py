@@ -7,9 +7,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import trio
+
 from ...errors import A2Error, ErrorCode
 from ..base import ClaimRequest, Retention, RetentionError, Store
 from .kit import (
+    CANCEL_DELAYS_S,
     T0,
     CapabilityMissing,
     ManualClock,
@@ -25,6 +28,7 @@ from .kit import (
 )
 
 __all__ = [
+    "check_retention_cancelled_removals_are_all_or_nothing",
     "check_retention_erase_is_refused_while_claimed",
     "check_retention_export_and_erase",
     "check_retention_trim",
@@ -171,12 +175,16 @@ async def check_retention_erase_is_refused_while_claimed(open_store: StoreFactor
         assert (await retention.erase(other)).events == 1
 
 
-async def _trimmed_details(store: Store, sid: str) -> object:
+async def _trim_point_of(store: Store, sid: str) -> int:
+    """0 when a read from the session's start is answered, else the trim
+    point its ``TRIMMED`` refusal names."""
     try:
         await store.read(sid)
     except A2Error as exc:
-        return exc.details
-    raise AssertionError("a read of a trimmed session from its start was not refused")
+        if exc.code is not ErrorCode.TRIMMED:
+            raise
+        return int(exc.details["trimmedThrough"])
+    return 0
 
 
 async def check_retention_trim(open_store: StoreFactory) -> None:
@@ -220,8 +228,7 @@ async def check_retention_trim(open_store: StoreFactory) -> None:
         for after, through in ((None, None), (0, None), (3, None), (None, 2), (2, 5)):
             with raises(ErrorCode.TRIMMED):
                 await store.read(sid, after_index=after, through_index=through)
-        details = await _trimmed_details(store, sid)
-        assert details == {"trimmedThrough": 4}, details
+        assert await _trim_point_of(store, sid) == 4
         assert [e.index for e in await store.read(sid, after_index=4)] == [5, 6]
         assert await store.read(sid, after_index=4) == before[4:], "the rest as it was"
         assert await store.read(sid, after_index=4, through_index=4) == []
@@ -298,3 +305,40 @@ async def check_retention_trim_keeps_work_and_the_last_event(open_store: StoreFa
         assert [e.index for e in await store.read(last, after_index=1)] == [2]
         state = await store.read_state(last, "count")
         assert (state.snapshot is not None, state.events) == (True, [])
+
+
+async def check_retention_cancelled_removals_are_all_or_nothing(open_store: StoreFactory) -> None:
+    """An erasure or a trim cancelled at any point removed everything it
+    would have or nothing (never part of a session), and running it again
+    finishes the job."""
+    async with open_store(ManualClock()) as store:
+        retention = _retention(store)
+        for n, delay in enumerate(CANCEL_DELAYS_S):
+            sid = new_sid(f"cancel-erase-{n}")
+            ids = [new_uid("cancel-erase") for _ in range(20)]
+            await store.append(sid, [ev("a", {"i": i}, id=ids[i], settled=True) for i in range(20)])
+            await store.put_snapshot(sid, "count", 20, {"count": 20})
+            with trio.move_on_after(delay):
+                await retention.erase(sid)
+            rows = await store.read(sid)
+            found = [await store.find_event(sid, i) is not None for i in ids]
+            snapshot = (await store.read_state(sid, "count")).snapshot
+            if rows:
+                assert (len(rows), all(found), snapshot is not None) == (20, True, True), delay
+            else:
+                assert (any(found), snapshot) == (False, None), f"half erased after {delay} s"
+            await retention.erase(sid)
+            assert await store.read(sid) == []
+
+            trimmed = new_sid(f"cancel-trim-{n}")
+            await store.append(trimmed, [ev("a", settled=True) for _ in range(20)])
+            await store.put_snapshot(trimmed, "count", 15, {"count": 15})
+            with trio.move_on_after(delay):
+                await retention.trim(trimmed, "count")
+            kept = await store.read(trimmed, after_index=15)
+            assert [e.index for e in kept] == list(range(16, 21)), delay
+            point = await _trim_point_of(store, trimmed)
+            assert point in (0, 15), f"half trimmed after {delay} s: {point}"
+            if point == 0:
+                assert len(await store.read(trimmed)) == 20, f"half trimmed after {delay} s"
+            assert (await retention.trim(trimmed, "count")).through_index == 15
