@@ -23,6 +23,14 @@ the bare floor from the same round::
 
     .venv/bin/python bench/push_lane.py [--store memory,sqlite,postgres] [--repeat 3]
     .venv/bin/python bench/push_lane.py --store memory --profile /tmp/http   # py-spy a2trio
+    .venv/bin/python bench/push_lane.py --store sqlite,postgres --workers 2
+
+With ``--workers N`` a2trio runs as ``serve --workers N`` and the floor as N
+bare processes on the one port (each binding it with ``SO_REUSEPORT``, as
+a2trio's workers do); the CPU per push is that of every process of the
+server (a2trio's supervisor too), and ``--profile`` samples a2trio's first
+worker. A memory store cannot be shared by processes, so N > 1 needs
+``sqlite`` or ``postgres``.
 
 Compare the ratios of one run (the machine has 2 cores shared by the server
 and wrk), not absolute figures.
@@ -137,9 +145,12 @@ def bare_app(store: Store) -> Any:
     return app
 
 
-def serve_bare(port: int) -> None:
+def serve_bare(port: int, workers: int) -> None:
     """The bare floor's process: hypercorn's trio worker, configured as
-    ``a2trio.serve`` configures it, with the same collector tuning."""
+    ``a2trio.serve`` configures it, with the same collector tuning; one of
+    ``workers`` on the port (``SO_REUSEPORT`` when more than one)."""
+    import warnings
+
     import hypercorn.config
     import hypercorn.trio
 
@@ -148,6 +159,10 @@ def serve_bare(port: int) -> None:
     config.bind = [f"127.0.0.1:{port}"]
     config.keep_alive_timeout = 5.0
     config.worker_class = "trio"
+    # hypercorn binds with SO_REUSEPORT for more than one worker; its serve()
+    # warns that it starts none itself, which is meant.
+    config.workers = workers
+    warnings.filterwarnings("ignore", "The config `workers` has no affect", Warning)
     a2trio.tune_gc()
 
     async def run() -> None:
@@ -191,9 +206,40 @@ async def fresh_store(name: str, dsn: str) -> AsyncIterator[str]:
         raise SystemExit(f"unknown store {name!r}: memory, sqlite or postgres")
 
 
+class Served:
+    """A running server: its processes (a2trio's supervisor first) and URL."""
+
+    def __init__(self, processes: list[trio.Process], url: str) -> None:
+        self.processes = processes
+        self.url = url
+
+    def pids(self) -> list[int]:
+        """Every process serving: the started ones and their children
+        (``serve --workers``' workers)."""
+        started = [p.pid for p in self.processes]
+        return started + [c for pid in started for c in children(pid)]
+
+    def profiled(self) -> int:
+        """The process to sample: a2trio's first worker, or the only one."""
+        spawned = children(self.processes[0].pid)
+        workers = [pid for pid in spawned if b"spawn_main" in _cmdline(pid)]
+        return min(workers) if workers else self.processes[0].pid
+
+
+def children(pid: int) -> list[int]:
+    """A process's children (Linux)."""
+    tasks = Path(f"/proc/{pid}/task")
+    return [int(c) for t in tasks.iterdir() for c in (t / "children").read_text().split()]
+
+
+def _cmdline(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
 @asynccontextmanager
-async def served(kind: str, store_url: str) -> AsyncIterator[tuple[trio.Process, str]]:
-    """The a2trio or the bare server on a free port, with its URL."""
+async def served(kind: str, store_url: str, workers: int = 1) -> AsyncIterator[tuple[Served, str]]:
+    """The a2trio or the bare server on a free port, with its URL: a2trio as
+    ``serve --workers N``, the floor as N bare processes on the port."""
     port = free_port()
     if kind == "a2trio":
         command = [
@@ -203,27 +249,36 @@ async def served(kind: str, store_url: str) -> AsyncIterator[tuple[trio.Process,
             "bench.push_lane:server",
             "--port",
             str(port),
+            "--workers",
+            str(workers),
         ]
+        commands = [command]
     else:
-        command = [sys.executable, __file__, "--serve-bare", str(port)]
+        bare = [sys.executable, __file__, "--serve-bare", str(port), "--workers", str(workers)]
+        commands = [bare] * workers
     env = {**os.environ, "PYTHONPATH": str(ROOT), "A2_BENCH_STORE": store_url}
-    process = await trio.lowlevel.open_process(
-        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-    )
+    processes: list[trio.Process] = []
     try:
-        assert process.stdout is not None
-        text = b""
-        while b"Ctrl-C" not in text:
-            chunk = await process.stdout.receive_some()
-            if not chunk:
-                raise RuntimeError(f"{kind} server did not start: {text.decode()}")
-            text += chunk
-        yield process, f"http://127.0.0.1:{port}"
+        for command in commands:
+            process = await trio.lowlevel.open_process(
+                command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+            )
+            processes.append(process)
+            assert process.stdout is not None
+            text = b""
+            while b"Ctrl-C" not in text:
+                chunk = await process.stdout.receive_some()
+                if not chunk:
+                    raise RuntimeError(f"{kind} server did not start: {text.decode()}")
+                text += chunk
+        yield Served(processes, f"http://127.0.0.1:{port}"), f"http://127.0.0.1:{port}"
     finally:
-        process.terminate()
-        with trio.move_on_after(10):
-            await process.wait()
-        process.kill()
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            with trio.move_on_after(20):
+                await process.wait()
+            process.kill()
 
 
 def free_port() -> int:
@@ -278,13 +333,15 @@ def _ms(text: str) -> float:
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}[unit]
 
 
-async def load(url: str, pid: int, args: argparse.Namespace, seconds: int) -> Slice:
-    """``wrk`` against ``url`` for ``seconds``, and the server's CPU meanwhile."""
+async def load(url: str, server: Served, args: argparse.Namespace, seconds: int) -> Slice:
+    """``wrk`` against ``url`` for ``seconds``, and the server's CPU meanwhile
+    (every process of it)."""
     command = ["wrk", "-t1", f"-c{args.connections}", f"-d{seconds}s", "--latency"]
     script = args.script
-    before = cpu_s(pid)
+    pids = server.pids()
+    before = sum(cpu_s(pid) for pid in pids)
     done = await trio.run_process([*command, "-s", str(script), url], capture_stdout=True)
-    spent = cpu_s(pid) - before
+    spent = sum(cpu_s(pid) for pid in pids) - before
     out = done.stdout.decode()
     if "Non-2xx" in out or "Socket errors" in out:
         raise RuntimeError(f"wrk saw failures:\n{out}")
@@ -311,17 +368,17 @@ async def measure(store: str, args: argparse.Namespace, round_: int) -> tuple[Re
     async with (
         fresh_store(store, args.dsn) as bare_url,
         fresh_store(store, args.dsn) as ours_url,
-        served("bare", bare_url) as (bare, bare_base),
-        served("a2trio", ours_url) as (ours, ours_base),
+        served("bare", bare_url, args.workers) as (bare, bare_base),
+        served("a2trio", ours_url, args.workers) as (ours, ours_base),
     ):
-        await load(bare_base, bare.pid, args, args.warmup)
-        await load(ours_base, ours.pid, args, args.warmup)
+        await load(bare_base, bare, args, args.warmup)
+        await load(ours_base, ours, args, args.warmup)
         out = args.profile / f"a2trio-{store}-{round_}.txt" if args.profile else None
         slices: dict[str, list[Slice]] = {"bare": [], "a2trio": []}
-        async with pyspy.recording(ours.pid, out):
+        async with pyspy.recording(ours.profiled(), out):
             for _ in range(args.slices):
-                slices["bare"].append(await load(bare_base, bare.pid, args, args.slice))
-                slices["a2trio"].append(await load(ours_base, ours.pid, args, args.slice))
+                slices["bare"].append(await load(bare_base, bare, args, args.slice))
+                slices["a2trio"].append(await load(ours_base, ours, args, args.slice))
         if out is not None:
             print(pyspy.summary(out), flush=True)
         return combined(slices["bare"]), combined(slices["a2trio"])
@@ -330,6 +387,8 @@ async def measure(store: str, args: argparse.Namespace, round_: int) -> tuple[Re
 async def main(args: argparse.Namespace) -> None:
     if shutil.which("wrk") is None:
         raise SystemExit("bench/push_lane.py needs wrk: apt-get install wrk")
+    if args.workers > 1 and "memory" in args.store:
+        raise SystemExit("--workers needs a store the processes share: --store sqlite,postgres")
     rows: list[tuple[str, int, Result, Result]] = []
     with tempfile.TemporaryDirectory(prefix="a2bench-") as folder:
         args.script = Path(folder) / "push.lua"
@@ -339,8 +398,9 @@ async def main(args: argparse.Namespace) -> None:
                 bare, ours = await measure(store, args, round_)
                 rows.append((store, round_, bare, ours))
                 print(f"{store} round {round_}: bare {bare}, a2trio {ours}", flush=True)
+    print(f"\n{args.workers} worker(s) per server")
     print(
-        f"\n{'store':<9} {'run':>3} {'bare push/s':>11} {'a2trio push/s':>13} {'ratio':>6} "
+        f"{'store':<9} {'run':>3} {'bare push/s':>11} {'a2trio push/s':>13} {'ratio':>6} "
         f"{'bare p50/p99 ms':>16} {'a2trio p50/p99 ms':>18} {'bare µs':>8} {'a2trio µs':>9}"
     )
     for store, round_, bare, ours in rows:
@@ -367,12 +427,15 @@ if __name__ == "__main__":
     parser.add_argument("--slice", type=int, default=2, help="seconds of each slice")
     parser.add_argument("--warmup", type=int, default=2, help="untimed seconds first")
     parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument(
+        "--workers", type=int, default=1, help="server processes on the port, for both servers"
+    )
     parser.add_argument("--sessions", type=int, default=100)
     parser.add_argument("--profile", type=Path, help="py-spy the a2trio server into this folder")
     parser.add_argument("--dsn", default="postgresql://root@127.0.0.1:5432/postgres")
     parser.add_argument("--serve-bare", type=int, metavar="PORT", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.serve_bare is not None:
-        serve_bare(arguments.serve_bare)
+        serve_bare(arguments.serve_bare, arguments.workers)
         raise SystemExit(0)
     trio.run(main, arguments)
