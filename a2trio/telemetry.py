@@ -140,7 +140,14 @@ class Telemetry(Protocol):
 #: ``timed_out``), ``dead_lettered``, ``superseded``, ``surrendered`` (its
 #: lease lapsed or the store could not record the outcome).
 AttemptOutcome = Literal[
-    "completed", "aborted", "failed", "timed_out", "dead_lettered", "superseded", "surrendered"
+    "completed",
+    "aborted",
+    "failed",
+    "timed_out",
+    "dead_lettered",
+    "superseded",
+    "surrendered",
+    "suspended",
 ]
 
 

@@ -37,6 +37,7 @@ LAYERS: list[set[str]] = [
     {"engine.drain"},
     {"engine.runs"},
     {"engine.abort", "engine.handlers"},
+    {"engine.handler_context"},
     {"engine.durable"},
     {"engine.session"},
     {"engine.presence"},

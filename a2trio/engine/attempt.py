@@ -84,7 +84,9 @@ __all__ = [
     "timed_out",
 ]
 
-EventStatus = Literal["processed", "failed", "dead_lettered", "superseded", "surrendered"]
+EventStatus = Literal[
+    "processed", "failed", "dead_lettered", "superseded", "surrendered", "suspended"
+]
 
 
 class Lease:
@@ -184,6 +186,8 @@ class Outcome(msgspec.Struct, frozen=True):
 
 
 SURRENDERED = Outcome("surrendered")
+#: A durable sleep released the claim until its wake instant (``durable.release``).
+SUSPENDED = Outcome("suspended")
 SUPERSEDED = Outcome("superseded")
 
 

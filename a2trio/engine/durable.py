@@ -27,29 +27,79 @@ running ``fn``.
 * A step's value is what the journal holds: the result encoded as JSON
   (msgspec) and decoded as ``fn``'s return annotation (``Any`` without
   one), on the first run as on every replay, so both see the same value.
+
+Waits and sleeps are journaled the same way, under names of a2trio's own
+(``a2:wait:<n>``, ``a2:sleep:<n>``: the n-th wait or sleep of the run):
+
+* ``wait_for`` journals the instant it began (its timeout counts from it on
+  every attempt) and then its answer (the index of the event it found, or
+  none after the timeout), so a rerun answers the same. While it waits, the
+  attempt follows the session's feed and holds its claim (renewed by the
+  drain's heartbeat).
+* ``sleep`` journals its wake instant. A sleep shorter than the claim's
+  lease (``Timings.claim_ttl_s``) sleeps in the attempt; a longer one
+  suspends the attempt (:class:`Suspend`, caught by the attempt runner): its
+  claim is released without a failure and the event is not claimable before
+  the wake instant (``store.release_attempt``), so no process holds it or
+  polls for it meanwhile; at the wake instant any process that runs
+  handlers claims it (this one's watchdog, another's sweep) and reruns the
+  handler, whose steps answer from the journal and whose sleep has passed.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+import trio
 
+from ..contract import Event
 from ..signatures import return_annotation
+from .attempt import SUPERSEDED, SURRENDERED, SUSPENDED, Outcome
 
 if TYPE_CHECKING:
     from ..stores.base import Journal, JournalEntry, StoredEvent
+    from ..telemetry import Span
     from .context import Engine
 
-__all__ = ["RESERVED_PREFIX", "DurableRun"]
+__all__ = ["RESERVED_PREFIX", "DurableRun", "Suspend", "release"]
+
+#: Suspended attempts (INFO) and releases that failed (WARNING), with the
+#: attempt runner's fields (``a2_session``, ``a2_index``, ``a2_attempt``).
+logger = logging.getLogger("a2trio.drain")
 
 #: Step names the engine journals for itself (waits) start with it; a
 #: handler's own step names may not.
 RESERVED_PREFIX = "a2:"
 
 _encode = msgspec.json.Encoder().encode
+
+
+class _Answer(msgspec.Struct, frozen=True):
+    """A wait's journaled answer: the index of the event found, or None."""
+
+    index: int | None
+
+
+class Suspend(BaseException):
+    """Raised by a durable sleep to end the attempt until ``wake_at_ms``
+    (epoch ms on the store's clock): the attempt runner releases the claim
+    without a failure. A ``BaseException``, so a handler's ``except
+    Exception`` lets it through; a handler must not swallow it.
+
+    Attributes:
+      wake_at_ms: when the event becomes claimable again.
+      reason: what the attempt waits for (for logs and inspection).
+    """
+
+    def __init__(self, wake_at_ms: int, reason: str) -> None:
+        super().__init__(f"suspended until {wake_at_ms} ({reason})")
+        self.wake_at_ms = wake_at_ms
+        self.reason = reason
 
 
 class DurableRun:
@@ -61,15 +111,28 @@ class DurableRun:
       trigger: the trigger's stored row (its index and attempt).
     """
 
-    __slots__ = ("_attempt", "_engine", "_entries", "_index", "_key", "_used")
+    __slots__ = (
+        "_attempt",
+        "_engine",
+        "_entries",
+        "_index",
+        "_key",
+        "_session_id",
+        "_sleeps",
+        "_used",
+        "_waits",
+    )
 
     def __init__(self, engine: Engine, session_id: str, trigger: StoredEvent) -> None:
         self._engine = engine
         self._key = engine.key(session_id)
         self._index = trigger.index
         self._attempt = trigger.attempt_count
+        self._session_id = session_id
         self._entries: dict[str, JournalEntry] | None = None
         self._used: set[str] = set()
+        self._waits = 0
+        self._sleeps = 0
 
     def _journal(self) -> Journal:
         journal = self._engine.store.journal
@@ -132,6 +195,152 @@ class DurableRun:
         if self._entries is not None:
             self._entries[name] = entry
         return entry
+
+    async def _journaled_value(self, name: str, value: object, kind: Any) -> Any:
+        """The value journaled under ``name``, written as ``value`` if none is."""
+        entry = (await self._journaled()).get(name)
+        if entry is None:
+            entry = await self.record(name, value, name)
+        return decode(entry, kind, name)
+
+    async def wait_for(
+        self,
+        type: str,
+        where: Callable[[Event[Any]], bool] | None,
+        timeout_s: float | None,
+    ) -> Event[Any] | None:
+        """See :meth:`a2trio.HandlerContext.wait_for`."""
+        engine = self._engine
+        if type not in engine.contract.events:
+            raise ValueError(
+                f"contract {engine.contract.name!r} has no event type {type!r} to wait for"
+            )
+        if timeout_s is not None and (
+            isinstance(timeout_s, bool)
+            or not isinstance(timeout_s, int | float)
+            or not (timeout_s >= 0 and math.isfinite(timeout_s))
+        ):
+            raise ValueError(f"timeout must be a non-negative number of seconds, got {timeout_s!r}")
+        if where is not None and not callable(where):
+            raise TypeError(f"where must be a predicate over events, got {where!r}")
+        self._waits += 1
+        name = f"{RESERVED_PREFIX}wait:{self._waits}"
+        clock = engine.store.clock
+        since = await self._journaled_value(f"{name}:since", clock.now_ms(), int)
+        answered = (await self._journaled()).get(name)
+        if answered is not None:
+            index = decode(answered, _Answer, name).index
+            return None if index is None else await self._event_at(index)
+        deadline = None if timeout_s is None else since + math.ceil(timeout_s * 1000)
+        rows = await engine.store.read(self._key, after_index=self._index)
+        found = self._match(type, where, rows)
+        if found is None and (deadline is None or clock.now_ms() < deadline):
+            # The feed starts after the rows just read: nothing between is missed.
+            cursor = rows[-1].index if rows else self._index
+            found = await self._follow(type, where, cursor, deadline)
+        await self.record(name, _Answer(None if found is None else found.index), name)
+        return found
+
+    def _match(
+        self,
+        type: str,
+        where: Callable[[Event[Any]], bool] | None,
+        rows: list[StoredEvent],
+    ) -> Event[Any] | None:
+        for row in rows:
+            if row.type == type and row.index > self._index:
+                event = self._engine.to_public(row)
+                if where is None or where(event):
+                    return event
+        return None
+
+    async def _follow(
+        self,
+        type: str,
+        where: Callable[[Event[Any]], bool] | None,
+        cursor: int,
+        deadline: int | None,
+    ) -> Event[Any] | None:
+        """Follow the session's feed after ``cursor`` until a match, or None
+        at ``deadline`` (epoch ms on the store's clock)."""
+        clock = self._engine.store.clock
+        remaining = math.inf if deadline is None else (deadline - clock.now_ms()) / 1000
+        with trio.move_on_after(max(0.0, remaining)):
+            # The process's shared feed of the session (one store feed for
+            # every reader of it here).
+            async with self._engine.feeds.open(self._session_id, cursor) as events:
+                while True:
+                    event = await events.receive()
+                    if event.type == type and (where is None or where(event)):
+                        return event
+        return None
+
+    async def _event_at(self, index: int) -> Event[Any]:
+        [row] = await self._engine.store.read(self._key, after_index=index - 1, through_index=index)
+        return self._engine.to_public(row)
+
+    async def sleep_until_ms(self, wake_at_ms: int, what: str) -> None:
+        """See :meth:`a2trio.HandlerContext.sleep`: ``wake_at_ms`` is asked
+        for (journaled on the first run; a rerun keeps the first)."""
+        self._sleeps += 1
+        name = f"{RESERVED_PREFIX}sleep:{self._sleeps}"
+        wake_at = await self._journaled_value(name, wake_at_ms, int)
+        remaining = (wake_at - self._engine.store.clock.now_ms()) / 1000
+        if remaining <= 0:
+            await trio.lowlevel.checkpoint()
+            return
+        if remaining < self._engine.timings.claim_ttl_s:
+            await trio.sleep(remaining)
+            return
+        raise Suspend(wake_at, what)
+
+
+async def release(
+    engine: Engine, key: str, event: StoredEvent, suspend: Suspend, span: Span
+) -> Outcome:
+    """End a suspended attempt: its claim released without a failure, the
+    event not claimable before ``suspend.wake_at_ms``
+    (``store.release_attempt``), and this process's drain armed for that
+    instant (other processes' sweeps find it then too). A release the store
+    refuses (a newer attempt owns the event) is superseded; one that fails
+    surrenders (the claim lapses and a later attempt sleeps what is left)."""
+    session_id = engine.session_of(key) or key
+    fields = {"a2_session": session_id, "a2_index": event.index, "a2_attempt": event.attempt_count}
+    delay_ms = max(0, suspend.wake_at_ms - engine.store.clock.now_ms())
+    try:
+        answer = await engine.store.release_attempt(
+            key, index=event.index, attempt=event.attempt_count, delay_ms=delay_ms
+        )
+    except Exception as exc:
+        span.record_error(exc)
+        span.set_attribute("a2.event.outcome", "surrendered")
+        logger.warning(
+            "%s #%d of session %r (attempt %d) could not suspend (%s); it is retried once "
+            "the claim expires",
+            event.type,
+            event.index,
+            session_id,
+            event.attempt_count,
+            exc,
+            extra=fields,
+        )
+        return SURRENDERED
+    if answer.outcome == "superseded" or answer.not_before_ms is None:
+        span.set_attribute("a2.event.outcome", "superseded")
+        return SUPERSEDED
+    span.set_attribute("a2.event.outcome", "suspended")
+    engine.watchdogs.wake(session_id, answer.not_before_ms)
+    logger.info(
+        "%s #%d of session %r (attempt %d) suspended until %d: %s",
+        event.type,
+        event.index,
+        session_id,
+        event.attempt_count,
+        answer.not_before_ms,
+        suspend.reason,
+        extra=fields,
+    )
+    return SUSPENDED
 
 
 def decode(entry: JournalEntry, kind: Any, what: str) -> Any:

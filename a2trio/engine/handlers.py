@@ -23,23 +23,18 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, TypeVarTuple, overload
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import trio
-
-from ..contract import AppendInput, Contract, Event, EventType
+from ..contract import AppendInput, Contract, EventType
 from ..signatures import accepts, parameter_annotation, type_name
 from .abort import AbortOn, AbortPredicate, abort_matcher
 from .context import LaneFn
-from .durable import DurableRun
 from .flow import Concurrency, Throttle
+from .handler_context import HandlerContext
 from .pacing import Debounce, Retry, check_timeout
 
 if TYPE_CHECKING:
-    from ..stores.base import StoredEvent
     from .abort import AbortMatcher
-    from .context import Engine
-    from .session import HandlerSession
 
 __all__ = [
     "HandlerContext",
@@ -53,109 +48,12 @@ __all__ = [
 ]
 
 P = TypeVar("P")
-T = TypeVar("T")
-Ts = TypeVarTuple("Ts")
-#: Covariant: a handler taking ``HandlerContext[A | B]`` may be registered
-#: for an event of ``A`` (the context is only read).
-P_co = TypeVar("P_co", covariant=True)
 
 #: What a handler may return: nothing, one append input, or a list of them.
 #: Returned events are committed atomically with the completion.
 Returned = AppendInput | Sequence[AppendInput] | None
 
 HandlerFn = Callable[["HandlerContext[Any]"], Awaitable[Returned]]
-
-
-class HandlerContext(Generic[P_co]):
-    """What a handler receives.
-
-    Attributes:
-      event: the triggering event, payload typed.
-      attempt: the durable, 1-based dispatch ordinal of this run.
-      session: this session, whose ``append(name, *events)`` is idempotent per
-        trigger: ids derive from (trigger id, name, position), and the store
-        refuses it once a newer attempt owns the trigger (``SUPERSEDED_ATTEMPT``).
-      aborted: set when an ``abort_on`` event matched. The handler is also
-        cancelled then, unless it shields itself to finish and return events.
-
-    Durable steps (:meth:`step`) journal their results in the store, so a
-    later attempt of the same trigger skips them (``docs/durable-handlers.md``).
-    """
-
-    __slots__ = ("_aborted", "_durable", "_engine", "_trigger", "attempt", "event", "session")
-
-    def __init__(
-        self,
-        event: Event[P_co],
-        session: HandlerSession,
-        aborted: trio.Event | None,
-        engine: Engine,
-        trigger: StoredEvent,
-    ) -> None:
-        self.event = event
-        self.attempt = trigger.attempt_count
-        self.session = session
-        self._aborted = aborted
-        # Made at the first durable call: a handler without any reads nothing.
-        self._engine = engine
-        self._trigger = trigger
-        self._durable: DurableRun | None = None
-
-    @property
-    def aborted(self) -> trio.Event:
-        """Set when an ``abort_on`` event matched (never, for a handler without
-        ``abort_on``; its event is made only if asked for: one fewer object per
-        event for the garbage collector)."""
-        if self._aborted is None:
-            self._aborted = trio.Event()
-        return self._aborted
-
-    def _run(self) -> DurableRun:
-        if self._durable is None:
-            self._durable = DurableRun(self._engine, self.session.id, self._trigger)
-        return self._durable
-
-    @overload
-    async def step(self, name: str, fn: Callable[[*Ts], Awaitable[T]], /, *args: *Ts) -> T: ...
-
-    @overload
-    async def step(self, name: str, fn: Callable[[*Ts], T], /, *args: *Ts) -> T: ...
-
-    async def step(self, name: str, fn: Callable[..., Any], /, *args: object) -> Any:
-        """Run ``fn(*args)`` once per (trigger event, ``name``), durably.
-
-        The first attempt that reaches the step calls ``fn`` (awaited if
-        async; a plain one runs in the Trio thread) and journals its result
-        in the store before the step returns. Every later attempt of the
-        same trigger (after a failure, a lapsed lease, a crash, on any
-        process) gets the journaled result without calling ``fn``. The
-        journal is read once per attempt, at its first step.
-
-        The result must be encodable by msgspec as JSON; the step returns it
-        decoded as ``fn``'s return annotation (``Any`` without one), the
-        same value on the first run and on every replay.
-
-        Not journaled, so run again by the next attempt: a step that raises
-        (the exception propagates), and a step cancelled before its result
-        is journaled (a lease lapse, an ``abort_on`` match, a ``timeout``):
-        ``fn`` is cancelled at its next await, and whatever it did before
-        that happens again on the next attempt. Make such effects idempotent
-        (a key derived from ``ctx.event.id`` and ``name``).
-
-        Raises:
-          TypeError: ``name`` is not a non-empty string, ``fn`` is not
-            callable, or its result cannot be encoded (or a journaled one
-            no longer decodes as ``fn``'s return annotation).
-          ValueError: ``name`` is used twice in one run, or starts with
-            ``"a2:"`` (a2trio's own entries).
-          A2Error: ``SUPERSEDED_ATTEMPT``, a newer attempt owns the trigger:
-            nothing was journaled.
-          RuntimeError: the store keeps no journal (``store.journal`` is None).
-        """
-        return await self._run().step(name, fn, args)
-
-    def __repr__(self) -> str:
-        return f"HandlerContext(event={self.event.type}#{self.event.index}, attempt={self.attempt})"
 
 
 class HandlerSpec:
@@ -435,4 +333,3 @@ def on(
 
 
 HandlerSpec.__module__ = "a2trio"
-HandlerContext.__module__ = "a2trio"

@@ -1,16 +1,15 @@
 """Running attempts: a claimed event's handler under its scopes, its outcome stored.
 
-Theory of operation. A drain hands each event it claimed (or was handed) to
-its :class:`AttemptRunner`, in a task of the drain's nursery. The runner opens
-the event's ``a2.event`` span, enters the lease scope (and, for a handler with
-``abort_on``, registers an abort subscription before the handler starts, then
-catches up on the log: ``abort.py``), runs the handler with a
-:class:`~a2trio.HandlerContext` (inside a timeout scope, for a handler with
-``timeout``), and reads the scopes once the ``with`` blocks have exited.
-What to store, and the outcome the store's answer implies, are pure
-functions of ``attempt.py``; this module calls the store and writes the log
-lines: failures (timeouts among them), dead letters, lapsed and superseded
-leases on ``a2trio.drain``, and one line per attempt on ``a2trio.runs``.
+Theory of operation. A drain hands each event it claimed (or was handed) to its
+:class:`AttemptRunner`, in a task of the drain's nursery. The runner opens the event's
+``a2.event`` span, enters the lease scope (and, for a handler with ``abort_on``, registers an
+abort subscription before the handler starts, then catches up on the log: ``abort.py``), runs
+the handler with a :class:`~a2trio.HandlerContext` (inside a timeout scope, for a handler
+with ``timeout``), and reads the scopes once the ``with`` blocks have exited (a durable
+sleep's ``Suspend`` releases the claim: ``durable.release``). What to store, and the outcome
+the store's answer implies, are pure functions of ``attempt.py``; this module calls the
+store and writes the log lines on ``a2trio.drain`` and one line per attempt on
+``a2trio.runs``.
 """
 
 from __future__ import annotations
@@ -40,22 +39,21 @@ from .attempt import (
     timed_out,
 )
 from .context import Appends, Engine, measured
+from .durable import Suspend, release
 from .flow import FlowKeyError, key_value
 from .handlers import HandlerContext, HandlerSpec
 from .inputs import returned
 from .pacing import DebounceKeyError
 from .session import HandlerSession
 
-#: Handler failures (WARNING, with the traceback), dead letters (ERROR), lapsed
-#: and superseded leases (WARNING); each record carries ``a2_contract``,
-#: ``a2_session``, ``a2_event_type``, ``a2_index``, ``a2_attempt``, ``a2_holder``.
+#: Handler failures (WARNING, with the traceback), dead letters (ERROR), lapsed and superseded
+#: leases (WARNING); each record carries ``a2_contract``, ``a2_session``, ``a2_event_type``,
+#: ``a2_index``, ``a2_attempt``, ``a2_holder``.
 logger = logging.getLogger("a2trio.drain")
-#: One INFO record per attempt: ``ran ordered #3 of session 'o-42' (attempt 1)
-#: in 2.1 ms: processed`` (``timed out, failed`` for a timeout), with the
-#: fields above and ``a2_outcome``, ``a2_duration_ms`` (the handler's own
-#: time), ``a2_timed_out``. ``serve`` shows them; a library
-#: user sees them only with INFO logging on (silence this logger alone to keep
-#: the rest).
+#: One INFO record per attempt: ``ran ordered #3 of session 'o-42' (attempt 1) in 2.1 ms:
+#: processed`` (``timed out, failed`` for a timeout), with the fields above and ``a2_outcome``,
+#: ``a2_duration_ms`` (the handler's own time), ``a2_timed_out``. ``serve`` shows them; a
+#: library user sees them only with INFO logging on (silence this logger alone to keep the rest).
 runs_logger = logging.getLogger("a2trio.runs")
 
 __all__ = ["AttemptRunner", "outcome_label"]
@@ -191,6 +189,9 @@ class AttemptRunner:
                     raise subscription.error
             except Exception as exc:
                 error = exc
+            except Suspend as suspend:  # a durable sleep: the claim is released
+                self._ended(lease)
+                return await release(engine, self.key, event, suspend, span)
             finally:
                 if subscription is not None:
                     subscription.close()
@@ -274,9 +275,8 @@ class AttemptRunner:
         timeout_scope: trio.CancelScope | None,
     ) -> Any:
         """Run the handler, the timeout scope innermost. Its context lives in
-        this frame only, so it is gone before the completion's round trip:
-        under load thousands of events wait there, and what they still hold is
-        what the garbage collector scans."""
+        this frame only, gone before the completion's round trip (under load
+        thousands wait there, and what they hold the garbage collector scans)."""
         session = HandlerSession(self.engine, self.appends, self.session_id, event)
         ctx = HandlerContext(self.engine.to_public(event), session, aborted, self.engine, event)
         keyed = AppendInput(event.type, ctx.event.payload, event.id)
