@@ -5,6 +5,7 @@ store is asked."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 from pathlib import Path
@@ -17,6 +18,7 @@ import trio.testing
 import a2trio
 from a2trio import RetentionError
 from a2trio.stores.base import AppendEvent
+from examples import retention as retention_example
 
 from .apps import Cursor, Note, Ordered, orders, rooms
 
@@ -208,3 +210,22 @@ async def test_a_trim_checks_its_input() -> None:
             await server.retention.trim("s1", "", by="ann", reason="r")
         with pytest.raises(ValueError, match=r"^`reason` must not be empty"):
             await server.retention.trim("s1", COUNT, by="ann", reason="")
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite", "postgres", "redis"])
+async def test_the_example_runs(
+    backend: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    factory = importlib.import_module(f"tests.backends.{backend}").open_store
+    async with factory(a2trio.clock.SYSTEM_CLOCK) as store:
+        await retention_example.main(store, tmp_path)
+    # The output examples/retention.py's docstring shows.
+    assert capsys.readouterr().out.splitlines() == [
+        "state: 100 points through index 100",
+        "trimmed through index 99: 99 events removed",
+        "state after the trim: 101 points through index 101",
+        "history from the start: TRIMMED (trimmed through 99)",
+        "history after the trim point: [100, 101]",
+        "archived: 3 events; the file's first line has sessionId game-2, index 3",
+        "erased: 2 events, 1 presence rows; history now: []",
+    ]
