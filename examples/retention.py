@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import trio
@@ -42,7 +41,7 @@ class Cursor(msgspec.Struct, frozen=True):
 scores = a2trio.contract("scores", events={"scored": Scored}, presence={"cursor": Cursor})
 
 
-def _add(total: int, event: a2trio.Event[Any]) -> int:
+def _add(total: int, event: a2trio.Event[Scored]) -> int:
     return total + event.payload.points
 
 
