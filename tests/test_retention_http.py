@@ -154,3 +154,19 @@ async def test_bad_bodies_and_methods_answer_4xx() -> None:
         )
         assert plain.status_code == 415
         assert len((await c.get("/orders/s1")).json()["events"]) == 1, "nothing removed"
+
+
+@guarded(30)
+async def test_a_stream_from_below_the_trim_point_ends_with_the_trimmed_error() -> None:
+    server = a2trio.Server(orders, store=memory(), sweep=False)
+    async with serving(asgi(server)) as base, httpx.AsyncClient(base_url=base) as c:
+        await c.post("/orders/s1", json=_notes("a", "b", "c", "d"))
+        await server.session("s1").state(COUNT)
+        await server.settle()
+        await server.retention.trim("s1", COUNT, by="ann", reason="compact")
+        sse = {"accept": "text/event-stream"}
+        async with c.stream("GET", "/orders/s1", headers=sse) as stream:
+            body = b"".join([chunk async for chunk in stream.aiter_bytes()])
+        [frame] = [f for f in body.decode().split("\n\n") if f.startswith("event: error")]
+        error = json.loads(frame.partition("data: ")[2])["error"]
+        assert (error["code"], error["details"]) == ("TRIMMED", {"trimmedThrough": 3})
