@@ -152,3 +152,36 @@ def test_an_import_error_inside_the_app_keeps_its_traceback(
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ModuleNotFoundError, match="no_such_dependency_here"):
         main(["cli_broken_app:server"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--workers", "0"], "argument --workers: must be 1 or more, got 0"),
+        (["--workers", "-3"], "argument --workers: must be 1 or more, got -3"),
+        (["--workers", "two"], "argument --workers: expected a whole number, got 'two'"),
+        (["--workers", "1.5"], "argument --workers: expected a whole number, got '1.5'"),
+        (["--workers", "2", "--reload"], "--reload runs one worker: drop --workers"),
+    ],
+)
+def test_a_bad_worker_count_is_a_usage_error(
+    target: ModuleType, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as exit:
+        main(["cli_target", *argv])
+    assert exit.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_more_than_one_worker_on_a_memory_store_is_refused(
+    target: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["cli_target", "--workers", "2"]) == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("a2trio: --workers 2: 'notes' uses MemoryStore(), which lives in one")
+
+
+def test_the_help_says_what_workers_need(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "--workers N" in capsys.readouterr().out

@@ -2,7 +2,9 @@
 pushes through the one port reach both workers (their access lines say which)
 and every follower, SSE and socket, on whichever worker it landed, sees every
 event and every participant's presence live; each ping's handler runs once;
-SIGTERM stops both workers cleanly. A worker killed with SIGKILL is reported
+an actor's calls from both workers each commit once (a replayed message id
+commits nothing); the inspector answers alike from both; SIGTERM stops both
+workers cleanly. A worker killed with SIGKILL is reported
 and started again; a store that lives in one process is refused."""
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import trio
 import trio_websocket
 
 from a2trio.transport.sse import SSEDecoder
+from tests.backends import unreachable_port
 from tests.backends.postgres import database_dsn, run_sql
 from tests.backends.redis import REDIS_URL, delete_prefix, reachable
 from tests.serve_kit import ROOT, Started, start_serve
@@ -132,20 +135,67 @@ async def _stop(started: Started) -> list[str]:
     return (started.banner + rest.decode()).splitlines()
 
 
-def _served_by(lines: list[str], method: str) -> Counter[str]:
-    """How many of ``method``'s access lines on /pings/s1 each worker wrote."""
-    found = (re.search(rf"\[worker (\d)\] a2trio\.access: {method} /pings/s1 ", x) for x in lines)
+def _served_by(lines: list[str], method: str, path: str = "/pings/s1") -> Counter[str]:
+    """How many of ``method``'s access lines on ``path`` each worker wrote."""
+    line = re.compile(rf"\[worker (\d)\] a2trio\.access: {method} {re.escape(path)} ")
+    found = (line.search(x) for x in lines)
     return Counter(match.group(1) for match in found if match)
+
+
+CALLS = 20
+
+
+async def _call(url: str, n: int) -> dict[str, Any]:
+    """Actor call ``n`` (adds n + 1) on a connection of its own."""
+    body = {"event": "add", "input": {"amount": n + 1}, "messageId": f"m-{n}"}
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        called = await client.post("/tally/t1", json=body)
+        assert called.status_code == 200, called.text
+        answer: dict[str, Any] = called.json()
+        return answer
+
+
+async def _get(url: str, path: str) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        got = await client.get(path)
+        assert got.status_code == 200, got.text
+        answer: dict[str, Any] = got.json()
+        return answer
+
+
+async def _actor_and_inspector(url: str) -> None:
+    """Calls through both workers commit once each; the state and the
+    inspector read the same from every connection."""
+    indexes: dict[int, int] = {}
+
+    async def call(n: int) -> None:
+        indexes[n] = (await _call(url, n))["index"]
+
+    async with trio.open_nursery() as nursery:
+        for n in range(CALLS):
+            nursery.start_soon(call, n)
+    assert sorted(indexes.values()) == list(range(1, CALLS + 1))
+    for n in range(0, CALLS, 4):  # a replayed message id answers, commits nothing
+        assert (await _call(url, n))["index"] == indexes[n]
+    everything = {"sum": sum(range(1, CALLS + 1)), "calls": CALLS}
+    for _ in range(8):
+        snapshot = await _get(url, "/tally/t1?snapshot=1")
+        assert (snapshot["state"], snapshot["index"]) == (everything, CALLS)
+        sessions = (await _get(url, "/_a2/inspect/pings"))["sessions"]
+        assert [(s["sessionId"], s["eventCount"], s["pendingCount"]) for s in sessions] == [
+            ("s1", 2 * PUSHES, 0)
+        ]
 
 
 @pytest.mark.parametrize("kind", ["postgres", "redis", "sqlite"])
 async def test_two_workers_serve_one_port_on_one_store(kind: str, tmp_path: Path) -> None:
     async with _store_env(kind, tmp_path) as env:
         started = await start_serve(
-            "tests.workers_app:server", "--port", "0", "--workers", "2", env=env
+            "tests.workers_app:app", "--port", "0", "--workers", "2", env=env
         )
         try:
             assert "(2 workers; pings: " in started.banner, started.banner
+            assert "/_a2/inspect" in started.banner
             followers = [Seen() for _ in range(SSE_FOLLOWERS + SOCKET_FOLLOWERS)]
             with trio.fail_after(GUARD_S):
                 async with trio.open_nursery() as nursery:
@@ -164,11 +214,15 @@ async def test_two_workers_serve_one_port_on_one_store(kind: str, tmp_path: Path
             for seen in followers:
                 # One pong per ping: each handler ran once across the workers.
                 assert seen.pongs == Counter(range(PUSHES))
+            with trio.fail_after(GUARD_S):
+                await _actor_and_inspector(started.url)
         finally:
             lines = await _stop(started)
     pushed = _served_by(lines, "POST")
     assert sum(pushed.values()) == PUSHES + PARTICIPANTS
     assert set(pushed) == {"1", "2"}, pushed  # both workers took pushes
+    assert set(_served_by(lines, "POST", "/tally/t1")) == {"1", "2"}
+    assert set(_served_by(lines, "GET", "/_a2/inspect/pings")) == {"1", "2"}
     for worker in ("1", "2"):
         assert f"[worker {worker}] a2trio.serve: stopped" in "\n".join(lines)
     assert lines[-1] == "stopped"
@@ -191,9 +245,7 @@ def _workers(pid: int) -> set[int]:
 
 async def test_a_killed_worker_is_reported_and_started_again(tmp_path: Path) -> None:
     env = {"A2_STORE": f"sqlite:///{tmp_path / 'workers.db'}"}
-    started = await start_serve(
-        "tests.workers_app:server", "--port", "0", "--workers", "2", env=env
-    )
+    started = await start_serve("tests.workers_app:app", "--port", "0", "--workers", "2", env=env)
     assert started.process.stdout is not None
     try:
         workers = _workers(started.process.pid)
@@ -237,3 +289,24 @@ async def test_a_store_in_one_process_is_refused_for_more_than_one_worker(
         )
         assert done.returncode == 1
         assert "each worker would have its own" in done.stderr.decode(), done.stderr
+
+
+async def test_a_worker_that_cannot_start_stops_them_all_with_one_line() -> None:
+    """The store does not answer: every worker's start-up check fails, and
+    the command says so once, exit status 1."""
+    with unreachable_port() as port:
+        dsn = f"postgresql://root@127.0.0.1:{port}/nothing"
+        command = [sys.executable, "-m", "a2trio.serve", "tests.workers_app:server"]
+        done = await trio.run_process(
+            [*command, "--port", "0", "--workers", "2", "--store", dsn],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_stderr=True,
+            capture_stdout=True,
+            check=False,
+        )
+    assert done.returncode == 1, done.stderr
+    errors = [x for x in done.stderr.decode().splitlines() if x.startswith("a2trio: ")]
+    assert len(errors) == 1, done.stderr
+    assert errors[0].startswith("a2trio: the store for 'pings' (PostgresStore(")
+    assert b"a2trio serving on" not in done.stdout
