@@ -191,6 +191,7 @@ from .presence import (
 from .retention import (
     check_retention_cancelled_removals_are_all_or_nothing,
     check_retention_erase_is_refused_while_claimed,
+    check_retention_erase_races_a_claim,
     check_retention_export_and_erase,
     check_retention_trim,
     check_retention_trim_keeps_work_and_the_last_event,
@@ -286,6 +287,7 @@ __all__ = [
     "check_renew_claims",
     "check_retention_cancelled_removals_are_all_or_nothing",
     "check_retention_erase_is_refused_while_claimed",
+    "check_retention_erase_races_a_claim",
     "check_retention_export_and_erase",
     "check_retention_trim",
     "check_retention_trim_keeps_work_and_the_last_event",
@@ -389,6 +391,7 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_retention_trim,
     check_retention_trim_keeps_work_and_the_last_event,
     check_retention_cancelled_removals_are_all_or_nothing,
+    check_retention_erase_races_a_claim,
 ]
 """Every check, in the order of ``base.py``'s obligations."""
 
@@ -436,4 +439,5 @@ REQUIRES: dict[str, frozenset[str]] = {
     check_retention_trim.__name__: frozenset({"retention"}),
     check_retention_trim_keeps_work_and_the_last_event.__name__: frozenset({"retention"}),
     check_retention_cancelled_removals_are_all_or_nothing.__name__: frozenset({"retention"}),
+    check_retention_erase_races_a_claim.__name__: frozenset({"retention"}),
 }

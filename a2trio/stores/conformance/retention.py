@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import trio
 
 from ...errors import A2Error, ErrorCode
-from ..base import ClaimRequest, Retention, RetentionError, Store
+from ..base import Claimed, ClaimRequest, Retention, RetentionError, Store
 from .kit import (
     CANCEL_DELAYS_S,
     T0,
@@ -30,6 +30,7 @@ from .kit import (
 __all__ = [
     "check_retention_cancelled_removals_are_all_or_nothing",
     "check_retention_erase_is_refused_while_claimed",
+    "check_retention_erase_races_a_claim",
     "check_retention_export_and_erase",
     "check_retention_trim",
     "check_retention_trim_keeps_work_and_the_last_event",
@@ -342,3 +343,34 @@ async def check_retention_cancelled_removals_are_all_or_nothing(open_store: Stor
             if point == 0:
                 assert len(await store.read(trimmed)) == 20, f"half trimmed after {delay} s"
             assert (await retention.trim(trimmed, "count")).through_index == 15
+
+
+async def check_retention_erase_races_a_claim(open_store: StoreFactory) -> None:
+    """An erasure and a claim racing on one session: either the claim took
+    the event and the erasure was refused, or the erasure went first and
+    the claim found nothing; never a claimed event erased under its
+    attempt."""
+    async with open_store(ManualClock()) as store:
+        retention = _retention(store)
+        for n in range(20):
+            sid = new_sid(f"erase-race-{n}")
+            await store.append(sid, [ev("a"), ev("b")])
+            took: list[bool] = []
+            erasure: list[str] = []
+
+            async def claimer(sid: str = sid, took: list[bool] = took) -> None:
+                took.append(isinstance(await claim(store, sid, ttl_ms=60_000), Claimed))
+
+            async def eraser(sid: str = sid, erasure: list[str] = erasure) -> None:
+                try:
+                    await retention.erase(sid)
+                except RetentionError as exc:
+                    erasure.append(exc.reason)
+                else:
+                    erasure.append("erased")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(claimer)
+                nursery.start_soon(eraser)
+            expected = ["claimed"] if took == [True] else ["erased"]
+            assert erasure == expected, f"round {n}: claimed {took}, erasure {erasure}"
