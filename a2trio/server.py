@@ -190,6 +190,9 @@ class Server:
             throttle={
                 type_: spec.throttle for type_, spec in specs.items() if spec.throttle is not None
             },
+            priorities={
+                type_: spec.priority for type_, spec in specs.items() if spec.priority is not None
+            },
             scheduler=scheduler,
             telemetry=telemetry or NOOP_TELEMETRY,
             metrics=metrics,

@@ -263,7 +263,7 @@ PLANNED = {
     "OPEN_LANE": Planned(sql.OPEN_LANE, (LONG, "L"), "a2_events_lane_pending"),
     "INSERT": Planned(
         sql.INSERT,
-        (LONG, 1, "ordered", "{}", "x", NOW, None, "L", *([None] * 10)),
+        (LONG, 1, "ordered", "{}", "x", NOW, None, "L", *([None] * 11)),
         "a2_events_lane_pending",
     ),
     "KEYED": Planned(sql.KEYED, (LONG, NOW), "a2_events_dispatch_ready"),

@@ -30,7 +30,7 @@ from ..telemetry import Metrics, Telemetry
 from ..timings import Timings
 from .background import Background
 from .fanout import SessionFeeds
-from .flow import Concurrency, FlowWaiters, Throttle
+from .flow import Concurrency, FlowWaiters, PriorityFn, Throttle
 from .pacing import Debounce
 from .state import StateReads
 from .transaction import Transaction
@@ -99,6 +99,7 @@ class Engine:
       debounces: the event types whose handler is debounced, each with its
         :class:`~a2trio.Debounce`.
       throttle: the handled types with a :class:`~a2trio.Throttle`.
+      priorities: the handled types with a ``priority=`` function.
 
     Attributes:
       background: the server's nursery and the tasks counted in it.
@@ -116,6 +117,7 @@ class Engine:
         concurrency: Mapping[str, Concurrency] | None = None,
         debounces: Mapping[str, Debounce] | None = None,
         throttle: Mapping[str, Throttle] | None = None,
+        priorities: Mapping[str, PriorityFn] | None = None,
         scheduler: Scheduler | None,
         telemetry: Telemetry,
         metrics: Metrics | None = None,
@@ -132,6 +134,8 @@ class Engine:
         self.concurrency = dict(concurrency or {})
         #: The handled types with a throttle, resolved at append.
         self.throttle = dict(throttle or {})
+        #: The handled types with a ``priority=``, resolved at append.
+        self.priorities = dict(priorities or {})
         #: The sessions whose events wait on a full concurrency key.
         self.waiters = FlowWaiters()
         self.debounces = dict(debounces or {})

@@ -1,5 +1,5 @@
 """Flow limits across sessions (issue 33): a handler's :class:`Concurrency`
-and :class:`Throttle`.
+and :class:`Throttle`, and its ``priority=``.
 
 The limit lives in the store, not here: an event appended for a handler
 with ``concurrency=`` carries its key, resolved at append (as a lane
@@ -21,7 +21,11 @@ again and dead-letters the event with the error (:class:`FlowKeyError`),
 as any handler failure (a key resolved then, for an event appended before
 the handler had a limit, runs it unlimited). A throttle's key is resolved,
 stored and failed the same way (``AppendEvent.throttle_*``); a throttled
-event's wait ends at a known instant, at which the drain is armed.
+event's wait ends at a known instant, at which the drain is armed. A
+``priority(event) -> int`` is resolved at append too (``AppendEvent.priority``):
+a claim considers its session's candidates higher first
+(``rules.claim_order``), so the free handler slots and a key's free slots go
+to them first; lanes still hold (only a lane's head is a candidate).
 """
 
 from __future__ import annotations
@@ -32,20 +36,28 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..contract import AppendInput
+from ..stores.base import StoredEvent
 
 __all__ = [
     "Concurrency",
     "FlowKeyError",
     "FlowWaiters",
     "KeyFn",
+    "PriorityFn",
     "Throttle",
+    "check_priority",
     "key_value",
+    "priority_value",
+    "recheck",
     "resolve_concurrency",
     "resolve_throttle",
 ]
 
 #: ``key(event) -> str``: the flow key of an event, resolved at append.
 KeyFn = Callable[[AppendInput], str]
+#: ``priority(event) -> int``: an event's priority among the waiting events
+#: of its handler (higher first), resolved at append.
+PriorityFn = Callable[[AppendInput], int]
 
 _SEP = "\x1f"
 
@@ -202,6 +214,49 @@ def resolve_throttle(
     except FlowKeyError:
         return None, None, None
     return f"{prefix}{event.type}{_SEP}{value}", throttle.limit, throttle.period_ms
+
+
+def check_priority(priority: PriorityFn | None) -> PriorityFn | None:
+    """``priority=`` as given, checked.
+
+    Raises:
+      TypeError: not callable."""
+    if priority is not None and not callable(priority):
+        raise TypeError(f"priority must be a function of the event, got {priority!r}")
+    return priority
+
+
+def priority_value(priority: PriorityFn, event: AppendInput) -> int:
+    """``priority(event)``.
+
+    Raises:
+      FlowKeyError: it raised (its error is the cause) or returned no int."""
+    try:
+        value: Any = priority(event)
+    except Exception as exc:
+        raise FlowKeyError(f"the priority of {event.type!r} raised {exc!r}") from exc
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FlowKeyError(f"the priority of {event.type!r} must return an int, got {value!r}")
+    return value
+
+
+def recheck(
+    concurrency: Concurrency | None,
+    throttle: Throttle | None,
+    priority: PriorityFn | None,
+    row: StoredEvent,
+    event: AppendInput,
+) -> None:
+    """Before an attempt: each option of the handler whose value ``row``
+    lacks (it failed at append, or the row predates the option) is resolved
+    again, raising its :class:`FlowKeyError`; one that resolves now leaves
+    the event unlimited by it."""
+    if concurrency is not None and row.concurrency_key is None:
+        key_value(concurrency, event)
+    if throttle is not None and row.throttle_key is None:
+        key_value(throttle, event)
+    if priority is not None and row.priority is None:
+        priority_value(priority, event)
 
 
 class FlowWaiters:

@@ -8,15 +8,9 @@ server checks at construction what it can: the event type is declared, and a
 handler annotated ``HandlerContext[X]`` is registered for an event whose
 payload is an ``X`` (:mod:`a2trio.signatures`).
 
-Both take the handler's flow options (issue 33): ``retry=`` (a
-:class:`~a2trio.Retry`, in :mod:`.pacing`: how many failed attempts before a
-dead letter, how long each retry waits, and which exceptions dead-letter at
-once), ``timeout=`` (seconds an attempt may run before it is cancelled and
-counted as a failure), ``concurrency=`` (a :class:`~a2trio.Concurrency`:
-attempts at once per key, across sessions and processes; :mod:`.flow`),
-``throttle=`` (a :class:`~a2trio.Throttle`: attempt starts per period per
-key) and ``debounce=`` (a :class:`~a2trio.Debounce`: only the last event of a
-key runs, once its period passed without a newer one).
+Both take the handler's flow options (issue 33, ``docs/flow-control.md``):
+``retry=``, ``timeout=`` and ``debounce=`` (:mod:`.pacing`), ``concurrency=``,
+``throttle=`` and ``priority=`` (:mod:`.flow`).
 """
 
 from __future__ import annotations
@@ -29,7 +23,7 @@ from ..contract import AppendInput, Contract, EventType
 from ..signatures import accepts, parameter_annotation, type_name
 from .abort import AbortOn, AbortPredicate, abort_matcher
 from .context import LaneFn
-from .flow import Concurrency, Throttle
+from .flow import Concurrency, PriorityFn, Throttle, check_priority
 from .handler_context import HandlerContext
 from .pacing import Debounce, Retry, check_timeout
 
@@ -71,6 +65,7 @@ class HandlerSpec:
       concurrency: the :class:`~a2trio.Concurrency` limit, or None.
       debounce: the :class:`~a2trio.Debounce`, or None.
       throttle: the :class:`~a2trio.Throttle`, or None.
+      priority: ``priority(event) -> int``, or None.
     """
 
     __slots__ = (
@@ -80,6 +75,7 @@ class HandlerSpec:
         "event",
         "fn",
         "lane",
+        "priority",
         "retry",
         "throttle",
         "timeout",
@@ -97,6 +93,7 @@ class HandlerSpec:
         concurrency: Concurrency | None = None,
         debounce: Debounce | None = None,
         throttle: Throttle | None = None,
+        priority: PriorityFn | None = None,
     ) -> None:
         self.fn = fn
         self.abort_on: AbortMatcher | None = abort_on
@@ -107,6 +104,7 @@ class HandlerSpec:
         self.concurrency = concurrency
         self.debounce = debounce
         self.throttle = throttle
+        self.priority = priority
 
     def check(self, contract: Contract, type: str) -> None:
         """Raise TypeError/ValueError if this spec does not fit ``contract``'s
@@ -211,6 +209,7 @@ def _spec(
     concurrency: Concurrency | None,
     debounce: Debounce | None,
     throttle: Throttle | None,
+    priority: PriorityFn | None,
 ) -> HandlerSpec:
     if not callable(fn):
         raise TypeError(f"handler must be an async function, got {fn!r}")
@@ -235,6 +234,7 @@ def _spec(
         concurrency=concurrency,
         debounce=debounce,
         throttle=throttle,
+        priority=check_priority(priority),
     )
 
 
@@ -248,6 +248,7 @@ def handler(
     concurrency: Concurrency | None = None,
     debounce: Debounce | None = None,
     throttle: Throttle | None = None,
+    priority: PriorityFn | None = None,
 ) -> HandlerSpec:
     """Wrap a handler with options, for a key of ``Server(handlers={...})``
     (:func:`on` is the typed form).
@@ -277,16 +278,22 @@ def handler(
       throttle: a :class:`~a2trio.Throttle`: at most ``limit`` attempt
         starts per ``period`` per key value, across sessions and processes;
         the excess waits. None: no throttle.
+      priority: ``priority(event) -> int``, resolved at append: a session's
+        waiting events are claimed higher first (lanes still hold); one that
+        raises or returns no int dead-letters its event. None: index order.
 
     Raises:
       TypeError: ``fn`` is not callable, a bad ``abort_on`` shape, a lane that
         is neither a non-empty string nor a function, a ``retry`` that is no
         :class:`Retry`, a ``concurrency`` that is no :class:`Concurrency`, a
-        ``throttle`` that is no :class:`Throttle`, a ``timeout`` that is no
-        number, or a ``debounce`` that is no :class:`~a2trio.Debounce`.
+        ``throttle`` that is no :class:`Throttle`, a ``priority`` that is no
+        function, a ``timeout`` that is no number, or a ``debounce`` that is
+        no :class:`~a2trio.Debounce`.
       ValueError: a ``timeout`` that is not positive and finite.
     """
-    return _spec(fn, abort_on, lane, None, retry, timeout, concurrency, debounce, throttle)
+    return _spec(
+        fn, abort_on, lane, None, retry, timeout, concurrency, debounce, throttle, priority
+    )
 
 
 def on(
@@ -300,6 +307,7 @@ def on(
     concurrency: Concurrency | None = None,
     debounce: Debounce | None = None,
     throttle: Throttle | None = None,
+    priority: PriorityFn | None = None,
 ) -> HandlerSpec:
     """Register ``fn`` for the event type ``event``, for ``Server(handlers=[...])``.
 
@@ -318,6 +326,7 @@ def on(
       concurrency: as for :func:`handler`.
       debounce: as for :func:`handler`.
       throttle: as for :func:`handler`.
+      priority: as for :func:`handler`.
 
     Raises:
       TypeError: ``event`` is not a handle, ``fn`` is not callable or is
@@ -327,7 +336,9 @@ def on(
     """
     if not isinstance(event, EventType):
         raise TypeError(f"on() takes an a2trio.event_type(...) handle, got {event!r}")
-    spec = _spec(fn, abort_on, lane, event, retry, timeout, concurrency, debounce, throttle)
+    spec = _spec(
+        fn, abort_on, lane, event, retry, timeout, concurrency, debounce, throttle, priority
+    )
     _check_payload(fn, event.name, event.payload_type, "")
     return spec
 

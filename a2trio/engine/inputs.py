@@ -31,7 +31,7 @@ from ..push import PushedEvent, PushValidation
 from ..scheduler import AppendTask, ScheduledEvent
 from ..stores.base import AppendEvent, StoredEvent
 from .context import Engine
-from .flow import resolve_concurrency, resolve_throttle
+from .flow import FlowKeyError, priority_value, resolve_concurrency, resolve_throttle
 from .pacing import DebounceKeyError
 
 __all__ = ["check_push", "delivered", "returned", "schedule", "validate"]
@@ -80,6 +80,7 @@ def validate(
         flow_key: str | None = None
         flow_limit: int | None = None
         throttle: tuple[str | None, int | None, int | None] = (None, None, None)
+        priority: int | None = None
         if dispatch:
             if event.type not in engine.lanes:
                 settled = True
@@ -106,6 +107,10 @@ def validate(
                     throttle = resolve_throttle(
                         engine.prefix, limited, AppendInput(event.type, typed, event.id)
                     )
+                ranked = engine.priorities.get(event.type)
+                if ranked is not None:
+                    with contextlib.suppress(FlowKeyError):
+                        priority = priority_value(ranked, AppendInput(event.type, typed, event.id))
         delay_ms: int | None = None
         key: str | None = None
         debounced = engine.debounces.get(event.type) if dispatch and debounce else None
@@ -128,6 +133,7 @@ def validate(
                 delay_ms,
                 key,
                 *throttle,
+                priority,
             )
         )
     return validated

@@ -40,7 +40,7 @@ from .attempt import (
 )
 from .context import Appends, Engine, measured
 from .durable import Suspend, release
-from .flow import FlowKeyError, key_value
+from .flow import FlowKeyError, recheck
 from .handlers import HandlerContext, HandlerSpec
 from .inputs import returned
 from .pacing import DebounceKeyError
@@ -280,14 +280,13 @@ class AttemptRunner:
         session = HandlerSession(self.engine, self.appends, self.session_id, event)
         ctx = HandlerContext(self.engine.to_public(event), session, aborted, self.engine, event)
         keyed = AppendInput(event.type, ctx.event.payload, event.id)
-        if registration.concurrency is not None and event.concurrency_key is None:
-            # Its key failed at append (or it predates the limit): raises
-            # the key's error again, or runs it unlimited.
-            key_value(registration.concurrency, keyed)
+        # A flow option's key or priority failed at append (or it predates
+        # the option): raises the error again, or runs it unlimited.
+        recheck(
+            registration.concurrency, registration.throttle, registration.priority, event, keyed
+        )
         if registration.debounce is not None and event.debounce_key is None:
             registration.debounce.key_of(keyed)  # the same, for a debounce key
-        if registration.throttle is not None and event.throttle_key is None:
-            key_value(registration.throttle, keyed)
         if abort_scope is None and timeout_scope is None:
             return await registration.fn(ctx)
         with abort_scope or contextlib.nullcontext(), timeout_scope or contextlib.nullcontext():

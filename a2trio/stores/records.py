@@ -83,7 +83,8 @@ class AppendEvent(msgspec.Struct, frozen=True):
     transaction.
     claims of rows with that key, across sessions (``rules.flow``); the
     ``throttle_*`` fields its :class:`~a2trio.Throttle`: at most that many
-    attempt starts of the key per period.
+    attempt starts of the key per period; ``priority`` its ``priority=``
+    (a claim takes higher first: ``rules.claim_order``).
     """
 
     type: str
@@ -101,6 +102,7 @@ class AppendEvent(msgspec.Struct, frozen=True):
     throttle_key: str | None = None
     throttle_limit: int | None = None
     throttle_period_ms: int | None = None
+    priority: int | None = None
 
 
 class StoredEvent(msgspec.Struct, frozen=True):
@@ -148,6 +150,7 @@ class StoredEvent(msgspec.Struct, frozen=True):
     throttle_key: str | None = None
     throttle_limit: int | None = None
     throttle_period_ms: int | None = None
+    priority: int | None = None
 
 
 class Claimed(msgspec.Struct, frozen=True, tag="claimed"):

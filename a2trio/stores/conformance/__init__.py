@@ -146,6 +146,7 @@ from .flow import (
     check_concurrency_slots_are_leases,
     check_concurrency_with_lanes_and_the_sweep,
     check_concurrency_within_a_session,
+    check_priority_orders_a_claim,
     check_throttle_across_sessions,
     check_throttle_within_a_session_and_the_sweep,
 )
@@ -281,6 +282,7 @@ __all__ = [
     "check_presence_expiry_and_order",
     "check_presence_last_writer_wins",
     "check_presence_subscribe",
+    "check_priority_orders_a_claim",
     "check_read_bounds",
     "check_read_states",
     "check_release_attempt",
@@ -361,6 +363,7 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_debounce_hands_lanes_on_and_replays,
     check_throttle_across_sessions,
     check_throttle_within_a_session_and_the_sweep,
+    check_priority_orders_a_claim,
     check_snapshots,
     check_read_states,
     check_stream_catches_up_then_follows,

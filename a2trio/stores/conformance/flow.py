@@ -26,6 +26,7 @@ __all__ = [
     "check_concurrency_slots_are_leases",
     "check_concurrency_with_lanes_and_the_sweep",
     "check_concurrency_within_a_session",
+    "check_priority_orders_a_claim",
     "check_throttle_across_sessions",
     "check_throttle_within_a_session_and_the_sweep",
 ]
@@ -245,3 +246,46 @@ async def check_throttle_within_a_session_and_the_sweep(open_store: StoreFactory
         assert await sweep.claimable_sessions(prefix, limit=10) == [sid]
         later = claimed_events(await claim(store, sid, "h2"))
         assert indexes_of(later) == [3]
+
+
+async def check_priority_orders_a_claim(open_store: StoreFactory) -> None:
+    """A claim considers its candidates higher priority first, then by index
+    (``rules.claim_order``): its limit and a key's free slots go to them; the
+    claimed events come back in index order; a lane still holds its later
+    events back; the priority is stored with the row."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        sid = new_sid("priority")
+        await store.append(
+            sid,
+            [AppendEvent("note", {"n": n}, priority=p) for n, p in enumerate((None, 5, 1, 5, -2))],
+        )
+        rows = await store.read(sid)
+        assert [r.priority for r in rows] == [None, 5, 1, 5, -2], "stored with the row"
+        first = await store.claim_available(sid, holder="h1", ttl_ms=1_000, limit=2)
+        assert indexes_of(claimed_events(first)) == [2, 4], "the two of priority 5"
+        second = await store.claim_available(sid, holder="h1", ttl_ms=1_000, limit=2)
+        assert indexes_of(claimed_events(second)) == [1, 3], "then 1, then None (0)"
+        last = await store.claim_available(sid, holder="h1", ttl_ms=1_000, limit=2)
+        assert indexes_of(claimed_events(last)) == [5]
+        key = new_key("priority")
+        keyed_sid = new_sid("priority-keyed")
+        await store.append(
+            keyed_sid,
+            [
+                AppendEvent("note", {"n": n}, concurrency_key=key, concurrency_limit=1, priority=p)
+                for n, p in enumerate((0, 9, 3))
+            ],
+        )
+        got = await claim(store, keyed_sid, "h2")
+        assert isinstance(got, Claimed), got
+        assert indexes_of(got.events) == [2], "the key's one slot goes to priority 9"
+        assert got.waiting == [key]
+        laned = new_sid("priority-lane")
+        await store.append(
+            laned,
+            [AppendEvent("note", {"n": n}, lane="l", priority=p) for n, p in enumerate((0, 9))],
+        )
+        assert indexes_of(claimed_events(await claim(store, laned, "h3"))) == [1], (
+            "a lane's later event waits for its head, whatever its priority"
+        )

@@ -53,6 +53,7 @@ class Row:
     throttle_key: str | None = None
     throttle_limit: int | None = None
     throttle_period_ms: int | None = None
+    priority: int | None = None
 
     def stored(self) -> StoredEvent:
         return StoredEvent(
@@ -89,6 +90,7 @@ class Row:
             throttle_key=self.throttle_key,
             throttle_limit=self.throttle_limit,
             throttle_period_ms=self.throttle_period_ms,
+            priority=self.priority,
         )
 
 

@@ -266,6 +266,7 @@ class MemoryStore:
             throttle_key=event.throttle_key,
             throttle_limit=event.throttle_limit,
             throttle_period_ms=event.throttle_period_ms,
+            priority=event.priority,
         )
         rows.append(row)
         self._ids[event_id] = row
@@ -369,7 +370,10 @@ class MemoryStore:
         expires_at = now + ttl_ms if expires_at_ms is None else expires_at_ms
         excluded = set(exclude)
         open_rows = self._open.get(session_id, {}).values()
-        candidates = [r for r in open_rows if r.index not in excluded and rules.claimable(r, now)]
+        candidates = sorted(
+            (r for r in open_rows if r.index not in excluded and rules.claimable(r, now)),
+            key=lambda r: rules.claim_order(r.priority, r.index),
+        )
         live = {
             r.concurrency_key: self._flows.live(r.concurrency_key, now)
             for r in candidates
@@ -392,7 +396,7 @@ class MemoryStore:
             row.claim_expires_at_ms = expires_at
             claimed.append(row.stored())
         if claimed:
-            return Claimed(claimed, waiting, throttled)
+            return Claimed(sorted(claimed, key=_index_of), waiting, throttled)
         retry_at = rules.flow_retry_at(
             rules.busy_until(open_rows, now),
             [rules.busy_until(self._flows.slots(key, now), now) for key in waiting]

@@ -68,4 +68,5 @@ def stored_event(row: Row, at: int = 0) -> StoredEvent:
         throttle_key=r[28],
         throttle_limit=r[29],
         throttle_period_ms=r[30],
+        priority=r[31],
     )

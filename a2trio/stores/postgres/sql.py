@@ -241,6 +241,17 @@ create table if not exists a2_flow_starts (
   expires_at   bigint not null
 );
 create index if not exists a2_flow_starts_key on a2_flow_starts (throttle_key, expires_at);
+
+-- Each event's priority (issue 33, `priority=`): a claim takes higher first.
+-- Nullable (none), guarded as `trace_context` is.
+do $$
+begin
+  if not exists (select 1 from pg_attribute
+                  where attrelid = 'a2_events'::regclass
+                    and attname = 'priority' and not attisdropped) then
+    alter table a2_events add column priority integer;
+  end if;
+end $$;
 """
 
 # Notifications are transactional: delivered at commit, never for a rollback.
@@ -320,7 +331,7 @@ EVENT_COLUMNS = (
     " last_claimed_at, attempt_count, failure_count, last_failed_at,"
     " last_failed_attempt, last_error, failed_at, claim_holder, claim_expires_at,"
     " trace_context, not_before, version, concurrency_key, concurrency_limit,"
-    " debounce_key, debounced_by, throttle_key, throttle_limit, throttle_period_ms"
+    " debounce_key, debounced_by, throttle_key, throttle_limit, throttle_period_ms, priority"
 )
 
 
@@ -591,7 +602,7 @@ with batch as (
     as b(ord bigint, id text, type text, payload jsonb, {cause[0]}lane text, settled boolean,
          trace text, version int, flow_key text,
          flow_limit integer, delay bigint, debounce text,
-         throttle_key text, throttle_limit integer, throttle_period bigint)
+         throttle_key text, throttle_limit integer, throttle_period bigint, priority integer)
 ),{head}
 ready as materialized (
   -- Materialized so each row's readiness (two subqueries) is computed once,
@@ -607,7 +618,7 @@ inserted as (
      lane_ready, processed_at, attempt_count, first_claimed_at, last_claimed_at,
      claim_holder, claim_expires_at, trace_context, version, concurrency_key,
      concurrency_limit, not_before, debounce_key, throttle_key, throttle_limit,
-     throttle_period_ms)
+     throttle_period_ms, priority)
   select $1::text, r.idx, r.type, coalesce(r.payload, 'null'::jsonb), r.id,
          {now}::bigint, {cause[2]}r.lane, r.lane_ready,
          case when r.settled then {now}::bigint end,
@@ -617,7 +628,7 @@ inserted as (
          case when r.claim then {holder}::text end,
          case when r.claim then {expiry}::bigint end,
          r.trace, r.version, r.flow_key, r.flow_limit, {now}::bigint + r.delay, r.debounce,
-         r.throttle_key, r.throttle_limit, r.throttle_period
+         r.throttle_key, r.throttle_limit, r.throttle_period, r.priority
     from ready r
   returning idx, claim_holder
 ){tail.replace("{claimed}", claimed)}
@@ -731,7 +742,7 @@ with keyed as materialized (
   -- A keyed row claimable: the claim is `CLAIM_KEYED`'s, under key locks.
   select exists(select 1 from a2_events k
    where k.session_id = $1::text and {claimable("k", "$2::bigint")}
-     and (k.concurrency_key is not null or k.throttle_key is not null)
+     and (k.concurrency_key is not null or k.throttle_key is not null or k.priority is not null)
      and not (k.idx = any($5::bigint[]))) as found
 ),
 eligible as materialized (
@@ -831,9 +842,11 @@ started as materialized (
 ),
 ranked as materialized (
   select e.ctid as tid, e.idx, e.concurrency_key as ck, e.concurrency_limit as cl,
-         e.throttle_key as tk, e.throttle_limit as tl,
-         row_number() over (partition by e.concurrency_key order by e.idx) as rc,
-         row_number() over (partition by e.throttle_key order by e.idx) as rt
+         e.throttle_key as tk, e.throttle_limit as tl, coalesce(e.priority, 0) as pr,
+         row_number() over (
+           partition by e.concurrency_key order by coalesce(e.priority, 0) desc, e.idx) as rc,
+         row_number() over (
+           partition by e.throttle_key order by coalesce(e.priority, 0) desc, e.idx) as rt
     from a2_events e
    where e.session_id = $1::text and {claimable("e", "$2::bigint")}
      and not (e.idx = any($5::bigint[]))
@@ -853,7 +866,7 @@ eligible as materialized (
   select event.ctid as tid, event.idx from a2_events event
     join fits f on f.tid = event.ctid
    where f.c_room and f.t_room
-   order by event.idx
+   order by f.pr desc, event.idx
    limit $6::bigint
    for update of event
 ),
@@ -970,19 +983,19 @@ batch as (
   select * from jsonb_to_recordset($5::jsonb)
     as b(ord bigint, id text, type text, payload jsonb, lane text, settled boolean,
          trace text, version int, flow_key text, flow_limit integer,
-         throttle_key text, throttle_limit integer, throttle_period bigint)
+         throttle_key text, throttle_limit integer, throttle_period bigint, priority integer)
 ),
 inserted as (
   insert into a2_events
     (session_id, idx, event_type, payload, event_id, created_at, cause, lane,
      lane_ready, processed_at, trace_context, version, concurrency_key, concurrency_limit,
-     throttle_key, throttle_limit, throttle_period_ms)
+     throttle_key, throttle_limit, throttle_period_ms, priority)
   select $1::text, v.base + b.ord, b.type, coalesce(b.payload, 'null'::jsonb), b.id,
          $6::bigint, $7::jsonb, b.lane,
          {ready_at_insert("b", "$1::text", "<> $2::bigint")},
          case when b.settled then $6::bigint end,
          b.trace, b.version, b.flow_key, b.flow_limit, b.throttle_key, b.throttle_limit,
-         b.throttle_period
+         b.throttle_period, b.priority
     from batch b, verdict v
    where v.outcome = 'completed'
   returning *

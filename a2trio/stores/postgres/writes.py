@@ -191,6 +191,7 @@ class PostgresWrites:
                     "throttle_key": e.throttle_key,
                     "throttle_limit": e.throttle_limit,
                     "throttle_period": e.throttle_period_ms,
+                    "priority": e.priority,
                 }
                 for ord_, (e, event_id) in enumerate(zip(events, ids, strict=True), 1)
             ]
@@ -268,6 +269,7 @@ class PostgresWrites:
                 throttle_key=e.throttle_key,
                 throttle_limit=e.throttle_limit,
                 throttle_period_ms=e.throttle_period_ms,
+                priority=e.priority,
             )
             for ord_, (e, event_id) in enumerate(zip(events, ids, strict=True), 1)
         ]
@@ -406,6 +408,7 @@ class PostgresWrites:
                 "throttle_key": e.throttle_key,
                 "throttle_limit": e.throttle_limit,
                 "throttle_period": e.throttle_period_ms,
+                "priority": e.priority,
             }
             for ord_, e in enumerate(events, 1)
         ]

@@ -80,7 +80,8 @@ class RedisClaims:
             )
         if reply[0] == b"claimed":
             waiting, throttled = _keys(reply[1]), _keys(reply[2])
-            return Claimed(codec.rows(session_id, reply[3:]), waiting, throttled)
+            rows = sorted(codec.rows(session_id, reply[3:]), key=lambda row: row.index)
+            return Claimed(rows, waiting, throttled)
         if reply[0] == b"busy":
             return Busy(int(reply[1]), _keys(reply[2]), _keys(reply[3]))
         return Settled()

@@ -162,6 +162,7 @@ class Meta(msgspec.Struct, omit_defaults=True):
     throttle_key: str | None = msgspec.field(default=None, name="tk")
     throttle_limit: int | None = msgspec.field(default=None, name="tl")
     throttle_period_ms: int | None = msgspec.field(default=None, name="tp")
+    priority: int | None = msgspec.field(default=None, name="pr")
 
 
 class Action(msgspec.Struct, frozen=True, array_like=True):
@@ -267,6 +268,7 @@ def row(session_id: str, index: int, entry: bytes, meta: bytes | None) -> Stored
         throttle_key=m.throttle_key,
         throttle_limit=m.throttle_limit,
         throttle_period_ms=m.throttle_period_ms,
+        priority=m.priority,
     )
 
 
@@ -324,8 +326,8 @@ def lane_arg(lane: str | None) -> str:
 def append_args(events: Sequence[AppendEvent], ids: Sequence[str], now: int) -> list[Any]:
     """``APPEND``'s arguments per event: id, entry, lane, settled, the
     cause's index and attempt, the concurrency key and limit, the delay, the
-    debounce key (as a lane), the type, and the throttle key, limit and
-    period."""
+    debounce key (as a lane), the type, the throttle key, limit and period,
+    and the priority."""
     args: list[Any] = []
     for event, event_id in zip(events, ids, strict=True):
         cause = event.cause
@@ -344,6 +346,7 @@ def append_args(events: Sequence[AppendEvent], ids: Sequence[str], now: int) -> 
             event.throttle_key or "",
             event.throttle_limit or "",
             event.throttle_period_ms or "",
+            "" if event.priority is None else event.priority,
         ]
     return args
 
@@ -352,7 +355,7 @@ def complete_args(
     events: Sequence[AppendEvent], ids: Sequence[str], now: int, cause: EventCause
 ) -> list[Any]:
     """``COMPLETE``'s arguments per returned event: id, entry, lane, settled,
-    concurrency key and limit, throttle key, limit and period."""
+    concurrency key and limit, throttle key, limit and period, priority."""
     args: list[Any] = []
     for event, event_id in zip(events, ids, strict=True):
         args += [
@@ -365,6 +368,7 @@ def complete_args(
             event.throttle_key or "",
             event.throttle_limit or "",
             event.throttle_period_ms or "",
+            "" if event.priority is None else event.priority,
         ]
     return args
 
@@ -403,6 +407,7 @@ def appended_rows(
                 throttle_key=event.throttle_key,
                 throttle_limit=event.throttle_limit,
                 throttle_period_ms=event.throttle_period_ms,
+                priority=event.priority,
                 first_claimed_at_ms=now if claimed else None,
                 last_claimed_at_ms=now if claimed else None,
                 attempt_count=1 if claimed else 0,
@@ -443,6 +448,7 @@ def returned_rows(
             throttle_key=event.throttle_key,
             throttle_limit=event.throttle_limit,
             throttle_period_ms=event.throttle_period_ms,
+            priority=event.priority,
         )
         for ord_, (event, event_id) in enumerate(zip(events, ids, strict=True), 1)
     ]

@@ -23,7 +23,8 @@ collides across sessions):
   ``pb`` processed by attempt, ``r`` returned ids as JSON text, ``l`` lane,
   ``nb`` not before; ``ck``/``cl`` concurrency key and limit; ``t``/``k`` a
   debounced event's type and key, ``db`` the index of the event whose append
-  skipped it; ``tk``/``tl``/``tp`` throttle key, limit and period: issue 33).
+  skipped it; ``tk``/``tl``/``tp`` throttle key, limit and period, ``pr``
+  priority: issue 33).
   Settled events have none: they are processed at creation.
 * ``P:S:open``: sorted set of the unprocessed indexes (dead letters
   included: they stall their lane), scored by index. Lane readiness is
@@ -303,7 +304,7 @@ end
 
 -- Append one row at idx (the caller maintains the head).
 local function insert(ids_key, sid, idx, id, entry, lane, settled, key, limit, tkey, tlimit,
-                      tperiod)
+                      tperiod, priority)
   redis.call('XADD', LOG, idx .. '-0', 'r', entry)
   redis.call('HSET', ids_key, id, idx .. ':' .. sid)
   if settled then return nil end
@@ -311,6 +312,7 @@ local function insert(ids_key, sid, idx, id, entry, lane, settled, key, limit, t
   if lane ~= '' then m.l = string.sub(lane, 2) end
   if key ~= '' then m.ck, m.cl = key, tonumber(limit) end
   if tkey ~= '' then m.tk, m.tl, m.tp = tkey, tonumber(tlimit), tonumber(tperiod) end
+  if priority ~= '' then m.pr = tonumber(priority) end
   redis.call('ZADD', OPEN, idx, idx)
   return m
 end
@@ -351,7 +353,7 @@ end
 #: lane ('' or '=' .. lane), settled ('1'/'0'), cause index ('' for none),
 #: cause attempt, concurrency key ('' for none), concurrency limit, delay ms
 #: ('' for none), debounce key ('' or '=' .. key), type, throttle key ('' for
-#: none), throttle limit, throttle period in ms. A debounced event
+#: none), throttle limit, throttle period in ms, priority ('' for none). A debounced event
 #: first settles the open events it debounces (``rules.debounces``) as
 #: skipped by it: lane readiness follows the open set, so their lanes move on
 #: by themselves.
@@ -392,7 +394,7 @@ end
 local at = 11 + m
 local front = frontier()
 for k = 0, n - 1 do
-  local b = at + k * 14
+  local b = at + k * 15
   if ARGV[b + 4] ~= '' then
     local cidx = tonumber(ARGV[b + 4])
     if cidx < 1 or cidx > front then return {'missing', cidx} end
@@ -407,7 +409,7 @@ local found, lanes = others()
 local claimed = {}
 local unsettled = false
 for k = 0, n - 1 do
-  local b = at + k * 14
+  local b = at + k * 15
   local idx = front + k + 1
   local lane = ARGV[b + 2]
   local settled = ARGV[b + 3] == '1'
@@ -424,7 +426,7 @@ for k = 0, n - 1 do
   end
   local mm = insert(
     KEYS[5], sid, idx, ARGV[b], ARGV[b + 1], lane, settled, ARGV[b + 6], ARGV[b + 7],
-    ARGV[b + 11], ARGV[b + 12], ARGV[b + 13])
+    ARGV[b + 11], ARGV[b + 12], ARGV[b + 13], ARGV[b + 14])
   if mm then
     unsettled = true
     if ARGV[b + 8] ~= '' then mm.nb = now + tonumber(ARGV[b + 8]) end
@@ -545,10 +547,21 @@ for i = 7, #ARGV do excluded[tonumber(ARGV[i])] = true end
 local waiting, throttled, live, started, rank_c, rank_t = {}, {}, {}, {}, {}, {}
 local out = {'claimed', {}, {}}
 local busy = nil
+-- The candidates in rules.claim_order: higher priority first, then by index.
+local candidates = {}
 for _, r in ipairs(open_rows()) do
   local idx, m, ready = r[1], r[2], r[3]
   busy = busy_until(busy, m, ready, now)
-  if claimable(m, ready, now) and not excluded[idx] then
+  if claimable(m, ready, now) and not excluded[idx] then candidates[#candidates + 1] = r end
+end
+table.sort(candidates, function(x, y)
+  local px, py = x[2].pr or 0, y[2].pr or 0
+  if px ~= py then return px > py end
+  return x[1] < y[1]
+end)
+for _, r in ipairs(candidates) do
+  local idx, m = r[1], r[2]
+  do
     local fits = true
     if m.ck then
       if not live[m.ck] then live[m.ck], rank_c[m.ck] = live_slots(flow, m, now), 0 end
@@ -636,7 +649,8 @@ return {renewed, superseded}
 #: sessions, watched, pending-watched, open-sessions. ARGV: session, index, attempt, now,
 #: origin, returned ids (JSON text), notify channel, pending channel, n, the
 #: flow sets' prefix, then per event: id, entry, lane, settled, concurrency
-#: key, concurrency limit, throttle key, throttle limit, throttle period.
+#: key, concurrency limit, throttle key, throttle limit, throttle period,
+#: priority.
 #:
 #: Returns ``{'missing'}``, ``{'superseded'}``, ``{'duplicate'}``,
 #: ``{'replay', processed_by_attempt, returned ids, stored rows...}`` or
@@ -653,7 +667,7 @@ local raw = redis.call('HGET', META, idx)
 if not raw then return {'superseded'} end
 local m = cjson.decode(raw)
 local ids = {}
-for k = 0, n - 1 do ids[k + 1] = ARGV[11 + k * 9] end
+for k = 0, n - 1 do ids[k + 1] = ARGV[11 + k * 10] end
 if m.p then
   local out = {'replay', m.pb or false, m.r or false}
   return stored_rows(KEYS[5], sid, ids, out)
@@ -664,11 +678,11 @@ for _, id in ipairs(ids) do
 end
 local unsettled = false
 for k = 0, n - 1 do
-  local b = 11 + k * 9
+  local b = 11 + k * 10
   local settled = ARGV[b + 3] == '1'
   local mm = insert(
     KEYS[5], sid, front + k + 1, ARGV[b], ARGV[b + 1], ARGV[b + 2], settled,
-    ARGV[b + 4], ARGV[b + 5], ARGV[b + 6], ARGV[b + 7], ARGV[b + 8])
+    ARGV[b + 4], ARGV[b + 5], ARGV[b + 6], ARGV[b + 7], ARGV[b + 8], ARGV[b + 9])
   if mm then
     unsettled = true
     redis.call('HSET', META, front + k + 1, cjson.encode(mm))

@@ -44,6 +44,7 @@ __all__ = [
     "Keyed",
     "KeyedDispatch",
     "Selection",
+    "claim_order",
     "claims_at_insert",
     "flow_retry_at",
     "flow_select",
@@ -112,6 +113,13 @@ class Selection(NamedTuple):
     throttled: list[str]
 
 
+def claim_order(priority: int | None, index: int) -> tuple[int, int]:
+    """The order a claim considers its candidates in: higher ``priority``
+    first (None is 0), then index order. Lanes still hold: only a lane's
+    head is a candidate."""
+    return (-(priority or 0), index)
+
+
 def flow_select(
     candidates: Iterable[_K],
     live: Mapping[str, int],
@@ -119,9 +127,9 @@ def flow_select(
     limit: int | None,
 ) -> Selection:
     """What a claim takes of ``candidates`` (the claimable rows not
-    excluded, in index order), given each concurrency key's ``live`` claims
+    excluded, in :func:`claim_order`), given each concurrency key's ``live`` claims
     and each throttle key's ``started`` attempts in its window, across the
-    store. Each keyed row takes the next slot of each of its keys, in index
+    store. Each keyed row takes the next slot of each of its keys, in that
     order (so a later row never overtakes an earlier one of its key); it
     fits when that slot is within each key's limit. The first ``limit``
     fitting rows are taken."""

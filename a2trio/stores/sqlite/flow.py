@@ -1,5 +1,5 @@
-"""The SQLite claim of a session that holds keyed rows (``rules.flow``):
-concurrency keys and throttles.
+"""The SQLite claim of a session that holds keyed or prioritized rows
+(``rules.flow``): concurrency keys, throttles, ``priority=``.
 
 The write lock held since ``BEGIN IMMEDIATE`` serializes every claim, so the
 live slots counted here are the ones the claim writes against. The
@@ -30,6 +30,7 @@ class _Candidate(NamedTuple):
     throttle_key: str | None
     throttle_limit: int | None
     throttle_period_ms: int | None
+    priority: int | None
 
 
 def claim_keyed(
@@ -43,11 +44,14 @@ def claim_keyed(
 ) -> ClaimResult:
     """``claim_available`` over a session with keyed claimable rows."""
     excluded = set(exclude)
-    candidates = [
-        _Candidate(*row)
-        for row in conn.execute(sql.CANDIDATES, (session_id, now))
-        if row[0] not in excluded
-    ]
+    candidates = sorted(
+        (
+            _Candidate(*row)
+            for row in conn.execute(sql.CANDIDATES, (session_id, now))
+            if row[0] not in excluded
+        ),
+        key=lambda r: rules.claim_order(r.priority, r.idx),
+    )
     slots: dict[str, tuple[int, int | None]] = {}
     for row in candidates:
         key = row.concurrency_key
@@ -71,7 +75,7 @@ def claim_keyed(
         sql.stored(
             conn.execute(sql.CLAIM_ONE, (session_id, now, holder, expires_at, r.idx)).fetchone()
         )
-        for r in chosen
+        for r in sorted(chosen, key=lambda r: r.idx)
     ]
     if claimed:
         return Claimed(claimed, waiting, throttled)

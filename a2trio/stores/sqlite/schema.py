@@ -198,8 +198,24 @@ _V10 = (
     """,
 )
 
+# Each event's priority (issue 33, ``priority=``): a claim takes higher
+# first. Null for none, and for events written before.
+_V11 = ("alter table a2_events add column priority integer",)
+
 #: Statements per migration; entry ``n`` upgrades ``user_version`` ``n`` to ``n + 1``.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    _V1,
+    _V2,
+    _V3,
+    _V4,
+    _V5,
+    _V6,
+    _V7,
+    _V8,
+    _V9,
+    _V10,
+    _V11,
+)
 
 #: The version this release writes and reads.
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -196,13 +196,13 @@ EVENT_COLUMNS: Final = (
     "attempt_count, failure_count, last_failed_at, last_failed_attempt, last_error, "
     "failed_at, claim_holder, claim_expires_at, trace_context, not_before, version, "
     "concurrency_key, concurrency_limit, debounce_key, debounced_by, throttle_key, "
-    "throttle_limit, throttle_period_ms"
+    "throttle_limit, throttle_period_ms, priority"
 )
 
 _INSERTED: Final = (
     "session_id, idx, event_type, payload, event_id, created_at, cause, lane, lane_ready, "
     "processed_at, trace_context, version, concurrency_key, concurrency_limit, not_before, "
-    "debounce_key, throttle_key, throttle_limit, throttle_period_ms"
+    "debounce_key, throttle_key, throttle_limit, throttle_period_ms, priority"
 )
 
 #: One new unclaimed row, ready in its lane as the fragment decides: a lane
@@ -212,7 +212,7 @@ INSERT: Final = f"""
 insert into a2_events ({_INSERTED})
 values (
   ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {_ready_at_insert("?1", "?8")},
-  ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18
+  ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19
 )
 """
 
@@ -222,8 +222,8 @@ INSERT_CLAIMED: Final = f"""
 insert into a2_events
   ({_INSERTED}, attempt_count, first_claimed_at, last_claimed_at, claim_holder, claim_expires_at)
 values (
-  ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 1, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
-  1, ?6, ?6, ?19, ?20
+  ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 1, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
+  1, ?6, ?6, ?20, ?21
 )
 """
 
@@ -367,19 +367,20 @@ order by session_id limit ?4
 
 # -- concurrency keys (rules.flow) -------------------------------------------
 
-#: Whether a claim of the session meets a keyed row (the claim then decides
+#: Whether a claim of the session meets a keyed or prioritized row (the claim then decides
 #: in Python, ``flow.claim_keyed``): one probe of the ready rows.
 KEYED: Final = f"""
 select exists(
   select 1 from a2_events indexed by a2_events_dispatch_ready
   where session_id = ?1 and {_claimable("?2")}
-    and (concurrency_key is not null or throttle_key is not null)
+    and (concurrency_key is not null or throttle_key is not null or priority is not null)
 )
 """
 
 #: The claimable rows of the session with their keys, by index.
 CANDIDATES: Final = f"""
-select idx, concurrency_key, concurrency_limit, throttle_key, throttle_limit, throttle_period_ms
+select idx, concurrency_key, concurrency_limit, throttle_key, throttle_limit, throttle_period_ms,
+  priority
 from a2_events indexed by a2_events_dispatch_ready
 where session_id = ?1 and {_claimable("?2")}
 order by idx
@@ -788,6 +789,7 @@ def insert(
         throttle_key=event.throttle_key,
         throttle_limit=event.throttle_limit,
         throttle_period_ms=event.throttle_period_ms,
+        priority=event.priority,
     )
     columns = (
         session_id,
@@ -809,6 +811,7 @@ def insert(
         not_before,
         event.debounce_key,
         *throttle,
+        event.priority,
     )
     if claim is not None:
         ready = rules.ready_at_insert(event.lane, open_lanes(conn, session_id, event.lane))
