@@ -234,3 +234,53 @@ async def test_sleep_refuses_negative_and_infinite_seconds(
         await app.session("s1").append(orders.event("ordered", Ordered("a")))
         await app.advance(1)
     assert raised == [f"seconds must be non-negative and finite, got {seconds!r}"]
+
+
+async def test_inspection_shows_waiting_attempts_what_for_and_until_when(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> None:
+        await ctx.wait_for("shipped", timeout=600)
+        await ctx.sleep(DAY)
+
+    async with open_harness(orders, handlers={"ordered": ship}) as app:
+        session = app.session("s1")
+        await session.append(orders.event("ordered", Ordered("a")))
+        await app.advance(60)
+        start_ms = app.clock.now_ms() - 60_000
+
+        async def status() -> tuple[str, str | None, int | None, str | None]:
+            page = await app.server.inspect.read_session_page("s1")
+            s = page.events[0].status
+            return (s.state, s.waiting_for, s.waiting_until_ms, s.claim_holder)
+
+        # A running wait_for: waiting, for its type, until its timeout, claimed.
+        state, what, until, holder = await status()
+        assert (state, what, until) == ("waiting", "shipped", start_ms + 600_000)
+        assert holder is not None
+        await session.append(orders.event("shipped", Shipped("a")))
+        await app.advance(1)
+        # A suspended sleep: waiting, for the sleep, until it wakes, no claim.
+        assert await status() == ("waiting", "sleep", start_ms + 60_000 + int(DAY * 1000), None)
+        await app.advance(DAY)
+        assert (await status())[:3] == ("processed", None, None)
+
+
+async def test_an_abort_that_lands_during_a_suspended_sleep_aborts_the_handler_at_its_wake(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    woke: list[float] = []
+
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> None:
+        await ctx.sleep(3600)
+        woke.append(trio.current_time())
+
+    handlers = {"ordered": a2trio.handler(ship, abort_on=["cancelled"])}
+    async with open_harness(orders, handlers=handlers) as app:
+        session = app.session("s1")
+        await session.append(orders.event("ordered", Ordered("a")))
+        await app.advance(100)
+        await session.append(orders.event("cancelled", Cancelled("a")))
+        await app.advance(3600)
+        await app.assert_outcome(session, 1, "aborted", attempts=2, failures=0)
+    assert woke == []

@@ -208,6 +208,9 @@ def _event_detail(e: InspectedEvent) -> list[str]:
     ):
         if ms is not None:
             lines.append(f"{name:<10} {_when(ms)}")
+    if s.waiting_for is not None:
+        until = "no timeout" if s.waiting_until_ms is None else f"until {_when(s.waiting_until_ms)}"
+        lines.append(f"waiting    for {s.waiting_for}, {until}")
     if s.claim_holder is not None:
         lines.append(
             f"running    attempt {s.attempts} on {s.claim_holder}, lease ends "

@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from ..telemetry import Span
     from .context import Engine
 
-__all__ = ["RESERVED_PREFIX", "DurableRun", "Suspend", "release"]
+__all__ = ["RESERVED_PREFIX", "DurableRun", "Suspend", "Waiting", "release", "waiting"]
 
 #: Suspended attempts (INFO) and releases that failed (WARNING), with the
 #: attempt runner's fields (``a2_session``, ``a2_index``, ``a2_attempt``).
@@ -83,6 +83,39 @@ class _Answer(msgspec.Struct, frozen=True):
     """A wait's journaled answer: the index of the event found, or None."""
 
     index: int | None
+
+
+class _Since(msgspec.Struct, frozen=True):
+    """When a wait began (epoch ms), for what event type, until when (or None)."""
+
+    at_ms: int
+    type: str
+    until_ms: int | None
+
+
+class Waiting(msgspec.Struct, frozen=True):
+    """What a journal says its attempt waits for: an event ``type`` (a
+    running ``wait_for``) or ``sleep``, ``until_ms`` (None: no timeout)."""
+
+    what: str
+    until_ms: int | None
+
+
+def waiting(entries: list[JournalEntry], now_ms: int) -> Waiting | None:
+    """What the trigger whose journal is ``entries`` waits for at ``now_ms``:
+    its last wait that has no answer yet, or a sleep that has not passed
+    (inspection's ``waiting`` state); None for neither."""
+    by_name = {entry.name: entry for entry in entries}
+    for entry in reversed(entries):
+        if entry.name.startswith(f"{RESERVED_PREFIX}sleep:"):
+            wake_at = msgspec.json.decode(entry.result, type=int)
+            return Waiting("sleep", wake_at) if wake_at > now_ms else None
+        if entry.name.startswith(f"{RESERVED_PREFIX}wait:") and entry.name.endswith(":since"):
+            if entry.name.removesuffix(":since") in by_name:
+                return None
+            since = msgspec.json.decode(entry.result, type=_Since)
+            return Waiting(since.type, since.until_ms)
+    return None
 
 
 class Suspend(BaseException):
@@ -226,12 +259,15 @@ class DurableRun:
         self._waits += 1
         name = f"{RESERVED_PREFIX}wait:{self._waits}"
         clock = engine.store.clock
-        since = await self._journaled_value(f"{name}:since", clock.now_ms(), int)
+        now = clock.now_ms()
+        until = None if timeout_s is None else now + math.ceil(timeout_s * 1000)
+        # The first run's start, what it waits for and until when (a rerun keeps them).
+        began = await self._journaled_value(f"{name}:since", _Since(now, type, until), _Since)
         answered = (await self._journaled()).get(name)
         if answered is not None:
             index = decode(answered, _Answer, name).index
             return None if index is None else await self._event_at(index)
-        deadline = None if timeout_s is None else since + math.ceil(timeout_s * 1000)
+        deadline = began.until_ms
         rows = await engine.store.read(self._key, after_index=self._index)
         found = self._match(type, where, rows)
         if found is None and (deadline is None or clock.now_ms() < deadline):

@@ -47,6 +47,7 @@ from .actions import (
 )
 from .context import Engine
 from .crons import CronInfo, Crons
+from .durable import Waiting, waiting
 from .inspection_records import (
     BulkAction,
     BulkFilterError,
@@ -218,8 +219,11 @@ class ServerInspection:
         actions = await self._read_actions(key, session_id, after_index, last)
         failures = await self._read_failures(key, events)
         now_ms = engine.clock.now_ms()
+        waits = await self._read_waits(key, events, now_ms)
         inspected = [
-            self._inspected(row, now_ms, actions.get(row.index, []), failures.get(row.index, []))
+            self._inspected(
+                row, now_ms, actions.get(row.index, []), failures.get(row.index, []), waits
+            )
             for row in events
         ]
         return SessionEventsPage(
@@ -237,6 +241,7 @@ class ServerInspection:
         now_ms: int,
         actions: list[OperatorAction],
         failures: list[FailedAttempt],
+        waits: dict[int, Waiting] | None = None,
     ) -> InspectedEvent:
         unreadable = None
         try:
@@ -247,13 +252,26 @@ class ServerInspection:
             unreadable = str(exc)
         return InspectedEvent(
             event,
-            event_status(row, now_ms, actions),
+            event_status(row, now_ms, actions, (waits or {}).get(row.index)),
             actions,
             trace_id_of(row.trace_context),
             1 if row.version is None else row.version,
             unreadable,
             failures,
         )
+
+    async def _read_waits(self, key: str, rows: list[StoredEvent], now: int) -> dict[int, Waiting]:
+        # Only a live event held by a claim or a not-before may wait: else no read.
+        journal = self._engine.store.journal
+        found: dict[int, Waiting] = {}
+        for row in rows:
+            held = max(row.claim_expires_at_ms or 0, row.not_before_ms or 0) > now
+            if journal is None or row.processed_at_ms or row.failed_at_ms or not held:
+                continue
+            wait = waiting(await journal.read_journal(key, row.index), now)
+            if wait is not None:
+                found[row.index] = wait
+        return found
 
     async def _read_failures(
         self, key: str, rows: list[StoredEvent]

@@ -22,6 +22,7 @@ from ..stores.base import (
     SnapshotInfo,
     StoredEvent,
 )
+from .durable import Waiting
 
 __all__ = [
     "BulkAction",
@@ -40,7 +41,9 @@ __all__ = [
     "event_status",
 ]
 
-State = Literal["settled", "processed", "skipped", "pending", "claimed", "failed", "dead_lettered"]
+State = Literal[
+    "settled", "processed", "skipped", "pending", "claimed", "waiting", "failed", "dead_lettered"
+]
 
 
 class EventStatus(msgspec.Struct, frozen=True):
@@ -52,7 +55,10 @@ class EventStatus(msgspec.Struct, frozen=True):
     its debounce key did: ``debounced_by`` that event's index), ``pending`` (waiting
     for a claim), ``claimed`` (``claim_holder`` runs attempt ``attempts``
     until ``claim_expires_at``), ``failed`` (``failures`` so far, waiting for
-    a retry), ``dead_lettered`` (failed for good; its lane is blocked).
+    a retry), ``waiting`` (a durable handler waits: ``waiting_for`` an event
+    type in a running ``wait_for``, holding its claim, or ``sleep``, its
+    attempt suspended; ``waiting_until_ms`` when it wakes or times out, None
+    for no timeout), ``dead_lettered`` (failed for good; its lane is blocked).
 
     The row keeps the last failure: ``last_error`` is the error of attempt
     ``last_failed_attempt``, at ``last_failed_at_ms`` (each failed attempt is
@@ -80,6 +86,8 @@ class EventStatus(msgspec.Struct, frozen=True):
     lane: str | None = None
     not_before_ms: int | None = None
     debounced_by: int | None = None
+    waiting_for: str | None = None
+    waiting_until_ms: int | None = None
 
 
 class InspectedEvent(msgspec.Struct, frozen=True):
@@ -214,10 +222,14 @@ class BulkResult(msgspec.Struct, frozen=True):
 
 
 def event_status(
-    row: StoredEvent, now_ms: int, actions: list[OperatorAction] | None = None
+    row: StoredEvent,
+    now_ms: int,
+    actions: list[OperatorAction] | None = None,
+    wait: Waiting | None = None,
 ) -> EventStatus:
-    """The status a stored row's bookkeeping (and the operator ``actions``
-    recorded on it) implies at ``now_ms``."""
+    r"""The status a stored row's bookkeeping (and the operator ``actions``
+    recorded on it, and what its journal says it ``wait``\ s for) implies at
+    ``now_ms``."""
     state: State
     if row.failed_at_ms is not None:
         state = "dead_lettered"
@@ -233,7 +245,10 @@ def event_status(
         state = "failed"
     else:
         state = "pending"
-    claimed = state == "claimed"
+    if wait is not None and state in ("pending", "claimed", "failed"):
+        state = "waiting"
+    expiry = row.claim_expires_at_ms
+    claimed = state in ("claimed", "waiting") and expiry is not None and expiry > now_ms
     return EventStatus(
         state,
         row.attempt_count,
@@ -249,8 +264,10 @@ def event_status(
         row.processed_at_ms,
         row.failed_at_ms,
         row.lane,
-        row.not_before_ms if state in ("pending", "failed") else None,
+        row.not_before_ms if state in ("pending", "failed", "waiting") else None,
         row.debounced_by,
+        None if wait is None else wait.what,
+        None if wait is None else wait.until_ms,
     )
 
 

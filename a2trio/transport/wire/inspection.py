@@ -80,6 +80,8 @@ class WireEventStatus(msgspec.Struct, frozen=True, rename="camel"):
     lane: str | None
     not_before_ms: int | None = None
     debounced_by: int | None = None
+    waiting_for: str | None = None
+    waiting_until_ms: int | None = None
 
 
 class WireOperatorAction(msgspec.Struct, frozen=True, rename="camel"):
