@@ -284,3 +284,24 @@ async def test_an_abort_that_lands_during_a_suspended_sleep_aborts_the_handler_a
         await app.advance(3600)
         await app.assert_outcome(session, 1, "aborted", attempts=2, failures=0)
     assert woke == []
+
+
+async def test_a_long_sleep_in_a_child_task_stays_in_the_attempt(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    woke: list[tuple[int, float]] = []
+
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> None:
+        async def nap() -> None:
+            await ctx.sleep(3600)
+            woke.append((ctx.attempt, trio.current_time()))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(nap)
+
+    async with open_harness(orders, handlers={"ordered": ship}) as app:
+        session = app.session("s1")
+        await session.append(orders.event("ordered", Ordered("a")))
+        await app.advance(3601)
+        await app.assert_outcome(session, 1, "processed", attempts=1, failures=0)
+    assert woke == [(1, 3600.0)]

@@ -315,9 +315,10 @@ class DurableRun:
         [row] = await self._engine.store.read(self._key, after_index=index - 1, through_index=index)
         return self._engine.to_public(row)
 
-    async def sleep_until_ms(self, wake_at_ms: int, what: str) -> None:
+    async def sleep_until_ms(self, wake_at_ms: int, what: str, suspendable: bool) -> None:
         """See :meth:`a2trio.HandlerContext.sleep`: ``wake_at_ms`` is asked
-        for (journaled on the first run; a rerun keeps the first)."""
+        for (journaled on the first run; a rerun keeps the first);
+        ``suspendable``: called from the handler's own task."""
         self._sleeps += 1
         name = f"{RESERVED_PREFIX}sleep:{self._sleeps}"
         wake_at = await self._journaled_value(name, wake_at_ms, int)
@@ -325,7 +326,8 @@ class DurableRun:
         if remaining <= 0:
             await trio.lowlevel.checkpoint()
             return
-        if remaining < self._engine.timings.claim_ttl_s:
+        if remaining < self._engine.timings.claim_ttl_s or not suspendable:
+            # Short, or in a child task: in the attempt, the claim renewed.
             await trio.sleep(remaining)
             return
         raise Suspend(wake_at, what)

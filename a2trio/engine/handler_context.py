@@ -45,7 +45,16 @@ class HandlerContext(Generic[P_co]):
     later attempt of the same trigger skips them (``docs/durable-handlers.md``).
     """
 
-    __slots__ = ("_aborted", "_durable", "_engine", "_trigger", "attempt", "event", "session")
+    __slots__ = (
+        "_aborted",
+        "_durable",
+        "_engine",
+        "_task",
+        "_trigger",
+        "attempt",
+        "event",
+        "session",
+    )
 
     def __init__(
         self,
@@ -63,6 +72,9 @@ class HandlerContext(Generic[P_co]):
         self._engine = engine
         self._trigger = trigger
         self._durable: DurableRun | None = None
+        # The handler's own task: only a sleep there can unwind the handler
+        # (in a child task, a nursery would wrap the Suspend in a group).
+        self._task = trio.lowlevel.current_task()
 
     @property
     def aborted(self) -> trio.Event:
@@ -170,8 +182,8 @@ class HandlerContext(Generic[P_co]):
         A sleep shorter than the claim's lease (``Timings.claim_ttl_s``)
         sleeps in the attempt. A longer one suspends it: the handler is
         unwound (:class:`~a2trio.engine.durable.Suspend`, a
-        ``BaseException``: do not swallow it, and call ``sleep`` from the
-        handler's own task, not a child of a nursery), the claim is
+        ``BaseException``: do not swallow it; called from a child task of a
+        nursery the sleep stays in the attempt instead), the claim is
         released without counting a failure, and no process holds or polls
         the event until the wake instant, when any process that runs
         handlers reruns the handler: its steps answer from the journal and
@@ -186,7 +198,7 @@ class HandlerContext(Generic[P_co]):
             raise ValueError(f"seconds must be non-negative and finite, got {seconds!r}")
         run = self._run()
         now = self._engine.store.clock.now_ms()
-        await run.sleep_until_ms(now + round(seconds * 1000), f"sleep({seconds!r})")
+        await run.sleep_until_ms(now + round(seconds * 1000), f"sleep({seconds!r})", self._own())
 
     async def sleep_until(self, when: datetime) -> None:
         """:meth:`sleep` until ``when`` (an aware datetime, on the store's
@@ -200,7 +212,11 @@ class HandlerContext(Generic[P_co]):
         if when.tzinfo is None:
             raise ValueError(f"sleep_until needs an aware datetime, got naive {when!r}")
         wake_at = round(when.timestamp() * 1000)
-        await self._run().sleep_until_ms(wake_at, f"sleep_until({when.isoformat()})")
+        what = f"sleep_until({when.isoformat()})"
+        await self._run().sleep_until_ms(wake_at, what, self._own())
+
+    def _own(self) -> bool:
+        return trio.lowlevel.current_task() is self._task
 
     def __repr__(self) -> str:
         return f"HandlerContext(event={self.event.type}#{self.event.index}, attempt={self.attempt})"
