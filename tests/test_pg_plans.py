@@ -226,7 +226,9 @@ def _cases(now: int) -> list[Case]:
         Case("finish several", finish([FIRST_PENDING + 1, FIRST_PENDING + 2, LANED], laned=True)),
         Case("renew", (Step(sql.RENEW, renew, rows=2),)),
         Case("complete with a returned event", (Step(sql.COMPLETE, complete, rows=1),)),
-        Case("fail", (Step(sql.FAIL, (SESSION, FIRST_PENDING + 4, 1, "boom", 3, now), rows=1),)),
+        Case(
+            "fail", (Step(sql.FAIL, (SESSION, FIRST_PENDING + 4, 1, "boom", 3, now, None), rows=1),)
+        ),
         # The sweep for stranded work reads the pending set, never the history.
         Case("sweep", (Step(sql.CLAIMABLE_SESSIONS, (SESSION[:2], later, 1_000), rows=1),)),
     ]
