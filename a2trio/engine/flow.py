@@ -33,14 +33,18 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..contract import AppendInput
 from ..stores.base import StoredEvent
 
+if TYPE_CHECKING:
+    from .pacing import Debounce
+
 __all__ = [
     "Concurrency",
     "FlowKeyError",
+    "FlowOptions",
     "FlowWaiters",
     "KeyFn",
     "PriorityFn",
@@ -240,23 +244,38 @@ def priority_value(priority: PriorityFn, event: AppendInput) -> int:
     return value
 
 
-def recheck(
-    concurrency: Concurrency | None,
-    throttle: Throttle | None,
-    priority: PriorityFn | None,
-    row: StoredEvent,
-    event: AppendInput,
-) -> None:
-    """Before an attempt: each option of the handler whose value ``row``
-    lacks (it failed at append, or the row predates the option) is resolved
-    again, raising its :class:`FlowKeyError`; one that resolves now leaves
-    the event unlimited by it."""
+class FlowOptions(Protocol):
+    """A handler's flow options, as its ``HandlerSpec`` holds them."""
+
+    @property
+    def concurrency(self) -> Concurrency | None: ...
+    @property
+    def throttle(self) -> Throttle | None: ...
+    @property
+    def priority(self) -> PriorityFn | None: ...
+    @property
+    def debounce(self) -> Debounce | None: ...
+
+
+def recheck(options: FlowOptions, row: StoredEvent, payload: Any) -> None:
+    """Before an attempt: each flow option of the handler (``options``: its
+    spec) whose value ``row`` lacks (it failed at append, or the row predates
+    the option) is resolved again, raising its :class:`FlowKeyError` (a
+    debounce key its ``DebounceKeyError``); one that resolves now leaves the
+    event unlimited by it. A handler without options builds nothing here."""
+    concurrency, throttle, priority = options.concurrency, options.throttle, options.priority
+    debounce = options.debounce
+    if concurrency is None and throttle is None and priority is None and debounce is None:
+        return
+    event = AppendInput(row.type, payload, row.id)
     if concurrency is not None and row.concurrency_key is None:
         key_value(concurrency, event)
     if throttle is not None and row.throttle_key is None:
         key_value(throttle, event)
     if priority is not None and row.priority is None:
         priority_value(priority, event)
+    if debounce is not None and row.debounce_key is None:
+        debounce.key_of(event)
 
 
 class FlowWaiters:

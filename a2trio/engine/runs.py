@@ -21,7 +21,6 @@ from typing import Any
 
 import trio
 
-from ..contract import AppendInput
 from ..stores.base import AppendEvent, CompleteResult, FailResult, StoredEvent
 from ..telemetry import NOOP_TELEMETRY, AttemptOutcome, Span
 from ..upcasting import UpcastError
@@ -279,14 +278,9 @@ class AttemptRunner:
         thousands wait there, and what they hold the garbage collector scans)."""
         session = HandlerSession(self.engine, self.appends, self.session_id, event)
         ctx = HandlerContext(self.engine.to_public(event), session, aborted, self.engine, event)
-        keyed = AppendInput(event.type, ctx.event.payload, event.id)
         # A flow option's key or priority failed at append (or it predates
         # the option): raises the error again, or runs it unlimited.
-        recheck(
-            registration.concurrency, registration.throttle, registration.priority, event, keyed
-        )
-        if registration.debounce is not None and event.debounce_key is None:
-            registration.debounce.key_of(keyed)  # the same, for a debounce key
+        recheck(registration, event, ctx.event.payload)
         if abort_scope is None and timeout_scope is None:
             return await registration.fn(ctx)
         with abort_scope or contextlib.nullcontext(), timeout_scope or contextlib.nullcontext():
