@@ -244,14 +244,14 @@ class Writes:
                     window.watchdog_at_ms,
                     watchdog_at_ms,
                 )
-            # Keyed events are claimed by the drain, under their limits
-            # (``rules.claims_at_insert``), throttled ones too; a debounced append may have skipped
-            # a lane head, whose lane moved on.
-            if (
-                result.others_claimable
-                or any(e.concurrency_key is not None for e in events)
-                or any(e.throttle_key is not None for e in events)
-                or any(e.debounce_key is not None for e in events)
+            # Keyed and throttled events are claimed by the drain, under their
+            # limits (``rules.claims_at_insert``); a debounced append may have
+            # skipped a lane head, whose lane moved on.
+            if result.others_claimable or any(
+                e.concurrency_key is not None
+                or e.throttle_key is not None
+                or e.debounce_key is not None
+                for e in events
             ):
                 drains.wake(session_id, watchdog_at_ms)
         finally:
