@@ -731,6 +731,22 @@ select distinct session_id from a2_events e
  order by session_id limit $3::bigint"""
 )
 
+# The claim of the rows a statement's `eligible` locked ($2 now, $3 holder,
+# $4 expires at), as `CLAIM` and `CLAIM_KEYED` write it.
+_CLAIM_ELIGIBLE = """claimed as (
+  update a2_events claimed set
+    attempt_count = claimed.attempt_count + 1,
+    first_claimed_at = coalesce(claimed.first_claimed_at, $2::bigint),
+    last_claimed_at = $2::bigint,
+    claim_holder = $3::text,
+    claim_expires_at = $4::bigint
+  from eligible
+  -- A TID join, whatever plan the statistics suggest; a row updated after
+  -- this statement's snapshot is missed and counted as `stale`.
+  where claimed.ctid = eligible.tid
+  returning claimed.*
+),"""
+
 # store-postgres.ts `claimAvailable`: the materialized eligible set locked
 # `for update`, claimed in one update; the earliest live foreign claim rides
 # along for the busy answer, so the claim is one autocommit statement.
@@ -755,19 +771,7 @@ eligible as materialized (
    limit $6::bigint
    for update of event
 ),
-claimed as (
-  update a2_events claimed set
-    attempt_count = claimed.attempt_count + 1,
-    first_claimed_at = coalesce(claimed.first_claimed_at, $2::bigint),
-    last_claimed_at = $2::bigint,
-    claim_holder = $3::text,
-    claim_expires_at = $4::bigint
-  from eligible
-  -- A TID join, whatever plan the statistics suggest; a row updated after
-  -- this statement's snapshot is missed and counted as `stale` below.
-  where claimed.ctid = eligible.tid
-  returning claimed.*
-),
+{_CLAIM_ELIGIBLE}
 busy as (
   select min(claim_expires_at) as retry_at from a2_events e
    where session_id = $1::text and {held("e", "$2::bigint")}
@@ -870,17 +874,7 @@ eligible as materialized (
    limit $6::bigint
    for update of event
 ),
-claimed as (
-  update a2_events claimed set
-    attempt_count = claimed.attempt_count + 1,
-    first_claimed_at = coalesce(claimed.first_claimed_at, $2::bigint),
-    last_claimed_at = $2::bigint,
-    claim_holder = $3::text,
-    claim_expires_at = $4::bigint
-  from eligible
-  where claimed.ctid = eligible.tid
-  returning claimed.*
-),
+{_CLAIM_ELIGIBLE}
 recorded as (
   insert into a2_flow_starts (throttle_key, expires_at)
   select c.throttle_key, $2::bigint + c.throttle_period_ms from claimed c
