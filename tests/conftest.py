@@ -1,8 +1,10 @@
-"""Shared fixtures: a clean environment and a mock clock."""
+"""Shared fixtures: a clean environment, and the worker processes a test starts."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+from collections.abc import Iterator
 
 import pytest
 
@@ -14,3 +16,15 @@ def clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith("A2_") and not key.startswith("A2_TEST_"):
             monkeypatch.delenv(key)
+
+
+@pytest.fixture
+def workers() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """The worker processes a multi-process test starts (it appends each):
+    killed, if still running, and reaped at teardown."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()

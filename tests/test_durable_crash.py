@@ -20,7 +20,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -50,16 +50,6 @@ def _wait(what: str, ready: Callable[[], bool], procs: list[subprocess.Popen[byt
 def _effects(folder: Path) -> list[tuple[str, str, int]]:
     with sqlite3.connect(folder / "effects.db") as db:
         return [(step, id_, pid) for step, id_, pid in db.execute("select * from effects")]
-
-
-@pytest.fixture
-def workers() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
