@@ -252,6 +252,13 @@ begin
     alter table a2_events add column priority integer;
   end if;
 end $$;
+-- The claim's probe for keyed rows (`CLAIM`'s `keyed`): only alive rows with
+-- a flow option enter it, so a session without any finds none at once
+-- instead of filtering every claimable row of its own.
+create index if not exists a2_events_flow_pending
+  on a2_events (session_id)
+  where (concurrency_key is not null or throttle_key is not null or priority is not null)
+    and lane_ready and processed_at is null and failed_at is null;
 """
 
 # Notifications are transactional: delivered at commit, never for a rollback.
