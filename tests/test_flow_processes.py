@@ -1,4 +1,4 @@
-"""A concurrency limit across processes (issue 33): three worker processes on
+"""Flow control across processes (issue 33): three worker processes on
 one SQLite file or Postgres schema run a handler under
 ``Concurrency(2, key=customer)``, and one of them is SIGKILLed in the middle
 of a handler. The limit is never exceeded (the attempts' start and end times,
@@ -6,6 +6,11 @@ one machine clock for every process, never overlap more than two per
 customer), no slot leaks (every event runs: the killed worker's slots free
 when its leases lapse) and no event runs twice but those the killed worker
 had started (the seed's at-least-once).
+
+The pacing options hold across three processes too: a ``Throttle`` starts at
+most its limit per period, a ``Debounce`` runs only the last event of a burst
+once its quiet period passed (the rest stored skipped), and a ``Retry``
+backoff delays the retry wherever it runs.
 """
 
 from __future__ import annotations
@@ -18,12 +23,23 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
 import a2trio
 from tests.backends.postgres import database_dsn, run_sql
+from tests.flow_workers.paced import (
+    QUIET_S,
+    RETRY_AFTER_S,
+    TICK_PERIOD_S,
+    Burst,
+    Flaky,
+    Tick,
+    paced,
+    specs,
+)
 from tests.flow_workers.worker import LIMIT, LIMITED, Job, jobs, open_store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,4 +170,107 @@ async def _settled(store: a2trio.Store, api: a2trio.Server, ids: list[str]) -> b
 
 
 async def _never(ctx: a2trio.HandlerContext[Job]) -> None:
+    raise AssertionError("the API tier runs no handler")
+
+
+#: Clock slack for the pacing checks: the logged times are taken in the
+#: handler, a little after the claim the store paced.
+SLACK_S = 0.25
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_throttle_debounce_and_backoff_hold_across_processes(
+    backend: str, tmp_path: Path, workers: list[subprocess.Popen[bytes]]
+) -> None:
+    schema = f"fp_{secrets.token_hex(6)}"
+    url = await database_dsn() if backend == "postgres" else str(tmp_path / "paced.db")
+    store = open_store(backend, url, schema)
+    names = [f"w{n}" for n in range(WORKERS)]
+
+    def start(name: str) -> None:
+        command = [sys.executable, "-m", "tests.flow_workers.paced", backend, url, schema]
+        proc = subprocess.Popen(
+            [*command, str(tmp_path), name], env={**os.environ, "PYTHONPATH": str(ROOT)}
+        )
+        workers.append(proc)
+        _wait(f"{name} to start", lambda: (tmp_path / f"{name}.ready").exists(), workers)
+
+    def runs() -> list[tuple[str, str, int, float]]:
+        found = []
+        for name in names:
+            path = tmp_path / f"{name}.log"
+            for line in path.read_text().splitlines() if path.exists() else []:
+                what, id_, attempt, at = line.split()
+                found.append((what, id_, int(attempt), float(at)))
+        return sorted(found, key=lambda run: run[3])
+
+    api = a2trio.Server(
+        paced, store=store, handlers=specs(_no_run, _no_run, _no_run), run_handlers=False
+    )
+    try:
+        async with api:
+            for name in names:
+                await trio.to_thread.run_sync(start, name)
+            ticks = [
+                (await api.session("ticks").append(paced.event("tick", Tick(n))))[0].id
+                for n in range(8)
+            ]
+            flaky = [
+                (await api.session(f"f{n}").append(paced.event("flaky", Flaky(n))))[0].id
+                for n in range(3)
+            ]
+            last: dict[str, float] = {}
+            skipped: set[str] = set()
+            for s in range(3):
+                session = api.session(f"b{s}")
+                for n in range(5):
+                    before = time.monotonic()
+                    [event] = await session.append(paced.event("burst", Burst("d", n)))
+                    if n < 4:
+                        skipped.add(event.id)
+                    else:
+                        last[event.id] = before
+                before = time.monotonic()
+                [other] = await session.append(paced.event("burst", Burst("e", 0)))
+                last[other.id] = before
+            skipped -= set(last)
+
+            def done() -> bool:
+                seen = runs()
+                return (
+                    sum(run[0] == "tick" for run in seen) >= len(ticks)
+                    and sum(run[0] == "retried" for run in seen) >= len(flaky)
+                    and sum(run[0] == "burst" for run in seen) >= len(last)
+                )
+
+            await trio.to_thread.run_sync(_wait, "every handler to run", done, workers)
+            seen = runs()
+            tick_starts = [at for what, _, _, at in seen if what == "tick"]
+            assert sorted(id_ for what, id_, _, _ in seen if what == "tick") == sorted(ticks)
+            for earlier, later in zip(tick_starts, tick_starts[2:], strict=False):
+                assert later - earlier >= TICK_PERIOD_S - SLACK_S, "over the throttle"
+            bursts = {id_: at for what, id_, _, at in seen if what == "burst"}
+            assert sorted(bursts) == sorted(last), "only the last of a burst runs, once"
+            for id_, at in bursts.items():
+                assert at - last[id_] >= QUIET_S - SLACK_S, "ran before its quiet period"
+            fails = {id_: at for what, id_, attempt, at in seen if what == "fail"}
+            retried = {id_: (attempt, at) for what, id_, attempt, at in seen if what == "retried"}
+            assert sorted(fails) == sorted(retried) == sorted(flaky)
+            for id_, (attempt, at) in retried.items():
+                assert attempt == 2
+                assert at - fails[id_] >= RETRY_AFTER_S - SLACK_S, "retried before its backoff"
+            debounced = {
+                row.id
+                for s in range(3)
+                for row in await store.read(api.key(f"b{s}"))
+                if row.debounced_by is not None
+            }
+            assert debounced == skipped
+    finally:
+        await store.aclose()
+        if backend == "postgres":
+            await run_sql(url, f'drop schema if exists "{schema}" cascade')
+
+
+async def _no_run(ctx: a2trio.HandlerContext[Any]) -> None:
     raise AssertionError("the API tier runs no handler")
