@@ -228,6 +228,52 @@ async def _until_async(check: Callable[[], Any]) -> None:
             await trio.sleep(0.005)
 
 
+async def test_concurrent_calls_share_pipelines_each_with_its_own_verdict() -> None:
+    async with _prefix() as prefix:
+        store = redis(REDIS_URL, key_prefix=prefix)
+        async with store:
+            await store.append("s0", [_ev()])
+            before = store.pipeline_statistics()
+            refused: list[A2Error] = []
+
+            async def one(n: int) -> None:
+                if n % 10 == 0:
+                    with pytest.raises(A2Error) as caught:
+                        await store.append("s0", [_ev()], expected_index=0)
+                    refused.append(caught.value)
+                else:
+                    await store.append(f"s{n}", [_ev(id=f"e{n}")])
+
+            async with trio.open_nursery() as nursery:
+                for n in range(1, 41):
+                    nursery.start_soon(one, n)
+            after = store.pipeline_statistics()
+            assert after.members - before.members == 40
+            assert after.groups - before.groups < 40
+            assert after.largest > 1
+            assert [e.code for e in refused] == [ErrorCode.INDEX_CONFLICT] * 4
+            assert [e.index for e in await store.read("s0")] == [1]
+            for n in range(1, 41):
+                if n % 10:
+                    assert [e.id for e in await store.read(f"s{n}")] == [f"e{n}"]
+        await store.aclose()
+
+
+async def test_a_pipeline_on_a_fresh_server_loads_its_scripts() -> None:
+    """A server that has none of the scripts (new, or restarted) answers a
+    whole pipeline NOSCRIPT: each call loads its script and runs again."""
+    async with throwaway_redis() as server:
+        store = redis(server.url, key_prefix=new_prefix())
+        async with store:
+            async with trio.open_nursery() as nursery:
+                for n in range(20):
+                    nursery.start_soon(store.append, f"s{n}", [_ev(id=f"e{n}")])
+            assert store.pipeline_statistics().largest > 1
+            for n in range(20):
+                assert [e.id for e in await store.read(f"s{n}")] == [f"e{n}"]
+        await store.aclose()
+
+
 async def test_aclose_severs_feeds_with_store_unavailable() -> None:
     async with _prefix() as prefix:
         store = redis(REDIS_URL, key_prefix=prefix, timings=QUIET)

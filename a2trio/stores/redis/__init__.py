@@ -22,8 +22,11 @@ lives there) and, once a feed, a presence subscriber or a pending watcher
 needs it, one task holds the **shared subscriber connection**. Connections
 scale with processes (the subscriber, plus the command connections coredis
 multiplexes calls over: it opens another only for calls that send at the
-same instant), not with viewers. Outside ``async with store:`` each operation opens a short-lived
-client of its own: correct, slower, and without push delivery.
+same instant), not with viewers. Calls that arrive while others are in
+flight share one pipeline (``conn``): coredis' cost is mostly per round
+trip, and under load it is most of the client's CPU. Outside ``async with
+store:`` each operation opens a short-lived client of its own: correct,
+slower, and without push delivery.
 
 **One script per step.** Each store operation that reads and writes is one
 Lua script (``scripts``; the key layout is documented there): Redis

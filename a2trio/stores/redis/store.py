@@ -41,6 +41,7 @@ from ..base import (
     WatchesPending,
 )
 from ..feed import Feed, FeedStatistics, Wakeups
+from ..group import GroupStatistics
 from ..tasks import StoreTasks
 from . import codec
 from . import scripts as lua
@@ -216,6 +217,11 @@ class RedisStore:
     def subscriber_statistics(self) -> SubscriberStatistics:
         """What the shared subscriber did (tests, debugging)."""
         return self._subscriber.statistics()
+
+    def pipeline_statistics(self) -> GroupStatistics:
+        """How calls inside ``async with store`` were pipelined (tests,
+        benchmarks; ``conn``): ``groups`` round trips for ``members`` calls."""
+        return self._conn.pipeline_statistics()
 
     # -- writes and local feeds -------------------------------------------------
 
