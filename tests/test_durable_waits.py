@@ -48,7 +48,9 @@ async def test_wait_for_answers_the_first_matching_event_after_the_trigger(
         assert seen == []
         await session.append(orders.event("shipped", Shipped("book")))
         await app.advance(1)
-        await app.assert_outcome(session, 2, "processed", attempts=1)
+        # Suspended (no timeout): each shipment wakes it, the pen's to no
+        # answer (attempt 2 suspends again), the book's to its answer.
+        await app.assert_outcome(session, 2, "processed", attempts=3)
     assert seen == [(20.0, 4)]
 
 
@@ -141,7 +143,9 @@ async def test_abort_on_cancels_a_waiting_handler(
         await app.advance(300)
         await session.append(orders.event("cancelled", Cancelled("a")))
         await app.advance(1)
-        await app.assert_outcome(session, 1, "aborted", attempts=1)
+        # The wait suspended its attempt; the abort woke it, and attempt 2
+        # was aborted at once (its first await cancelled).
+        await app.assert_outcome(session, 1, "aborted", attempts=2)
     assert log == [("cancelled", 300.0)]
 
 
@@ -254,10 +258,8 @@ async def test_inspection_shows_waiting_attempts_what_for_and_until_when(
             s = page.events[0].status
             return (s.state, s.waiting_for, s.waiting_until_ms, s.claim_holder)
 
-        # A running wait_for: waiting, for its type, until its timeout, claimed.
-        state, what, until, holder = await status()
-        assert (state, what, until) == ("waiting", "shipped", start_ms + 600_000)
-        assert holder is not None
+        # A suspended wait_for: waiting, for its type, until its timeout, no claim.
+        assert await status() == ("waiting", "shipped", start_ms + 600_000, None)
         await session.append(orders.event("shipped", Shipped("a")))
         await app.advance(1)
         # A suspended sleep: waiting, for the sleep, until it wakes, no claim.
@@ -266,12 +268,14 @@ async def test_inspection_shows_waiting_attempts_what_for_and_until_when(
         assert (await status())[:3] == ("processed", None, None)
 
 
-async def test_an_abort_that_lands_during_a_suspended_sleep_aborts_the_handler_at_its_wake(
+async def test_an_abort_that_lands_during_a_suspended_sleep_aborts_the_handler_at_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     woke: list[float] = []
+    started: list[float] = []
 
     async def ship(ctx: a2trio.HandlerContext[Ordered]) -> None:
+        started.append(trio.current_time())
         await ctx.sleep(3600)
         woke.append(trio.current_time())
 
@@ -281,9 +285,36 @@ async def test_an_abort_that_lands_during_a_suspended_sleep_aborts_the_handler_a
         await session.append(orders.event("ordered", Ordered("a")))
         await app.advance(100)
         await session.append(orders.event("cancelled", Cancelled("a")))
-        await app.advance(3600)
+        await app.advance(1)
         await app.assert_outcome(session, 1, "aborted", attempts=2, failures=0)
     assert woke == []
+    assert started == [0.0, 100.0]
+
+
+async def test_an_abort_predicate_that_refuses_does_not_wake_a_suspended_sleep_twice(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The refused abort wakes the attempt once (the store cannot run the
+    predicate); the rerun reads it, refuses it again and suspends with it
+    seen, so it sleeps to its wake time instead of waking over and over."""
+    started: list[float] = []
+
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> None:
+        started.append(trio.current_time())
+        await ctx.sleep(3600)
+
+    def mine(event: Any, trigger: Any, _: dict[str, int]) -> bool:
+        return bool(event.payload.item == trigger.payload.item)
+
+    handlers = {"ordered": a2trio.handler(ship, abort_on={"cancelled": mine})}
+    async with open_harness(orders, handlers=handlers) as app:
+        session = app.session("s1")
+        await session.append(orders.event("ordered", Ordered("a")))
+        await app.advance(100)
+        await session.append(orders.event("cancelled", Cancelled("b")))
+        await app.advance(3600)
+        await app.assert_outcome(session, 1, "processed", attempts=3, failures=0)
+    assert started == [0.0, 100.0, 3600.0]
 
 
 async def test_a_long_sleep_in_a_child_task_stays_in_the_attempt(
@@ -305,3 +336,51 @@ async def test_a_long_sleep_in_a_child_task_stays_in_the_attempt(
         await app.advance(3601)
         await app.assert_outcome(session, 1, "processed", attempts=1, failures=0)
     assert woke == [(1, 3600.0)]
+
+
+async def test_a_24_hour_wait_holds_no_claim_and_no_task_and_wakes_when_its_event_lands(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Issue 34: a day-long ``wait_for`` in virtual time suspends its
+    attempt (no claim, no handler frame, no feed: the store's row holds no
+    claim and the process no task for it), an event of its type that lands
+    makes it claimable at once, and one without any answers None a day on."""
+    running = 0
+    answers: list[tuple[str, float, object]] = []
+
+    async def ship(ctx: a2trio.HandlerContext[Ordered]) -> None:
+        nonlocal running
+        running += 1
+        try:
+            found = await ctx.wait_for("shipped", timeout=DAY)
+        finally:
+            running -= 1
+        answers.append((ctx.event.payload.item, trio.current_time(), found and found.index))
+
+    def tasks() -> int:
+        def count(task: trio.lowlevel.Task) -> int:
+            children = (c for n in task.child_nurseries for c in n.child_tasks)
+            return 1 + sum(count(child) for child in children)
+
+        root = trio.lowlevel.current_root_task()
+        assert root is not None
+        return count(root)
+
+    async with open_harness(orders, handlers={"ordered": ship}) as app:
+        await app.advance(1)
+        idle = tasks()
+        woken, timed_out = app.session("woken"), app.session("timed-out")
+        await woken.append(orders.event("ordered", Ordered("a")))
+        await timed_out.append(orders.event("ordered", Ordered("b")))
+        await app.advance(3600)
+        for session_id in ("woken", "timed-out"):
+            [row] = await app.store.inner.read(app.server.key(session_id))
+            assert (row.claim_holder, row.processed_at_ms) == (None, None), row
+        assert running == 0
+        assert tasks() <= idle
+        await woken.append(orders.event("shipped", Shipped("a")))
+        await app.advance(1)
+        await app.assert_outcome(woken, 1, "processed", attempts=2)
+        await app.advance(DAY)
+        await app.assert_outcome(timed_out, 1, "processed", attempts=2)
+    assert answers == [("a", 3601.0, 2), ("b", DAY + 1.0, None)]

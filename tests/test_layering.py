@@ -36,6 +36,7 @@ LAYERS: list[set[str]] = [
     {"engine.drains"},
     {"engine.drain"},
     {"engine.runs"},
+    {"engine.suspend"},
     {"engine.abort", "engine.handlers"},
     {"engine.handler_context"},
     {"engine.durable"},

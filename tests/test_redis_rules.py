@@ -46,6 +46,7 @@ FUNCTIONS = {
     "claims_at_insert": {"claims_at_insert"},
     "live_slots": {"live_slot"},
     "live_starts": {"live_start"},
+    "wake_verdict": {"wake_verdict"},
 }
 
 #: What a rule looks like spelled out, and the functions of ``RULES`` that

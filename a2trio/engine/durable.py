@@ -33,9 +33,13 @@ Waits and sleeps are journaled the same way, under names of a2trio's own
 
 * ``wait_for`` journals the instant it began (its timeout counts from it on
   every attempt) and then its answer (the index of the event it found, or
-  none after the timeout), so a rerun answers the same. While it waits, the
-  attempt follows the session's feed and holds its claim (renewed by the
-  drain's heartbeat).
+  none after the timeout), so a rerun answers the same. A wait with less
+  than the claim's lease left follows the session's feed, holding its
+  claim; a longer one (or one without a timeout) suspends the attempt as a
+  long sleep does, until its timeout (or no wake time), with the wait's
+  type as its wake mark (``release_attempt(wake_on=..., seen_through=...)``,
+  ``rules.wake_verdict``): an event of that type landing in the session
+  makes the event claimable at once, and the rerun finds it in the log.
 * ``sleep`` journals its wake instant. A sleep shorter than the claim's
   lease (``Timings.claim_ttl_s``) sleeps in the attempt; a longer one
   suspends the attempt (:class:`Suspend`, caught by the attempt runner): its
@@ -44,12 +48,13 @@ Waits and sleeps are journaled the same way, under names of a2trio's own
   polls for it meanwhile; at the wake instant any process that runs
   handlers claims it (this one's watchdog, another's sweep) and reruns the
   handler, whose steps answer from the journal and whose sleep has passed.
+* A suspended handler with ``abort_on`` also wakes on its abort types
+  (:mod:`.suspend`), so an abort settles it at once, not at its wake.
 """
 
 from __future__ import annotations
 
 import inspect
-import logging
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -59,18 +64,12 @@ import trio
 
 from ..contract import Event
 from ..signatures import return_annotation
-from .attempt import SUPERSEDED, SURRENDERED, SUSPENDED, Outcome
 
 if TYPE_CHECKING:
     from ..stores.base import Journal, JournalEntry, StoredEvent
-    from ..telemetry import Span
     from .context import Engine
 
-__all__ = ["RESERVED_PREFIX", "DurableRun", "Suspend", "Waiting", "release", "waiting"]
-
-#: Suspended attempts (INFO) and releases that failed (WARNING), with the
-#: attempt runner's fields (``a2_session``, ``a2_index``, ``a2_attempt``).
-logger = logging.getLogger("a2trio.drain")
+__all__ = ["RESERVED_PREFIX", "DurableRun", "Suspend", "Waiting", "waiting"]
 
 #: Step names the engine journals for itself (waits) start with it; a
 #: handler's own step names may not.
@@ -119,20 +118,33 @@ def waiting(entries: list[JournalEntry], now_ms: int) -> Waiting | None:
 
 
 class Suspend(BaseException):
-    """Raised by a durable sleep to end the attempt until ``wake_at_ms``
-    (epoch ms on the store's clock): the attempt runner releases the claim
-    without a failure. A ``BaseException``, so a handler's ``except
-    Exception`` lets it through; a handler must not swallow it.
+    """Raised by a durable sleep or wait to end the attempt until
+    ``wake_at_ms`` (epoch ms on the store's clock; None: no wake time): the
+    attempt runner releases the claim without a failure. A
+    ``BaseException``, so a handler's ``except Exception`` lets it through;
+    a handler must not swallow it.
 
     Attributes:
-      wake_at_ms: when the event becomes claimable again.
+      wake_at_ms: when the event becomes claimable again (None: only when
+        an event of ``wake_on`` lands, or an operator wakes it).
       reason: what the attempt waits for (for logs and inspection).
+      wake_on: the event types whose arrival wakes it sooner (a wait's).
+      seen_through: the last index the wait read (``wake_on``'s events up
+        to it were looked at).
     """
 
-    def __init__(self, wake_at_ms: int, reason: str) -> None:
+    def __init__(
+        self,
+        wake_at_ms: int | None,
+        reason: str,
+        wake_on: tuple[str, ...] = (),
+        seen_through: int | None = None,
+    ) -> None:
         super().__init__(f"suspended until {wake_at_ms} ({reason})")
         self.wake_at_ms = wake_at_ms
         self.reason = reason
+        self.wake_on = wake_on
+        self.seen_through = seen_through
 
 
 class DurableRun:
@@ -241,8 +253,10 @@ class DurableRun:
         type: str,
         where: Callable[[Event[Any]], bool] | None,
         timeout_s: float | None,
+        suspendable: bool,
     ) -> Event[Any] | None:
-        """See :meth:`a2trio.HandlerContext.wait_for`."""
+        """See :meth:`a2trio.HandlerContext.wait_for` (``suspendable``: called
+        from the handler's own task)."""
         engine = self._engine
         if type not in engine.contract.events:
             raise ValueError(
@@ -270,9 +284,14 @@ class DurableRun:
         deadline = began.until_ms
         rows = await engine.store.read(self._key, after_index=self._index)
         found = self._match(type, where, rows)
-        if found is None and (deadline is None or clock.now_ms() < deadline):
-            # The feed starts after the rows just read: nothing between is missed.
+        now = clock.now_ms()
+        if found is None and (deadline is None or now < deadline):
+            # The feed (or the release's own check) starts after the rows
+            # just read: nothing between is missed.
             cursor = rows[-1].index if rows else self._index
+            ttl_ms = self._engine.timings.claim_ttl_s * 1000
+            if suspendable and (deadline is None or deadline - now >= ttl_ms):
+                raise Suspend(deadline, f"wait_for({type!r})", (type,), cursor)
             found = await self._follow(type, where, cursor, deadline)
         await self.record(name, _Answer(None if found is None else found.index), name)
         return found
@@ -331,54 +350,6 @@ class DurableRun:
             await trio.sleep(remaining)
             return
         raise Suspend(wake_at, what)
-
-
-async def release(
-    engine: Engine, key: str, event: StoredEvent, suspend: Suspend, span: Span
-) -> Outcome:
-    """End a suspended attempt: its claim released without a failure, the
-    event not claimable before ``suspend.wake_at_ms``
-    (``store.release_attempt``), and this process's drain armed for that
-    instant (other processes' sweeps find it then too). A release the store
-    refuses (a newer attempt owns the event) is superseded; one that fails
-    surrenders (the claim lapses and a later attempt sleeps what is left)."""
-    session_id = engine.session_of(key) or key
-    fields = {"a2_session": session_id, "a2_index": event.index, "a2_attempt": event.attempt_count}
-    delay_ms = max(0, suspend.wake_at_ms - engine.store.clock.now_ms())
-    try:
-        answer = await engine.store.release_attempt(
-            key, index=event.index, attempt=event.attempt_count, delay_ms=delay_ms
-        )
-    except Exception as exc:
-        span.record_error(exc)
-        span.set_attribute("a2.event.outcome", "surrendered")
-        logger.warning(
-            "%s #%d of session %r (attempt %d) could not suspend (%s); it is retried once "
-            "the claim expires",
-            event.type,
-            event.index,
-            session_id,
-            event.attempt_count,
-            exc,
-            extra=fields,
-        )
-        return SURRENDERED
-    if answer.outcome == "superseded" or answer.not_before_ms is None:
-        span.set_attribute("a2.event.outcome", "superseded")
-        return SUPERSEDED
-    span.set_attribute("a2.event.outcome", "suspended")
-    engine.watchdogs.wake(session_id, answer.not_before_ms)
-    logger.info(
-        "%s #%d of session %r (attempt %d) suspended until %d: %s",
-        event.type,
-        event.index,
-        session_id,
-        event.attempt_count,
-        answer.not_before_ms,
-        suspend.reason,
-        extra=fields,
-    )
-    return SUSPENDED
 
 
 def decode(entry: JournalEntry, kind: Any, what: str) -> Any:

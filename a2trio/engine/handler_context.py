@@ -161,10 +161,15 @@ class HandlerContext(Generic[P_co]):
         Durable: the instant the wait began is journaled (a rerun's timeout
         counts from it, not from the rerun), and so is the answer (a rerun
         answers the same event, or None, without looking again). An event
-        already in the log answers at once; otherwise the attempt follows the
+        already in the log answers at once. Otherwise, with less than the
+        claim's lease (``Timings.claim_ttl_s``) left, the attempt follows the
         session's feed until one lands or the timeout passes, holding its
-        claim meanwhile (the drain's heartbeat renews it). ``where`` must be
-        a pure function of the event.
+        claim; a longer wait (or one without a timeout) from the handler's
+        own task suspends the attempt as :meth:`sleep` does: no claim, no
+        task, until an event of ``type`` lands in the session (which makes
+        it claimable at once: the rerun finds it in the log) or the timeout
+        passes. ``where`` must be a pure function of the event: an event of
+        ``type`` it refuses wakes the attempt for one more rerun.
 
         Raises:
           ValueError: ``type`` is not an event type of the contract, or a
@@ -173,7 +178,7 @@ class HandlerContext(Generic[P_co]):
           A2Error: ``SUPERSEDED_ATTEMPT``, as :meth:`step`.
         """
         name = type.name if isinstance(type, EventType) else type
-        return await self._run().wait_for(name, where, timeout)
+        return await self._run().wait_for(name, where, timeout, self._own())
 
     async def sleep(self, seconds: float) -> None:
         """Sleep ``seconds`` durably: the wake instant is journaled, so a

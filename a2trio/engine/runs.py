@@ -38,12 +38,13 @@ from .attempt import (
     timed_out,
 )
 from .context import Appends, Engine, measured
-from .durable import Suspend, release
+from .durable import Suspend
 from .flow import FlowKeyError, recheck
 from .handlers import HandlerContext, HandlerSpec
 from .inputs import returned
 from .pacing import DebounceKeyError
 from .session import HandlerSession
+from .suspend import release
 
 #: Handler failures (WARNING, with the traceback), dead letters (ERROR), lapsed and superseded
 #: leases (WARNING); each record carries ``a2_contract``, ``a2_session``, ``a2_event_type``,
@@ -190,7 +191,7 @@ class AttemptRunner:
                 error = exc
             except Suspend as suspend:  # a durable sleep: the claim is released
                 self._ended(lease)
-                return await release(engine, self.key, event, suspend, span)
+                return await release(engine, self.key, event, suspend, span, subscription)
             finally:
                 if subscription is not None:
                     subscription.close()

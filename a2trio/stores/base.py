@@ -378,14 +378,32 @@ class Store(Protocol):
         ...
 
     async def release_attempt(
-        self, session_id: str, *, index: int, attempt: int, delay_ms: int
+        self,
+        session_id: str,
+        *,
+        index: int,
+        attempt: int,
+        delay_ms: int | None,
+        wake_on: Sequence[str] = (),
+        seen_through: int | None = None,
     ) -> ReleaseResult:
         """Give up ``attempt``'s claim without counting a failure, the event
-        claimable again from ``now + delay_ms`` (``not_before_ms``), by a
-        later attempt (``attempt_count`` advances at that claim). Fenced by
+        claimable again from ``now + delay_ms`` (``not_before_ms``; None:
+        ``rules.NEVER_MS``, no wake time), by a later attempt
+        (``attempt_count`` advances at that claim). Fenced by
         ``rules.release_verdict``: only the attempt holding the claim (a
         lapsed but untaken claim still holds) releases; anything else is
         ``superseded`` and writes nothing. An a2trio addition (issue 33).
+
+        ``wake_on`` (a suspended durable wait, issue 34): event types stored
+        with the row as its wake mark; an event of one of them landing in
+        the session later (an append, a completion's returned events) clears
+        the not-before and the mark in its own transaction
+        (``rules.wake_verdict``), so the event is claimable at once. With
+        ``seen_through`` (the last index the attempt read), one that landed
+        after it already (``rules.wakes``) releases claimable at once
+        (``not_before_ms`` now) with no mark. A later claim makes the mark
+        stale; any write that meets a stale mark may drop it.
 
         Raises:
           ValueError: no event at ``index``.

@@ -522,12 +522,24 @@ class FaultyStore:
         )
 
     async def release_attempt(
-        self, session_id: str, *, index: int, attempt: int, delay_ms: int
+        self,
+        session_id: str,
+        *,
+        index: int,
+        attempt: int,
+        delay_ms: int | None,
+        wake_on: Sequence[str] = (),
+        seen_through: int | None = None,
     ) -> ReleaseResult:
         return await self._call(
             "release_attempt",
             lambda: self.inner.release_attempt(
-                session_id, index=index, attempt=attempt, delay_ms=delay_ms
+                session_id,
+                index=index,
+                attempt=attempt,
+                delay_ms=delay_ms,
+                wake_on=wake_on,
+                seen_through=seen_through,
             ),
         )
 

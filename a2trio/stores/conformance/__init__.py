@@ -59,6 +59,7 @@ and build rows):
 * ``completions``: ``complete_attempt`` and ``fail_attempt``;
 * ``notbefore``: the stored not-before (``release_attempt``, a failure's
   ``retry_after_ms``) against claims, lanes and the sweep;
+* ``waits``: suspended attempts' wake marks (``release_attempt(wake_on=)``);
 * ``flow``: concurrency keys across sessions (``rules.flow``);
 * ``failed_attempts``: the failed attempts ``fail_attempt`` records and
   ``inspect.read_failures`` reads (bounded per event);
@@ -214,6 +215,11 @@ from .verdicts import (
     check_rule_table_sweep,
 )
 from .versions import check_version_is_stored_with_the_event
+from .waits import (
+    check_a_marked_event_wakes_a_released_attempt,
+    check_a_release_sees_what_landed_after_its_read,
+    check_a_stale_mark_wakes_nothing,
+)
 
 __all__ = [
     "CHECKS",
@@ -225,6 +231,9 @@ __all__ = [
     "ManualClock",
     "StoreFactory",
     "capabilities",
+    "check_a_marked_event_wakes_a_released_attempt",
+    "check_a_release_sees_what_landed_after_its_read",
+    "check_a_stale_mark_wakes_nothing",
     "check_aclose_inside_the_block_ends_only_the_stores_tasks",
     "check_aclose_is_idempotent",
     "check_append_assigns_contiguous_indexes",
@@ -352,6 +361,9 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_release_attempt,
     check_fail_attempt_stores_a_retry_at,
     check_not_before_holds_its_lane_and_the_sweep,
+    check_a_marked_event_wakes_a_released_attempt,
+    check_a_release_sees_what_landed_after_its_read,
+    check_a_stale_mark_wakes_nothing,
     check_concurrency_across_sessions,
     check_concurrency_slots_are_leases,
     check_concurrency_within_a_session,

@@ -13,7 +13,7 @@ import msgspec
 from .. import rules
 from ..base import EventCause, StoredEvent
 
-__all__ = ["Row", "debounce", "decode", "encode", "husk", "settle"]
+__all__ = ["Row", "debounce", "decode", "encode", "husk", "settle", "wake"]
 
 encode = msgspec.json.Encoder().encode
 decode = msgspec.json.Decoder().decode
@@ -54,6 +54,8 @@ class Row:
     throttle_limit: int | None = None
     throttle_period_ms: int | None = None
     priority: int | None = None
+    # A suspended wait's wake mark (``release_attempt(wake_on=...)``).
+    wake_on: tuple[str, ...] | None = None
 
     def stored(self) -> StoredEvent:
         return StoredEvent(
@@ -133,3 +135,20 @@ def debounce(open_rows: dict[int, Row], type: str, key: str, index: int, now: in
         if rules.debounces(earlier, type, key, now):
             settle(open_rows, earlier, now)
             earlier.debounced_by = index
+
+
+def wake(waiting: set[int], rows: list[Row], types: list[str]) -> None:
+    """``rules.wake_verdict`` over a session's marked rows (``waiting``, their
+    indexes, updated) for events of ``types`` just written."""
+    for index in list(waiting):
+        row = rows[index - 1] if index <= len(rows) else None
+        if row is None or row.wake_on is None:
+            waiting.discard(index)
+            continue
+        verdict = rules.wake_verdict(row, row.wake_on, types)
+        if verdict == "keep":
+            continue
+        waiting.discard(index)
+        row.wake_on = None
+        if verdict == "wake":
+            row.not_before_ms = None

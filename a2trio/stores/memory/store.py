@@ -59,7 +59,7 @@ from .journal import MemoryJournal
 from .operator import MemoryOperator
 from .presence import MemoryPresence
 from .retention import MemoryRetention
-from .rows import Row, debounce, decode, encode, settle
+from .rows import Row, debounce, decode, encode, settle, wake
 
 __all__ = ["MemoryStore", "memory"]
 
@@ -181,6 +181,9 @@ class MemoryStore:
         # rules.MAX_FAILED_ATTEMPTS each (written by fail_attempt only).
         self._failures: dict[str, dict[int, list[FailedAttempt]]] = {}
         self._wakeups = Wakeups()
+        # The indexes of each session's rows with a wake mark: an append
+        # into a session without any looks no further.
+        self._waiting: dict[str, set[int]] = {}
         self.presence: MemoryPresence = MemoryPresence(clock)
         self.inspect: _MemoryInspection = _MemoryInspection(self)
         self.sweep: SweepsClaimable = _MemorySweep(self)
@@ -318,6 +321,8 @@ class MemoryStore:
                 row.claim_holder = claim.holder
                 row.claim_expires_at_ms = now + claim.ttl_ms
                 claimed.append(row.index)
+        if session_id in self._waiting:
+            self._wake(session_id, rows, written)
         inserted = [row.stored() for row in written]
         self._wakeups.notify(session_id, inserted)
         return AppendResult(
@@ -462,10 +467,13 @@ class MemoryStore:
             raise rules.returned_id_taken()
         now = self.clock.now_ms()
         cause = EventCause(index, attempt)
-        inserted = [
-            self._insert(session_id, rows, e, event_id, cause, now).stored()
+        written = [
+            self._insert(session_id, rows, e, event_id, cause, now)
             for e, event_id in zip(events, ids, strict=True)
         ]
+        if written and session_id in self._waiting:
+            self._wake(session_id, rows, written)
+        inserted = [row.stored() for row in written]
         open_rows = self._open[session_id]
         settle(open_rows, parent, now)
         parent.processed_by_attempt = attempt
@@ -495,6 +503,7 @@ class MemoryStore:
         row.last_failed_at_ms = now
         row.last_failed_attempt = attempt
         row.not_before_ms = None
+        row.wake_on = None
         if verdict.result.outcome == "dead_lettered":
             row.failed_at_ms = now
         elif retry_after_ms is not None:
@@ -509,16 +518,38 @@ class MemoryStore:
         return FailResult(verdict.result.outcome, row.failure_count, row.not_before_ms)
 
     async def release_attempt(
-        self, session_id: str, *, index: int, attempt: int, delay_ms: int
+        self,
+        session_id: str,
+        *,
+        index: int,
+        attempt: int,
+        delay_ms: int | None,
+        wake_on: Sequence[str] = (),
+        seen_through: int | None = None,
     ) -> ReleaseResult:
         await trio.lowlevel.checkpoint()
         row = self._row(session_id, index)
         if rules.release_verdict(row, attempt) == "superseded":
             return ReleaseResult("superseded")
-        row.not_before_ms = self.clock.now_ms() + delay_ms
+        now = self.clock.now_ms()
+        row.not_before_ms = rules.NEVER_MS if delay_ms is None else now + delay_ms
+        row.wake_on = None
         row.claim_holder = None
         row.claim_expires_at_ms = None
+        if wake_on:
+            later = [] if seen_through is None else self._sessions[session_id][seen_through:]
+            if rules.wakes(wake_on, (r.type for r in later)):
+                row.not_before_ms = now
+            else:
+                row.wake_on = tuple(wake_on)
+                self._waiting.setdefault(session_id, set()).add(index)
         return ReleaseResult("released", row.not_before_ms)
+
+    def _wake(self, session_id: str, rows: list[Row], written: list[Row]) -> None:
+        waiting = self._waiting[session_id]
+        wake(waiting, rows, [row.type for row in written])
+        if not waiting:
+            del self._waiting[session_id]
 
     def _row(self, session_id: str, index: int) -> Row:
         rows = self._sessions.get(session_id, [])

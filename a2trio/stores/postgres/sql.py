@@ -259,6 +259,20 @@ create index if not exists a2_events_flow_pending
   on a2_events (session_id)
   where (concurrency_key is not null or throttle_key is not null or priority is not null)
     and lane_ready and processed_at is null and failed_at is null;
+
+-- A suspended durable wait's wake mark (issue 34): the event types whose
+-- append makes the row claimable at once. The partial index holds only the
+-- marked rows, so an append's `woken` probe of it finds none at once.
+do $$
+begin
+  if not exists (select 1 from pg_attribute
+                  where attrelid = 'a2_events'::regclass
+                    and attname = 'wake_on' and not attisdropped) then
+    alter table a2_events add column wake_on text[];
+  end if;
+end $$;
+create index if not exists a2_events_waiting
+  on a2_events (session_id) where wake_on is not null;
 """
 
 # Notifications are transactional: delivered at commit, never for a rollback.
@@ -529,6 +543,23 @@ def drained(session: str, unsettled: str) -> str:
     )
 
 
+# rules.wake_verdict over the session's marked rows, for events of `types`
+# (a text[] expression) just written: a stale mark (claimed again, settled)
+# is dropped, a matching one is dropped with the row's not-before. A
+# data-modifying CTE, run whether or not the statement reads it; the probe of
+# `a2_events_waiting` finds no row in a session without marks, so `types` is
+# never computed there.
+def woken(session: str, types: str) -> str:
+    stale = "w.claim_holder is not null or w.processed_at is not null or w.failed_at is not null"
+    return f"""woken as (
+  update a2_events w set
+    wake_on = null,
+    not_before = case when {stale} then w.not_before end
+   where w.session_id = {session} and w.wake_on is not null
+     and ({stale} or w.wake_on && {types})
+)"""
+
+
 BEGIN = Statement("begin")
 COMMIT = Statement("commit")
 # The seed's per-session append lock: `hashtext` keeps it interoperable. Every
@@ -638,7 +669,8 @@ inserted as (
          r.throttle_key, r.throttle_limit, r.throttle_period, r.priority
     from ready r
   returning idx, claim_holder
-){tail.replace("{claimed}", claimed)}
+),
+{woken("$1::text", "array(select r.type from ready r)")}{tail.replace("{claimed}", claimed)}
 """
 
 
@@ -1001,6 +1033,7 @@ inserted as (
    where v.outcome = 'completed'
   returning *
 ),
+{woken("$1::text", "array(select i.event_type from inserted i)")},
 processed as (
   update a2_events e set
     processed_at = $6::bigint,
@@ -1160,6 +1193,7 @@ with current as materialized (
     last_failed_attempt = $3::int,
     failed_at = case when e.failure_count + 1 >= $5::int then $6::bigint else e.failed_at end,
     not_before = case when e.failure_count + 1 < $5::int then $6::bigint + $7::bigint end,
+    wake_on = null,
     claim_holder = null,
     claim_expires_at = null
   from current
@@ -1186,30 +1220,38 @@ coalesce((select failure_count from updated), (select failure_count from current
 )
 
 # `Store.release_attempt` (issue 33): the claim given up by the attempt that
-# holds it (`rules.release_verdict`), no failure counted, the not-before stored.
-#   $1 session, $2 idx, $3 attempt, $4 not before
+# holds it (`rules.release_verdict`), no failure counted, the not-before
+# stored with the wake mark (issue 34); or the not-before `$7` and no mark
+# when an event of a marked type landed after `$6` already (`rules.wakes`).
+#   $1 session, $2 idx, $3 attempt, $4 not before, $5 wake mark (text[],
+#   null: none), $6 seen through (null: no check), $7 now
 RELEASE = Statement(
     f"""
 with current as materialized (
   select e.* from a2_events e
    where e.session_id = $1::text and e.idx = $2::bigint
    for update of e
+), landed as materialized (
+  select exists(select 1 from a2_events a
+                 where $6::bigint is not null and a.session_id = $1::text
+                   and a.idx > $6::bigint and a.event_type = any($5::text[])) as woke
 ), released as (
   update a2_events e set
-    not_before = $4::bigint,
+    not_before = case when l.woke then $7::bigint else $4::bigint end,
+    wake_on = case when l.woke then null else $5::text[] end,
     claim_holder = null,
     claim_expires_at = null
-  from current
+  from current, landed l
   where e.session_id = $1::text
     and e.idx = $2::bigint
     and {holds_claim("current", "$3::int")}
-  returning e.idx
+  returning e.not_before
 )
 select case
   when not exists (select 1 from current) then 'missing'
   when exists (select 1 from released) then 'released'
   else 'superseded'
-end
+end, (select not_before from released)
 """
 )
 

@@ -445,24 +445,23 @@ class PostgresStore:
         Cancellation: recorded or not; a repeat by the same attempt is idempotent.
         """
         return await self._writes.fail_attempt(
-            session_id,
-            index=index,
-            attempt=attempt,
-            error=error,
-            max_failures=max_failures,
-            retry_after_ms=retry_after_ms,
+            session_id, index, attempt, error, max_failures, retry_after_ms
         )
 
     async def release_attempt(
-        self, session_id: str, *, index: int, attempt: int, delay_ms: int
+        self,
+        session_id: str,
+        *,
+        index: int,
+        attempt: int,
+        delay_ms: int | None,
+        wake_on: Sequence[str] = (),
+        seen_through: int | None = None,
     ) -> ReleaseResult:
-        """Give up the attempt's claim in one statement (issue 33; see
-        :meth:`Store.release_attempt`).
-
-        Cancellation: released or not; a repeat is ``superseded``.
-        """
+        """Give up the attempt's claim in one statement (issues 33, 34; see
+        :meth:`Store.release_attempt`). Cancellation: released or not."""
         return await self._writes.release_attempt(
-            session_id, index=index, attempt=attempt, delay_ms=delay_ms
+            session_id, index, attempt, delay_ms, wake_on, seen_through
         )
 
     async def read_state(self, session_id: str, reducer: str) -> StateRead:

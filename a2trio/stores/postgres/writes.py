@@ -485,12 +485,11 @@ class PostgresWrites:
     async def fail_attempt(
         self,
         session_id: str,
-        *,
         index: int,
         attempt: int,
         error: str,
         max_failures: int,
-        retry_after_ms: int | None = None,
+        retry_after_ms: int | None,
     ) -> FailResult:
         now = self._clock.now_ms()
         with errors("fail"):
@@ -506,15 +505,23 @@ class PostgresWrites:
         )
 
     async def release_attempt(
-        self, session_id: str, *, index: int, attempt: int, delay_ms: int
+        self,
+        session_id: str,
+        index: int,
+        attempt: int,
+        delay_ms: int | None,
+        wake_on: Sequence[str],
+        seen_through: int | None,
     ) -> ReleaseResult:
-        not_before = self._clock.now_ms() + delay_ms
+        now = self._clock.now_ms()
+        not_before = verdicts.NEVER_MS if delay_ms is None else now + delay_ms
+        mark = list(wake_on) or None
         with errors("release"):
-            [(outcome,)] = await self._db.query(
-                sql.RELEASE, (session_id, index, attempt, not_before)
+            [(outcome, stored)] = await self._db.query(
+                sql.RELEASE, (session_id, index, attempt, not_before, mark, seen_through, now)
             )
         if outcome == "missing":
             raise verdicts.no_event(session_id, index)
         if outcome == "superseded":
             return ReleaseResult("superseded")
-        return ReleaseResult("released", not_before)
+        return ReleaseResult("released", int(stored))

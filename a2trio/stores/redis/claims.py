@@ -176,6 +176,7 @@ class RedisClaims:
                     claim_holder=None,
                     claim_expires_at_ms=None,
                     not_before_ms=retry_at,
+                    wake_on=None,
                 )
                 assert row.claim_holder is not None  # rules.holds_claim
                 history = codec.Failure(
@@ -190,24 +191,62 @@ class RedisClaims:
         )
 
     async def release_attempt(
-        self, session_id: str, *, index: int, attempt: int, delay_ms: int
+        self,
+        session_id: str,
+        *,
+        index: int,
+        attempt: int,
+        delay_ms: int | None,
+        wake_on: Sequence[str] = (),
+        seen_through: int | None = None,
     ) -> ReleaseResult:
         """``rules.release_verdict`` over the row as read, written back as a
-        failure is (compare-and-set, ``CAS_ROUNDS`` times at most)."""
+        failure is (compare-and-set, ``CAS_ROUNDS`` times at most); with a
+        wake mark by ``RELEASE_MARK`` (its ``rules.wakes`` check too)."""
         with errors("release"):
             for _ in range(CAS_ROUNDS):
                 raw, row = await self._read_meta(session_id, index)
                 if verdicts.release_verdict(row, attempt) == "superseded":
                     return ReleaseResult("superseded")
-                not_before = self._clock.now_ms() + delay_ms
+                now = self._clock.now_ms()
+                not_before = verdicts.NEVER_MS if delay_ms is None else now + delay_ms
                 released = msgspec.structs.replace(
-                    row, claim_holder=None, claim_expires_at_ms=None, not_before_ms=not_before
+                    row,
+                    claim_holder=None,
+                    claim_expires_at_ms=None,
+                    not_before_ms=not_before,
+                    wake_on=None,
                 )
-                if await self._write_meta(session_id, index, raw, released, dead=False):
+                if wake_on:
+                    stored = await self._mark(
+                        session_id, index, raw, released, wake_on, seen_through, now
+                    )
+                    if stored is not None:
+                        return ReleaseResult("released", stored)
+                elif await self._write_meta(session_id, index, raw, released, dead=False):
                     return ReleaseResult("released", not_before)
         raise A2Error(
             ErrorCode.STORE_UNAVAILABLE, "release failed: the event's row kept changing under it"
         )
+
+    async def _mark(
+        self,
+        session_id: str,
+        index: int,
+        raw: bytes | None,
+        meta: codec.Meta,
+        wake_on: Sequence[str],
+        seen_through: int | None,
+        now: int,
+    ) -> int | None:
+        """``RELEASE_MARK``: the not-before stored, or None if the row moved."""
+        keys = self._keys.session_keys(session_id)
+        if meta.concurrency_key is not None:
+            keys.append(self._keys.flow_prefix + meta.concurrency_key)
+        through = "" if seen_through is None else seen_through
+        args = [index, raw, codec.encode(meta), through, codec.encode(list(wake_on)), now]
+        reply = await self._conn.run(lua.RELEASE_MARK, keys, args)
+        return int(reply[1]) if int(reply[0]) else None
 
     async def _read_meta(self, session_id: str, index: int) -> tuple[bytes | None, codec.Meta]:
         """``FAIL_READ``: the event's meta as stored and decoded (a settled

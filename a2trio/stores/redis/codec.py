@@ -163,6 +163,8 @@ class Meta(msgspec.Struct, omit_defaults=True):
     throttle_limit: int | None = msgspec.field(default=None, name="tl")
     throttle_period_ms: int | None = msgspec.field(default=None, name="tp")
     priority: int | None = msgspec.field(default=None, name="pr")
+    #: A suspended wait's wake mark (issue 34; HEAD's ``w`` lists the row).
+    wake_on: list[str] | None = msgspec.field(default=None, name="w")
 
 
 class Action(msgspec.Struct, frozen=True, array_like=True):

@@ -95,6 +95,7 @@ __all__ = [
     "READ_EVENTS",
     "READ_STATES",
     "RECORD_ACTIONS",
+    "RELEASE_MARK",
     "RENEW",
     "RETRY_CANDIDATES",
     "RULES",
@@ -188,6 +189,17 @@ local function holds_claim(m, attempt)
   return alive(m) and m.a == attempt and m.h ~= nil
 end
 
+-- rules.wake_verdict, over the wake mark `m.w`
+local function wake_verdict(m, types)
+  if not alive(m) or m.h then return 'stale' end
+  for _, t in ipairs(types) do
+    for _, w in ipairs(m.w) do
+      if t == w then return 'wake' end
+    end
+  end
+  return 'keep'
+end
+
 -- rules.renew_verdict
 local function renew_verdict(m, attempt, holder, now)
   local count = m.a or 0
@@ -241,6 +253,37 @@ local LOG, META, OPEN, HEAD = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 
 local function frontier()
   return tonumber(redis.call('HGET', HEAD, 'n') or '0')
+end
+
+-- The session's marked rows (issue 34) are HEAD's `w`, a JSON array of
+-- indexes: an append without it reads no row. `wake_marked` plays
+-- rules.wake_verdict over them for the events just written, whose stream
+-- entries are `entries` (array-like: the type second).
+local function wake_marked(entries)
+  local raw = redis.call('HGET', HEAD, 'w')
+  if not raw then return end
+  local types = {}
+  for i, e in ipairs(entries) do types[i] = cjson.decode(e)[2] end
+  local kept = {}
+  for _, idx in ipairs(cjson.decode(raw)) do
+    local mraw = redis.call('HGET', META, idx)
+    local m = mraw and cjson.decode(mraw)
+    if m and m.w then
+      local verdict = wake_verdict(m, types)
+      if verdict == 'keep' then
+        kept[#kept + 1] = idx
+      else
+        m.w = nil
+        if verdict == 'wake' then m.nb = nil end
+        redis.call('HSET', META, idx, cjson.encode(m))
+      end
+    end
+  end
+  if #kept > 0 then
+    redis.call('HSET', HEAD, 'w', cjson.encode(kept))
+  else
+    redis.call('HDEL', HEAD, 'w')
+  end
 end
 
 local function entry_of(log, idx)
@@ -440,6 +483,11 @@ for k = 0, n - 1 do
     end
     redis.call('HSET', META, idx, cjson.encode(mm))
   end
+end
+if redis.call('HEXISTS', HEAD, 'w') == 1 then
+  local entries = {}
+  for k = 0, n - 1 do entries[k + 1] = ARGV[at + k * 15 + 1] end
+  wake_marked(entries)
 end
 advance_head(sid, KEYS[6], front, n, ARGV[2])
 if unsettled then index_open(KEYS[9], sid) end
@@ -690,6 +738,11 @@ for k = 0, n - 1 do
 end
 m.p, m.pb, m.r, m.h, m.x = now, attempt, ARGV[6], nil, nil
 redis.call('HSET', META, idx, cjson.encode(m))
+if n > 0 and redis.call('HEXISTS', HEAD, 'w') == 1 then
+  local entries = {}
+  for k = 0, n - 1 do entries[k + 1] = ARGV[11 + k * 10 + 1] end
+  wake_marked(entries)
+end
 if m.ck then redis.call('ZREM', ARGV[10] .. m.ck, META .. '#' .. idx) end
 redis.call('ZREM', OPEN, idx)
 index_open(KEYS[9], sid)
@@ -732,6 +785,49 @@ if ARGV[5] then
   redis.call('HSET', KEYS[4], ARGV[1], cjson.encode(history))
 end
 return 1
+"""
+)
+
+#: ``release_attempt`` with a wake mark (issue 34): FAIL_WRITE's
+#: compare-and-set, then rules.wakes over the types of the events after the
+#: seen-through index (their stream entries), and the mark stored with the
+#: row and listed in HEAD's `w`, or none and the not-before `now`. KEYS: log,
+#: meta, open, head, and for a keyed row its flow set. ARGV: index, meta as
+#: read, new meta (claim cleared, not-before set), seen through ('' for
+#: none), wake types (JSON array), now. Returns ``{1, not_before}``, or
+#: ``{0}`` if the row moved.
+RELEASE_MARK = (
+    _PRELUDE
+    + r"""
+if redis.call('HGET', META, ARGV[1]) ~= ARGV[2] then return {0} end
+local idx = tonumber(ARGV[1])
+local m = cjson.decode(ARGV[3])
+local types = cjson.decode(ARGV[5])
+local woke = false
+if ARGV[4] ~= '' then
+  for _, e in ipairs(redis.call('XRANGE', LOG, (tonumber(ARGV[4]) + 1) .. '-0', '+')) do
+    local t = cjson.decode(e[2][2])[2]
+    for _, w in ipairs(types) do
+      if t == w then woke = true end
+    end
+  end
+end
+if woke then
+  m.nb = tonumber(ARGV[6])
+else
+  m.w = types
+  local raw = redis.call('HGET', HEAD, 'w')
+  local marked = raw and cjson.decode(raw) or {}
+  local listed = false
+  for _, i in ipairs(marked) do
+    if i == idx then listed = true end
+  end
+  if not listed then marked[#marked + 1] = idx end
+  redis.call('HSET', HEAD, 'w', cjson.encode(marked))
+end
+redis.call('HSET', META, idx, cjson.encode(m))
+if KEYS[5] then redis.call('ZREM', KEYS[5], META .. '#' .. idx) end
+return {1, m.nb}
 """
 )
 

@@ -472,7 +472,14 @@ class RedisStore:
         )
 
     async def release_attempt(
-        self, session_id: str, *, index: int, attempt: int, delay_ms: int
+        self,
+        session_id: str,
+        *,
+        index: int,
+        attempt: int,
+        delay_ms: int | None,
+        wake_on: Sequence[str] = (),
+        seen_through: int | None = None,
     ) -> ReleaseResult:
         """``rules.release_verdict`` over the row as read, written back by a
         compare-and-set (issue 33; see :meth:`Store.release_attempt`).
@@ -480,7 +487,12 @@ class RedisStore:
         Cancellation: released or not; a repeat is ``superseded``.
         """
         return await self._claims.release_attempt(
-            session_id, index=index, attempt=attempt, delay_ms=delay_ms
+            session_id,
+            index=index,
+            attempt=attempt,
+            delay_ms=delay_ms,
+            wake_on=wake_on,
+            seen_through=seen_through,
         )
 
     # -- state and feeds -------------------------------------------------------

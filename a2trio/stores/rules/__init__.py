@@ -120,6 +120,7 @@ from .table import (
     Rule,
     decide,
 )
+from .waits import NEVER_MS, WakeVerdict, wake_verdict, wakes
 
 __all__ = [
     "CASES",
@@ -127,6 +128,7 @@ __all__ = [
     "EVENT_RETRY",
     "LEASE_MS",
     "MAX_FAILED_ATTEMPTS",
+    "NEVER_MS",
     "NOW",
     "RETRY_CAP_MS",
     "RETRY_FIRST_MS",
@@ -152,6 +154,7 @@ __all__ = [
     "Retrying",
     "Rule",
     "Selection",
+    "WakeVerdict",
     "alive",
     "busy_until",
     "check_action",
@@ -201,4 +204,6 @@ __all__ = [
     "supplied_ids",
     "sweepable",
     "trim_point",
+    "wake_verdict",
+    "wakes",
 ]

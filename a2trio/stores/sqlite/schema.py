@@ -7,10 +7,11 @@ integers. Each entry of :data:`MIGRATIONS` moves a database from version ``n``
 to ``n + 1``; a later release appends an entry instead of editing one, so a
 developer's ``.a2/dev.db`` is migrated rather than refused.
 
-The store's statements name the three partial indexes (``a2_events_unprocessed``,
-``a2_events_lane_pending``, ``a2_events_dispatch_ready``) with ``INDEXED BY``,
-so that no append reads a session's history (issue 17): a migration that drops
-or renames one must change those statements in the same release, or they fail
+The store's statements name the partial indexes (``a2_events_unprocessed``,
+``a2_events_lane_pending``, ``a2_events_dispatch_ready``,
+``a2_events_waiting``) with ``INDEXED BY``, so that no append reads a
+session's history (issue 17): a migration that drops or renames one must
+change those statements in the same release, or they fail
 with "no such index".
 """
 
@@ -202,6 +203,18 @@ _V10 = (
 # first. Null for none, and for events written before.
 _V11 = ("alter table a2_events add column priority integer",)
 
+# A suspended durable wait's wake mark (issue 34): the event types (a JSON
+# array) whose append makes the row claimable at once. Null for none, and
+# for events written before; the partial index holds only marked rows, so an
+# append's probe of it costs a seek into an index that is almost always empty.
+_V12 = (
+    "alter table a2_events add column wake_on text",
+    """
+    create index if not exists a2_events_waiting
+      on a2_events (session_id, idx) where wake_on is not null
+    """,
+)
+
 #: Statements per migration; entry ``n`` upgrades ``user_version`` ``n`` to ``n + 1``.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     _V1,
@@ -215,6 +228,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     _V9,
     _V10,
     _V11,
+    _V12,
 )
 
 #: The version this release writes and reads.

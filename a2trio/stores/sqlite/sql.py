@@ -54,6 +54,7 @@ __all__ = [
     "KEYED",
     "LIST_SESSIONS",
     "LIST_SNAPSHOTS",
+    "NEXT_AND_WAITING",
     "NEXT_INDEX",
     "NO_LIMIT",
     "OPEN_LANE",
@@ -87,6 +88,9 @@ __all__ = [
     "TARGET",
     "TOP_AND_PENDING",
     "TRIM_FAILURES",
+    "TYPES_AFTER",
+    "WAITING",
+    "WAKE",
     "Bookkeeping",
     "Completion",
     "Debounce",
@@ -105,10 +109,12 @@ __all__ = [
     "next_index",
     "open_lanes",
     "prefix_end",
+    "release",
     "rows_by_ids",
     "stored",
     "target",
     "text",
+    "wake",
 ]
 
 # -- the rules the statements select by -------------------------------------
@@ -272,8 +278,28 @@ PENDING: Final = f"select {_ANY_PENDING}"
 
 NEXT_INDEX: Final = f"select coalesce(({_TOP}), 0) + 1"
 
-#: Both at once, as the seed's `maxRows` query.
-TOP_AND_PENDING: Final = f"select coalesce(({_TOP}), 0), {_ANY_PENDING}"
+#: Whether any row of the session has a wake mark (a suspended durable
+#: wait, issue 34): the first entry of the partial index of marked rows,
+#: almost always empty.
+_ANY_WAITING: Final = """exists(
+  select 1 from a2_events indexed by a2_events_waiting
+  where session_id = ?1 and wake_on is not null
+)"""
+
+#: All three at once, as the seed's `maxRows` query (the wake check beside).
+TOP_AND_PENDING: Final = f"select coalesce(({_TOP}), 0), {_ANY_PENDING}, {_ANY_WAITING}"
+
+#: A completion's: the next index and the wake check.
+NEXT_AND_WAITING: Final = f"select coalesce(({_TOP}), 0) + 1, {_ANY_WAITING}"
+
+#: A woken row (`?3` 1: its not-before cleared) or a stale mark dropped.
+WAKE: Final = """
+update a2_events set wake_on = null, not_before = case when ?3 then null else not_before end
+where session_id = ?1 and idx = ?2
+"""
+
+#: The types of the events after `?2`: a release's own wake check.
+TYPES_AFTER: Final = "select event_type from a2_events where session_id = ?1 and idx > ?2"
 
 # -- lanes -----------------------------------------------------------------
 
@@ -427,6 +453,12 @@ BOOKKEEPING: Final = (
     "processed_at, failed_at, attempt_count, claim_holder, failure_count, last_failed_attempt"
 )
 
+#: The session's marked rows, for `rules.wake_verdict`.
+WAITING: Final = f"""
+select idx, wake_on, {BOOKKEEPING} from a2_events indexed by a2_events_waiting
+where session_id = ?1 and wake_on is not null
+"""
+
 READ_BOOKKEEPING: Final = f"select {BOOKKEEPING} from a2_events where session_id = ? and idx = ?"
 
 COMPLETION_TARGET: Final = (
@@ -445,14 +477,14 @@ FAIL: Final = """
 update a2_events set
   failure_count = ?, last_error = ?, last_failed_at = ?,
   last_failed_attempt = ?, failed_at = ?, not_before = ?,
-  claim_holder = null, claim_expires_at = null
+  claim_holder = null, claim_expires_at = null, wake_on = null
 where session_id = ? and idx = ?
 """
 
 #: A release `rules.release_verdict` granted (issue 33): the claim cleared,
 #: the not-before stored, no failure counted.
 RELEASE: Final = """
-update a2_events set not_before = ?, claim_holder = null, claim_expires_at = null
+update a2_events set not_before = ?, wake_on = ?, claim_holder = null, claim_expires_at = null
 where session_id = ? and idx = ?
 """
 
@@ -865,3 +897,34 @@ def _debounce(
         if rules.debounces(row, type, key, now):
             conn.execute(DEBOUNCED, (now, index, session_id, row.at))
             hand_on(conn, session_id, row)
+
+
+def wake(conn: sqlite3.Connection, session_id: str, types: Sequence[str]) -> None:
+    """``rules.wake_verdict`` over the session's marked rows for events of
+    ``types`` just written (called only when the probe found marks)."""
+    for index, wake_on, *bookkeeping in conn.execute(WAITING, (session_id,)).fetchall():
+        verdict = rules.wake_verdict(Bookkeeping(*bookkeeping), decode(wake_on), types)
+        if verdict != "keep":
+            conn.execute(WAKE, (session_id, index, verdict == "wake"))
+
+
+def release(
+    conn: sqlite3.Connection,
+    session_id: str,
+    index: int,
+    not_before: int,
+    now: int,
+    wake_on: Sequence[str],
+    seen_through: int | None,
+) -> int:
+    """The writes of a release ``rules.release_verdict`` granted: the
+    not-before stored with the wake mark, or ``now`` and no mark when an
+    event after ``seen_through`` wakes it already (``rules.wakes``).
+    Returns the not-before stored."""
+    mark = text(list(wake_on)) if wake_on else None
+    if mark is not None and seen_through is not None:
+        later = conn.execute(TYPES_AFTER, (session_id, seen_through)).fetchall()
+        if rules.wakes(wake_on, (t for (t,) in later)):
+            mark, not_before = None, now
+    conn.execute(RELEASE, (not_before, mark, session_id, index))
+    return not_before

@@ -141,7 +141,7 @@ def _append_rows(
             verdicts.check_cause(
                 session_id, event.cause, None if parent is None else sql.Bookkeeping(*parent)
             )
-    top, had_pending = conn.execute(sql.TOP_AND_PENDING, (session_id,)).fetchone()
+    top, had_pending, waiting = conn.execute(sql.TOP_AND_PENDING, (session_id,)).fetchone()
     if expected_index is not None and top != expected_index:
         raise verdicts.stale_index(session_id, expected_index, top)
     base = top + 1
@@ -153,6 +153,8 @@ def _append_rows(
         sql.insert(conn, session_id, base + i, e, event_id, e.cause, now, claim)
         for i, (e, event_id) in enumerate(zip(events, ids, strict=True))
     ]
+    if waiting:
+        sql.wake(conn, session_id, [e.type for e in events])
     return AppendResult(
         inserted,
         verdicts.has_pending(bool(had_pending), events),
@@ -207,12 +209,14 @@ def _complete_rows(
         return CompleteResult("completed", committed), False
     if sql.rows_by_ids(conn, returned_ids):
         raise verdicts.returned_id_taken()
-    base = sql.next_index(conn, session_id)
+    base, waiting = conn.execute(sql.NEXT_AND_WAITING, (session_id,)).fetchone()
     cause = EventCause(index, attempt)
     inserted = [
         sql.insert(conn, session_id, base + i, e, returned_ids[i], cause, now)
         for i, e in enumerate(events)
     ]
+    if waiting and events:
+        sql.wake(conn, session_id, [e.type for e in events])
     conn.execute(sql.COMPLETE, (now, attempt, sql.text(returned_ids), session_id, index))
     sql.hand_on(conn, session_id, parent)
     return CompleteResult("completed", inserted, sql.drained(conn, session_id)), bool(inserted)
@@ -485,14 +489,19 @@ class SqliteStore:
         return await self._transactions.write("fail", work)
 
     async def release_attempt(
-        self, session_id: str, *, index: int, attempt: int, delay_ms: int
+        self,
+        session_id: str,
+        *,
+        index: int,
+        attempt: int,
+        delay_ms: int | None,
+        wake_on: Sequence[str] = (),
+        seen_through: int | None = None,
     ) -> ReleaseResult:
-        """See :meth:`Store.release_attempt`.
-
-        Cancellation: committed entirely or not at all; a repeat is
-        ``superseded`` (the claim is gone).
-        """
-        not_before = self.clock.now_ms() + delay_ms
+        """See :meth:`Store.release_attempt`. Cancellation: committed entirely
+        or not at all; a repeat is ``superseded`` (the claim is gone)."""
+        now = self.clock.now_ms()
+        not_before = verdicts.NEVER_MS if delay_ms is None else now + delay_ms
 
         def work(conn: sqlite3.Connection) -> ReleaseResult:
             row = conn.execute(sql.READ_BOOKKEEPING, (session_id, index)).fetchone()
@@ -500,8 +509,8 @@ class SqliteStore:
                 raise verdicts.no_event(session_id, index)
             if verdicts.release_verdict(sql.Bookkeeping(*row), attempt) == "superseded":
                 return ReleaseResult("superseded")
-            conn.execute(sql.RELEASE, (not_before, session_id, index))
-            return ReleaseResult("released", not_before)
+            at = sql.release(conn, session_id, index, not_before, now, wake_on, seen_through)
+            return ReleaseResult("released", at)
 
         return await self._transactions.write("release", work)
 
