@@ -200,6 +200,40 @@ async def test_offsets_are_the_session_indexes_of_the_appends() -> None:
         assert middle.headers["stream-closed"] == "true"
 
 
+async def test_catch_up_reads_answer_about_chunk_bytes_and_decode_little_past_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = memory()
+    rows_read: list[int] = []
+    read = store.read
+
+    async def counted(session_id: str, **bounds: int | None) -> list[Any]:
+        rows = await read(session_id, **bounds)
+        rows_read.append(len(rows))
+        return rows
+
+    lane = durable_streams(store, chunk_bytes=20_000)
+    appends = [bytes([n]) * 1000 for n in range(100)]
+    async with lane_client(lane) as http:
+        headers = {"content-type": "application/octet-stream"}
+        await http.put("/c", headers=headers)
+        for body in appends:
+            (await http.post("/c", content=body, headers=headers)).raise_for_status()
+        monkeypatch.setattr(store, "read", counted)
+        bodies, offset = [], "-1"
+        while True:
+            r = await http.get("/c", params={"offset": offset})
+            bodies.append(r.content)
+            offset = r.headers["stream-next-offset"]
+            if r.headers.get("stream-up-to-date") == "true":
+                break
+    assert b"".join(bodies) == b"".join(appends)
+    assert [len(b) for b in bodies] == [20_000] * 5
+    # Each read decodes its appends and one more (that it is not the tail),
+    # not a fixed page of them: 256 a read would be 300 rows here.
+    assert sum(rows_read) <= len(appends) + 2 * len(bodies)
+
+
 async def test_a_recreated_stream_starts_a_new_generation_in_the_same_session() -> None:
     store = memory()
     lane = durable_streams(store)

@@ -79,8 +79,12 @@ LONG_POLL_S: Final = 10.0
 #: reconnect from the last control event's offset): Section 10.2's minute,
 #: which lets a CDN collapse readers.
 SSE_RECONNECT_S: Final = 60.0
-#: About how many bytes one catch-up response carries.
-CHUNK_BYTES: Final = 1024 * 1024
+#: About how many bytes one catch-up response (or SSE catch-up frame)
+#: carries, past it by at most one append. The protocol lets the server
+#: choose; an answer is built in memory, so each catch-up read in flight
+#: holds a few times this (its appends, then the joined body or frame).
+#: 8 MiB, the largest append: 32 MB catch up in 4 reads, not 32 (1 MiB).
+CHUNK_BYTES: Final = 8 * 1024 * 1024
 
 _SECURITY: Final = [
     (b"x-content-type-options", b"nosniff"),

@@ -19,8 +19,10 @@ from .table import Streams
 
 __all__ = ["PAGE_EVENTS", "Chunk", "Item", "append_bytes", "read_chunk", "segments"]
 
-#: Events read from the store per page while filling a chunk.
+#: The most events read from the store per page while filling a chunk.
 PAGE_EVENTS: Final = 256
+#: Events in a chunk's first page, before the appends' size is known.
+FIRST_PAGE_EVENTS: Final = 16
 
 
 class Item(NamedTuple):
@@ -111,6 +113,17 @@ async def segments(
     return found
 
 
+def _page(size: int, count: int, max_bytes: int) -> int:
+    """How many events the next page reads: enough to pass ``max_bytes`` at
+    the mean size of the ``count`` appends so far (``size`` bytes; a few to
+    start). A fixed page of large appends decoded far past the chunk's end
+    (16 KiB appends: four times what a 1 MiB chunk answered)."""
+    if not count:
+        return FIRST_PAGE_EVENTS
+    left = max(0, max_bytes - size)
+    return max(1, min(PAGE_EVENTS, left * count // max(1, size) + 1))
+
+
 async def read_chunk(
     streams: Streams,
     path: str,
@@ -131,7 +144,7 @@ async def read_chunk(
         session = streams.server.session(segment.path)
         first = segment.after
         while first < segment.through:
-            last = min(segment.through, first + PAGE_EVENTS)
+            last = min(segment.through, first + _page(size, len(items), max_bytes))
             for event in await session.history(gte=first + 1, lte=last):
                 if event.type not in APPEND_TYPES:
                     continue
