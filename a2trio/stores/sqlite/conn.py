@@ -46,6 +46,7 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Final, Literal, TypeVar
@@ -53,7 +54,9 @@ from typing import Final, Literal, TypeVar
 import trio
 
 from ...errors import store_unavailable
+from ..group import GroupStatistics
 from .schema import migrate
+from .writer import Writer, begin
 
 __all__ = ["BEGIN_READ", "BEGIN_WRITE", "ConnectionPool", "Transactions", "errors", "use_wal"]
 
@@ -116,27 +119,13 @@ class _Call:
             return self.running
 
 
-def _begin(conn: sqlite3.Connection, begin: str, call: _Call) -> None:
-    # SQLite's own busy handler cannot be interrupted, so it only waits a
-    # slice at a time; between slices a cancelled task's call gives up.
-    deadline = time.monotonic() + BUSY_TIMEOUT_S
-    while True:
-        try:
-            conn.execute(begin)
-            return
-        except sqlite3.OperationalError as exc:
-            if (
-                exc.sqlite_errorcode != sqlite3.SQLITE_BUSY
-                or call.abandoned
-                or time.monotonic() >= deadline
-            ):
-                raise
-
-
 def _transaction(
-    conn: sqlite3.Connection, begin: str, work: Callable[[sqlite3.Connection], T], call: _Call
+    conn: sqlite3.Connection,
+    statement: str,
+    work: Callable[[sqlite3.Connection], T],
+    give_up: Callable[[], bool],
 ) -> T:
-    _begin(conn, begin, call)
+    begin(conn, statement, give_up, BUSY_TIMEOUT_S)
     try:
         result = work(conn)
         conn.execute("commit")
@@ -166,15 +155,9 @@ class Connection:
         Cancellation: prompt; on return the transaction has committed entirely
         or not at all, and no thread is using the connection.
         """
-        return await self.call(lambda raw, call: _transaction(raw, begin, work, call))
-
-    async def begin(self, begin: str) -> None:
-        """Open a transaction that outlives the thread call (an app
-        transaction's), waiting for the write lock as :meth:`run` does.
-
-        Cancellation: prompt; the transaction is open or was never begun.
-        """
-        await self.call(lambda raw, call: _begin(raw, begin, call))
+        return await self.call(
+            lambda raw, call: _transaction(raw, begin, work, lambda: call.abandoned)
+        )
 
     async def call(self, work: Callable[[sqlite3.Connection, _Call], T]) -> T:
         """Run ``work`` in a worker thread, interrupted if the task is cancelled.
@@ -246,12 +229,13 @@ def _connect(path: str, *, writer: bool, synchronous: str = "normal") -> sqlite3
 
 
 class ConnectionPool:
-    """A writer connection and a few readers on one database file.
+    """A writer connection on its own thread and a few readers on one database file.
 
-    Opening is lazy (the first call opens the writer, creates the folder and
-    migrates the schema) and retried after a failure. :meth:`aclose` closes
-    every connection; a later call opens new ones, except on ``:memory:``
-    whose data died with its connection.
+    Opening is lazy (the first call starts the writer's thread, which opens
+    the writer, creates the folder and migrates the schema) and retried after
+    a failure. :meth:`aclose` closes every connection and ends the writer's
+    thread; a later call opens new ones, except on ``:memory:`` whose data
+    died with its connection.
 
     Args:
       path: the database file, or ``":memory:"``.
@@ -273,12 +257,20 @@ class ConnectionPool:
         self._migrate = migrate
         self._synchronous = synchronous
         self._memory = path == ":memory:"
-        self._writer: Connection | None = None
+        self._writer: Writer | None = None
+        #: Held by an app transaction (:meth:`held`) or by :meth:`aclose`:
+        #: other writes wait for it before they queue.
         self._write_lock = trio.Lock()
         self._idle: list[Connection] = []
         self._reader_slots = trio.Semaphore(READERS)
         self._generation = 0
         self._closed_memory = False
+
+    def group_statistics(self) -> GroupStatistics:
+        """How the writer's thread group-committed writes, since it started
+        (zeros before the first write and after :meth:`aclose`)."""
+        writer = self._writer
+        return GroupStatistics(0, 0, 0) if writer is None else writer.statistics()
 
     def check_open(self) -> None:
         """Raise ``trio.ClosedResourceError`` if this is a closed ``:memory:`` pool."""
@@ -288,25 +280,23 @@ class ConnectionPool:
             )
 
     async def write(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``work`` in a ``BEGIN IMMEDIATE`` transaction on the writer."""
-        async with self._write_lock:
-            conn = await self._open_writer()
-            try:
-                return await conn.run(BEGIN_WRITE, work)
-            finally:
-                if conn.broken:
-                    await self._discard_writer()
+        """Run ``work`` in a ``BEGIN IMMEDIATE`` transaction on the writer,
+        group-committed with the writes queued beside it (:mod:`.writer`).
+
+        Cancellation: ``Cancelled`` means nothing of it was written; a write
+        the thread had started returns its result once committed."""
+        if self._write_lock.locked():
+            await self._wait_writer_free()
+        return await self._open_writer().write(work)
 
     async def read(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``work`` in a read transaction: one consistent snapshot."""
         if self._memory:
-            async with self._write_lock:
-                conn = await self._open_writer()
-                try:
-                    return await conn.run(BEGIN_READ, work)
-                finally:
-                    if conn.broken:
-                        await self._discard_writer()
+            if self._write_lock.locked():
+                await self._wait_writer_free()
+            return await self._open_writer().call(
+                lambda raw, op: _transaction(raw, BEGIN_READ, work, op.gave_up)
+            )
         await self._ensure_ready()
         async with self._reader_slots:
             if self._idle:
@@ -325,24 +315,21 @@ class ConnectionPool:
                     self._idle.append(conn)
 
     @asynccontextmanager
-    async def held(self) -> AsyncIterator[Connection]:
+    async def held(self) -> AsyncIterator[Writer]:
         """The writer, held by this task for the block inside one ``BEGIN
         IMMEDIATE`` (an app transaction), which the block commits; whatever
         it left open is rolled back (shielded: a local, short write). Every
         other write, here or in another process, waits."""
         async with self._write_lock:
-            conn = await self._open_writer()
+            writer = self._open_writer()
             try:
-                await conn.begin(BEGIN_WRITE)
-                try:
-                    yield conn
-                finally:
-                    if conn.raw.in_transaction:
-                        with trio.CancelScope(shield=True):
-                            await conn.call(_rollback)
+                await writer.call(
+                    lambda raw, op: begin(raw, BEGIN_WRITE, op.gave_up, BUSY_TIMEOUT_S)
+                )
+                yield writer
             finally:
-                if conn.broken:
-                    await self._discard_writer()
+                with trio.CancelScope(shield=True):
+                    await writer.call(writer.release)
 
     def check_not_holding(self, *, read: bool = False) -> None:
         """Raise ``RuntimeError`` for a write (or, with ``read``, a read of a
@@ -351,42 +338,44 @@ class ConnectionPool:
         itself."""
         if read and not self._memory:
             return
-        if self._write_lock.statistics().owner is trio.lowlevel.current_task():
+        if (
+            self._write_lock.locked()
+            and self._write_lock.statistics().owner is trio.lowlevel.current_task()
+        ):
             raise RuntimeError(
                 "this task's open app transaction holds the SQLite writer: write"
                 " (and, on ':memory:', read) through it (transaction=tx)"
             )
 
-    async def _ensure_ready(self) -> None:
-        if self._writer is None:
-            async with self._write_lock:
-                await self._open_writer()
+    async def _wait_writer_free(self) -> None:
+        # An app transaction (or aclose) holds the writer: queue after it.
+        async with self._write_lock:
+            pass
 
-    async def _open_writer(self) -> Connection:
+    async def _ensure_ready(self) -> None:
+        writer = self._open_writer()
+        if not writer.opened:
+            # Readers need the file to exist, in WAL mode, migrated.
+            await writer.call(_nothing)
+
+    def _open_writer(self) -> Writer:
         if self._writer is not None:
             return self._writer
         self.check_open()
-        raw = await trio.to_thread.run_sync(
-            lambda: _connect(self.path, writer=True, synchronous=self._synchronous)
+        writer = Writer(
+            lambda: _connect(self.path, writer=True, synchronous=self._synchronous),
+            self._migrate,
+            BEGIN_WRITE,
+            BUSY_TIMEOUT_S,
         )
-        conn = Connection(raw, self._generation)
-        try:
-            await conn.run(BEGIN_WRITE, self._migrate)
-        except BaseException:
-            with trio.CancelScope(shield=True):
-                await _close(conn)
-            raise
-        self._writer = conn
-        return conn
-
-    async def _discard_writer(self) -> None:
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            with trio.CancelScope(shield=True):
-                await _close(writer)
+        # A pool dropped unclosed still ends its thread.
+        weakref.finalize(self, writer.stop_soon)
+        self._writer = writer
+        return writer
 
     async def aclose(self) -> None:
-        """Close every connection; in-use readers close when their call ends.
+        """Close every connection and end the writer's thread; in-use readers
+        close when their call ends.
 
         Cancellation: shielded; always closes.
         """
@@ -396,14 +385,15 @@ class ConnectionPool:
             for conn in idle:
                 await _close(conn)
             async with self._write_lock:
-                if self._memory and self._writer is not None:
-                    self._closed_memory = True
-                await self._discard_writer()
+                writer, self._writer = self._writer, None
+                if writer is not None:
+                    await writer.close()
+                    if self._memory and writer.opened:
+                        self._closed_memory = True
 
 
-def _rollback(raw: sqlite3.Connection, _: _Call) -> None:
-    if raw.in_transaction:
-        raw.execute("rollback")
+def _nothing(raw: sqlite3.Connection, _: object) -> None:
+    pass
 
 
 async def _close(conn: Connection) -> None:

@@ -94,6 +94,7 @@ from ..base import (
     WatchesPending,
 )
 from ..feed import Feed, FeedStatistics, Wakeups, adaptive_poll, open_pump_feed
+from ..group import GroupStatistics
 from . import sql
 from .conn import ConnectionPool, Transactions
 from .flow import claim_keyed
@@ -305,6 +306,10 @@ class SqliteStore:
         Cancellation: shielded; the connections are always closed.
         """
         await self._pool.aclose()
+
+    def group_statistics(self) -> GroupStatistics:
+        """How the writer's thread group-committed writes (tests, benchmarks)."""
+        return self._pool.group_statistics()
 
     def feed_statistics(self) -> FeedStatistics:
         """Live feeds following this store (leak checks in tests)."""

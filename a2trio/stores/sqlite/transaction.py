@@ -2,7 +2,8 @@
 
 The block holds the store's writer connection (``conn.ConnectionPool.held``)
 inside one ``BEGIN IMMEDIATE``: the app's statements and its appends run on
-it, one worker thread call each, and commit together. An append there is the
+it, one exclusive call on the writer's thread each (:mod:`.writer`), and
+commit together. An append there is the
 store's own transaction body (``store._append_rows``' statements, with every
 verdict), inside a savepoint so that it writes all of its batch or nothing.
 The file's single write lock is held for the whole block: every other write
@@ -33,7 +34,8 @@ from ..base import AppendEvent, AppendResult, SqlValue
 from ..feed import Wakeups
 from ..outbox import check_statement
 from . import sql
-from .conn import Connection, ConnectionPool, errors
+from .conn import ConnectionPool, errors
+from .writer import Writer
 
 __all__ = ["SqliteTransaction", "SqliteTransactions"]
 
@@ -62,7 +64,7 @@ class SqliteTransaction:
     :class:`~a2trio.stores.base.StoreTransaction` of SQLite."""
 
     def __init__(
-        self, conn: Connection, append_rows: AppendRows, clock: Clock, new_id: IdSource
+        self, conn: Writer, append_rows: AppendRows, clock: Clock, new_id: IdSource
     ) -> None:
         self._conn = conn
         self._append_rows = append_rows
@@ -93,7 +95,7 @@ class SqliteTransaction:
                 with errors(what):
                     return await self._conn.call(lambda raw, _: work(raw))
             finally:
-                if not self._conn.raw.in_transaction:
+                if not self._conn.in_transaction:
                     self.ended = True
 
     async def execute(self, sql: str, params: Sequence[SqlValue] = ()) -> None:
