@@ -18,6 +18,15 @@ clock, one store and no server:
   file's write lock for its whole transaction, so this is also how long it
   keeps other writers, in this process or another, waiting.
 
+``--floor`` measures instead appends per second against the floor (issue 30):
+``--appends`` one-event appends from one task, then spread over ``--tasks``
+tasks (one session each), on a fresh file; beside them, in the same run, the
+same count of raw ``BEGIN IMMEDIATE``/``INSERT``/``COMMIT`` transactions on one
+``sqlite3`` connection through ``trio.to_thread`` (behind a ``trio.Lock``, as
+a store with one writer connection must be), and the same without Trio,
+in-thread. The store's rows also say how its writer's thread group-committed
+them (writes per transaction).
+
 Each measurement has its own session, so the length it names is the length
 it ran at (plus at most a few hundred events). ``--rounds`` repeats the whole
 set (every length, a fresh file each time) and prints each figure's median
@@ -39,6 +48,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 
 import msgspec
 import trio
@@ -130,6 +140,100 @@ COLUMNS = (
 )
 
 
+FLOOR_TABLE = (
+    "create table floor_rows (session_id text, idx integer, body text,"
+    " primary key (session_id, idx))"
+)
+FLOOR_INSERT = "insert into floor_rows values (?, ?, ?)"
+
+
+def _floor_connection(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("pragma journal_mode = wal")
+    conn.execute("pragma synchronous = normal")
+    conn.execute(FLOOR_TABLE)
+    return conn
+
+
+def _floor_transaction(conn: sqlite3.Connection, session_id: str, n: int) -> None:
+    conn.execute("begin immediate")
+    conn.execute(FLOOR_INSERT, (session_id, n, '{"n": 0}'))
+    conn.execute("commit")
+
+
+async def _spread(tasks: int, count: int, one: Callable[[str, int], Awaitable[object]]) -> float:
+    """Appends/s of ``count`` calls of ``one`` spread over ``tasks`` tasks."""
+    per_task = count // tasks
+
+    async def writer(k: int) -> None:
+        for n in range(per_task):
+            await one(f"t{k}", n)
+
+    before = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for k in range(tasks):
+            nursery.start_soon(writer, k)
+    return per_task * tasks / (time.perf_counter() - before)
+
+
+async def floor(tasks: int, args: argparse.Namespace) -> dict[str, float]:
+    row: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        store = a2trio.stores.sqlite(os.path.join(folder, "bench.db"))
+        try:
+            await _timed(store, "warm", WARM_UP, 1, None)
+
+            async def append(session_id: str, n: int) -> None:
+                await store.append(session_id, [_event(n)])
+
+            before = store.group_statistics() if hasattr(store, "group_statistics") else None
+            row["store"] = await _spread(tasks, args.appends, append)
+            if before is not None:
+                after = store.group_statistics()
+                row["per commit"] = (after.members - before.members) / max(
+                    1, after.groups - before.groups
+                )
+        finally:
+            await store.aclose()
+        conn = _floor_connection(os.path.join(folder, "floor.db"))
+        lock = trio.Lock()
+
+        async def raw(session_id: str, n: int) -> None:
+            async with lock:
+                await trio.to_thread.run_sync(_floor_transaction, conn, session_id, n)
+
+        try:
+            row["to_thread"] = await _spread(tasks, args.appends, raw)
+            before_raw = time.perf_counter()
+            for n in range(args.appends):
+                _floor_transaction(conn, "raw", n)
+            row["raw"] = args.appends / (time.perf_counter() - before_raw)
+        finally:
+            conn.close()
+    return row
+
+
+def floors(args: argparse.Namespace, versions: str) -> None:
+    source = os.path.dirname(os.path.abspath(a2trio.__file__))
+    print(
+        f"# bench/sqlite_append.py --floor: medians of {args.rounds} rounds of "
+        f"{args.appends:,} appends; a2trio from {source}; {versions}"
+    )
+    print(
+        "| tasks | store appends/s | writes per commit | raw via to_thread/s | raw/s"
+        " | store / to_thread |"
+    )
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    for tasks in (1, args.tasks):
+        found = [trio.run(floor, tasks, args) for _ in range(args.rounds)]
+        med = {key: statistics.median(r.get(key, 0.0) for r in found) for key in found[0]}
+        per_commit = f"{med['per commit']:.1f}" if "per commit" in med else "n/a"
+        print(
+            f"| {tasks} | {med['store']:,.0f} | {per_commit} | {med['to_thread']:,.0f} | "
+            f"{med['raw']:,.0f} | {med['store'] / med['to_thread']:.2f}x |"
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -141,6 +245,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fill", type=int, default=1000, help="events per append when filling")
     parser.add_argument("--rounds", type=int, default=3, help="medians over this many runs")
     parser.add_argument("--source", default=None, help="the a2trio checkout to measure")
+    parser.add_argument("--floor", action="store_true", help="appends/s against the raw floor")
+    parser.add_argument("--appends", type=int, default=3000, help="appends per --floor figure")
+    parser.add_argument("--tasks", type=int, default=10, help="appending tasks, --floor")
     parser.add_argument("--versions", action="store_true", help="print versions and exit")
     args = parser.parse_args(argv)
     versions = (
@@ -149,6 +256,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     if args.versions:
         print(versions)
+        return
+    if args.floor:
+        floors(args, versions)
         return
     lengths = [int(n) for n in args.lengths.split(",") if n.strip()]
     runs: dict[int, list[dict[str, float]]] = {length: [] for length in lengths}

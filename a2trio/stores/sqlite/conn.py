@@ -1,37 +1,41 @@
-"""sqlite3 connections driven from Trio: one whole transaction per thread call.
+"""sqlite3 connections driven from Trio: the writer's thread and the readers.
 
-Theory of operation. ``sqlite3`` blocks, so every transaction runs in a worker
-thread (``trio.to_thread``), and it runs *whole* there: ``BEGIN``, the
-statements, ``COMMIT`` (or ``ROLLBACK`` on any error) are one thread call. A
-Trio task therefore never holds a connection between two awaits in the
-middle of a transaction.
+Theory of operation. ``sqlite3`` blocks, so no statement runs on the Trio
+thread. Writes go to the writer connection's own thread (:mod:`.writer`),
+which group-commits what is queued together: one ``BEGIN IMMEDIATE``, each
+write in its own savepoint, one ``COMMIT``, one wake of the Trio side. Reads
+run *whole* in a worker thread (``trio.to_thread``) on a reader connection:
+``BEGIN``, the statements, ``COMMIT`` (or ``ROLLBACK`` on any error) are one
+thread call. A Trio task therefore never holds a connection between two
+awaits in the middle of a transaction, except in an app transaction.
 
-Cancellation. The thread call is made with ``abandon_on_cancel=True`` so that
-Trio notices the cancellation at once, but the connection is not abandoned:
+Cancellation. A write: see :mod:`.writer` (``Cancelled`` means nothing of
+it was written). A read's thread call is made with ``abandon_on_cancel=True``
+so that Trio notices the cancellation at once, but the connection is not
+abandoned:
 
 * if the thread has not started the transaction yet, it is told not to, and
   the connection was never touched;
 * if it has, ``Connection.interrupt()`` makes the running statement fail with
   ``SQLITE_INTERRUPT``, the thread rolls back, and the cancelled task waits,
-  shielded, until the thread is done. A ``BEGIN IMMEDIATE`` waiting for another
-  process's write lock cannot be interrupted inside SQLite, so it waits in
-  slices of :data:`BUSY_SLICE_S` and gives up between them. An interrupt that
-  lands between statements is a no-op, and the transaction simply runs to its
-  end (commit included).
+  shielded, until the thread is done. A ``BEGIN`` waiting for another
+  process's lock cannot be interrupted inside SQLite, so it waits in slices
+  of :data:`BUSY_SLICE_S` and gives up between them. An interrupt that lands
+  between statements is a no-op, and the transaction simply runs to its end.
 
-Either way the cancelled call committed entirely or not at all, and the
-connection goes back to the pool idle. An app transaction
-(:meth:`ConnectionPool.held`) is the one exception to one transaction per
-thread call: it holds the writer (and the file's write lock) for its block,
-one thread call per statement, each interrupted as above on cancellation,
-and is rolled back if the block does not end normally. A connection left inside a transaction
-(a failed ``ROLLBACK``) is marked broken and closed instead of reused.
+Either way the connection goes back to the pool idle. An app transaction
+(:meth:`ConnectionPool.held`) holds the writer (and the file's write lock)
+for its block, one exclusive call on the writer's thread per statement, each
+interrupted as above on cancellation, and is rolled back if the block does
+not end normally; other writes wait for it on the pool's ``trio.Lock``
+before they queue. A connection left inside a transaction (a failed
+``ROLLBACK``) is closed instead of reused.
 
-Writes serialize anyway (SQLite has one writer per file), so the pool keeps one
-writer connection behind a ``trio.Lock`` and a few reader connections, which in
-WAL mode read a consistent snapshot without waiting for the writer. A
-``:memory:`` database is private to its connection, so there the one
-connection serves both.
+Writes serialize anyway (SQLite has one writer per file), so the pool keeps
+one writer connection and a few reader connections, which in WAL mode read a
+consistent snapshot without waiting for the writer. A ``:memory:`` database
+is private to its connection, so there the writer serves reads too (one
+exclusive call each).
 
 Errors. :func:`errors` is the store's one translation of sqlite3 failures;
 :class:`Transactions` runs the store's transactions (its presence, inspection
