@@ -1,16 +1,17 @@
 """The SQLite store: the embedded default for development, on stdlib ``sqlite3``.
 
-Theory of operation. Every operation is one transaction with the seed's
+Theory of operation. Every operation is one transaction (or, for writes
+queued together, one savepoint of a group commit) with the seed's
 ``store-postgres.ts`` statements and boundaries, written for SQLite: writes
 open with ``BEGIN IMMEDIATE``, which takes the file's single write lock up
 front. That lock does the work of Postgres' ``pg_advisory_xact_lock`` and
 ``FOR UPDATE``: index assignment, the duplicate-id check and the attempt fence
 all read and write under it, so several OS processes can share one file (WAL
-mode lets their readers run beside the writer). Each transaction runs whole in
-a worker thread (:mod:`.conn`), so Trio never waits on the disk and a
-cancelled task never leaves a transaction open. Timestamps are read from the
-injected clock on the Trio side, before the thread call, as the seed reads
-``clock.now()`` before its query: a ``Clock`` need not work from a thread.
+mode lets their readers run beside the writer). Writes run on the writer's
+thread (:mod:`.writer`), reads whole in a worker thread (:mod:`.conn`): Trio
+never waits on the disk and a cancelled task never leaves a transaction
+open. Timestamps are read from the injected clock on the Trio side, before
+the thread call: a ``Clock`` need not work from a thread.
 
 Verdicts (issue 31). SQLite runs in process, so a decision inside a
 statement saves no round trip: the transactions read a row's bookkeeping by
@@ -43,15 +44,13 @@ Appends by other processes are found by adaptive polling: ``poll_active_s``
 (25 ms) after a read found rows, doubling on every empty read up to
 ``poll_idle_s`` (2 s).
 
-Where the rest lives. This module holds the store and its event, claim,
-outcome and state transactions, and the sweep (``store.sweep``); the
-presence plane (the degraded tier) is :mod:`.presence`, the app's own
-transaction :mod:`.transaction` (``store.transactions``), the read-only views
-:mod:`.inspection`, the operator actions :mod:`.operator`
-(``store.operator``), retention :mod:`.retention` (``store.retention``),
-every statement and the decoding of its rows :mod:`.sql`, and the one
-translation of sqlite3 failures, with the transactions it wraps,
-:mod:`.conn`.
+Where the rest lives. This module holds the store, its event, claim,
+outcome and state transactions, and the sweep (``store.sweep``); presence
+(the degraded tier) is :mod:`.presence`, the app's own transaction
+:mod:`.transaction`, the read-only views :mod:`.inspection`, the operator
+actions :mod:`.operator`, retention :mod:`.retention`, every statement and
+the decoding of its rows :mod:`.sql`, the one translation of sqlite3
+failures, with the transactions it wraps, :mod:`.conn`.
 """
 
 from __future__ import annotations
@@ -94,7 +93,6 @@ from ..base import (
     WatchesPending,
 )
 from ..feed import Feed, FeedStatistics, Wakeups, adaptive_poll, open_pump_feed
-from ..group import GroupStatistics
 from . import sql
 from .conn import ConnectionPool, Transactions
 from .flow import claim_keyed
@@ -267,6 +265,7 @@ class SqliteStore:
         self._new_id: IdSource = random_id if ids is None else ids
         self.timings = timings
         self._pool = ConnectionPool(self.path)
+        self.group_statistics = self._pool.group_statistics  # the writer's batches
         self._transactions = Transactions(self._pool)
         self._wakeups = Wakeups()
         self._users = 0
@@ -306,10 +305,6 @@ class SqliteStore:
         Cancellation: shielded; the connections are always closed.
         """
         await self._pool.aclose()
-
-    def group_statistics(self) -> GroupStatistics:
-        """How the writer's thread group-committed writes (tests, benchmarks)."""
-        return self._pool.group_statistics()
 
     def feed_statistics(self) -> FeedStatistics:
         """Live feeds following this store (leak checks in tests)."""
