@@ -207,3 +207,22 @@ def test_configure_logging_installs_one_handler_and_quiets_hypercorns_echo() -> 
     finally:
         root.handlers[:], level, logging.getLogger("hypercorn").propagate = saved
         root.setLevel(level)
+
+
+def test_serves_text_lines_stamp_times_as_pythons_formatter_does() -> None:
+    # The date and time are formatted once a second (a line per request):
+    # every record still reads as the stock formatter would write it.
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level, logging.getLogger("hypercorn").propagate)
+    try:
+        configure_logging("info", "text")
+        [handler] = root.handlers
+        assert handler.formatter is not None
+        stock = logging.Formatter(handler.formatter._fmt)
+        for created in (1_764_700_000.0, 1_764_700_000.999, 1_764_700_001.5, 1_764_700_000.25):
+            record = logging.makeLogRecord({"msg": "POST /board/s1 200 1.0 ms", "created": created})
+            record.msecs = (created - int(created)) * 1000
+            assert handler.formatter.format(record) == stock.format(record)
+    finally:
+        root.handlers[:], level, logging.getLogger("hypercorn").propagate = saved
+        root.setLevel(level)

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, cast
 
@@ -125,7 +126,8 @@ def stores(app: App | Any) -> str:
 
 #: One INFO record per request: method, path (never the query string, which
 #: may carry a token), status and duration; never headers or bodies.
-access_logger = logging.getLogger("a2trio.access")
+_ACCESS_LOGGER: Final = "a2trio.access"
+access_logger = logging.getLogger(_ACCESS_LOGGER)
 #: The banner's details that are not for every start (DEBUG), and reloads.
 logger = logging.getLogger("a2trio.serve")
 
@@ -154,7 +156,9 @@ class AccessLog:
         status: int | str = "-"
         streaming = False
 
-        async def recording_send(message: Any) -> None:
+        # A plain function handing back the server's own awaitable: every
+        # send (and every wake-up within it) skips a coroutine frame.
+        def recording_send(message: Any) -> Awaitable[None]:
             nonlocal status, streaming
             kind = message["type"]
             if kind == "http.response.start":
@@ -165,7 +169,7 @@ class AccessLog:
                 status = 101
             elif kind == "websocket.close" and status == "-":
                 status = 403  # refused before the handshake (hypercorn answers 403)
-            await send(message)
+            return cast("Awaitable[None]", send(message))
 
         try:
             await self.app(scope, receive, recording_send)
@@ -173,18 +177,45 @@ class AccessLog:
             seconds = trio.current_time() - started
             method = scope.get("method", "GET") if kind == "http" else "WS"
             took = f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.1f} s"
-            access_logger.info(
-                "%s %s %s%s %s",
-                method,
-                scope.get("path", ""),
-                status,
-                " (stream)" if streaming else "",
-                took,
-                extra={"a2_method": method, "a2_path": scope.get("path"), "a2_status": status},
+            path = scope.get("path", "")
+            # The record made and handled directly: ``Logger.info`` would
+            # also walk the stack for the caller's file and line, which say
+            # nothing here (a fifth of the line's cost).
+            access_logger.handle(
+                access_logger.makeRecord(
+                    _ACCESS_LOGGER,
+                    logging.INFO,
+                    __file__,
+                    0,
+                    "%s %s %s%s %s",
+                    (method, path, status, " (stream)" if streaming else "", took),
+                    None,
+                    extra={"a2_method": method, "a2_path": path, "a2_status": status},
+                )
             )
 
 
-class JsonFormatter(logging.Formatter):
+class _SecondsFormatter(logging.Formatter):
+    """A formatter whose default ``asctime`` (``2026-12-02 18:31:39,123``)
+    formats the date and time once a second, not once a record: ``serve``
+    writes a line per request."""
+
+    _second: tuple[int, str] = (-1, "")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        if datefmt is not None:
+            return super().formatTime(record, datefmt)
+        second = int(record.created)
+        cached, stamp = self._second
+        if cached != second:
+            stamp = time.strftime(self.default_time_format, self.converter(record.created))
+            # One tuple, so a record logged from a thread sees a matching pair.
+            self._second = (second, stamp)
+        msecs = self.default_msec_format
+        return stamp if msecs is None else msecs % (stamp, record.msecs)
+
+
+class JsonFormatter(_SecondsFormatter):
     """One JSON object per record: time, level, logger, message, the
     record's ``a2_*`` fields, and the traceback when there is one."""
 
@@ -219,7 +250,7 @@ def configure_logging(level: str, fmt: str, *, worker: int | None = None) -> Non
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(
-            logging.Formatter(f"%(asctime)s %(levelname)s {tag}%(name)s: %(message)s")
+            _SecondsFormatter(f"%(asctime)s %(levelname)s {tag}%(name)s: %(message)s")
         )
     root = logging.getLogger()
     root.handlers[:] = [handler]
