@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from typing import Final
 
@@ -174,10 +174,10 @@ class App:
         replays. A cancelled lifespan closes the servers as shutdown would.
         """
         kind = scope["type"]
-        if kind == "lifespan":
-            await self._lifespan(receive, send)
-        elif kind == "http":
+        if kind == "http":
             await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
         elif kind == "websocket":
             await self._websocket(scope, receive, send)
 
@@ -224,7 +224,13 @@ class App:
                 return
             send = with_cors_headers(self.cors, request, send)
         try:
-            await self._route_http(scope, request, receive, send)
+            segments = path_segments(scope)
+            route = match(self._routes, segments, request.method)
+            if route is None:
+                raise Refusal(
+                    404, "routes are /{contract}/{session} and /{contract}[/{session}]/ws"
+                )
+            await route.handler(request, receive, send, segments)
         except Disconnected:
             return
         except Exception as exc:
@@ -254,17 +260,8 @@ class App:
         routes.append(Route(("*", "*"), self._lanes))
         return routes
 
-    async def _route_http(
-        self, scope: Scope, request: Request, receive: Receive, send: Send
-    ) -> None:
-        segments = path_segments(scope)
-        route = match(self._routes, segments, request.method)
-        if route is None:
-            raise Refusal(404, "routes are /{contract}/{session} and /{contract}[/{session}]/ws")
-        await route.handler(request, receive, send, segments)
-
-    async def _body(self, request: Request, receive: Receive) -> bytes:
-        return await read_body(request, receive, self.limits)
+    def _body(self, request: Request, receive: Receive) -> Awaitable[bytes]:
+        return read_body(request, receive, self.limits)
 
     async def _scheduler(
         self,
@@ -309,16 +306,18 @@ class App:
     ) -> None:
         await serve_static(self.static, segments, request, send)
 
-    async def _lanes(
+    def _lanes(
         self, request: Request, receive: Receive, send: Send, segments: list[str]
-    ) -> None:
+    ) -> Awaitable[None]:
         """A mount's lanes, ``/{contract}/{session}``: an actor's (:mod:`.actors`)
-        or a session's (:mod:`.sessions`). The id is checked here, once."""
+        or a session's (:mod:`.sessions`). The id is checked here, once; the
+        lane's own coroutine is handed back, so the busiest route adds no
+        frame to every wake-up of a request."""
         server = self._server(segments[0])
         if isinstance(server.contract, Actor):
             with bad_input():
                 actor = server.actor(segments[1])
-            await serve_actor_http(
+            return serve_actor_http(
                 server,
                 actor,
                 request,
@@ -330,16 +329,15 @@ class App:
                 view=self.views.get(server.contract.name),
                 grants=self.grants,
             )
-            return
         with bad_input():
             session = server.session(segments[1])
-        await serve_session_http(
+        return serve_session_http(
             server,
             session,
             request,
             receive,
             send,
-            body=lambda: self._body(request, receive),
+            body=functools.partial(read_body, request, receive, self.limits),
             authorize=self.authorize,
             limits=self.limits,
             grants=self.grants,
