@@ -115,20 +115,49 @@ async def read_body(request: Request, receive: Receive, limits: Limits) -> bytes
     """
     limit = limits.max_body_bytes
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    length = int(declared) if declared.isdigit() else -1
+    if length > limit:
         raise Refusal(413, f"request bodies are limited to {limit} bytes")
+    message = _arrived(receive)
+    if message is not None and message["type"] == "http.request":
+        chunk: bytes = message.get("body", b"")
+        if len(chunk) <= limit and (not message.get("more_body", False) or len(chunk) == length):
+            return chunk
     body = bytearray()
     with trio.move_on_after(limits.body_timeout_s):
         while True:
-            message = await receive()
+            if message is None:
+                message = await receive()
             if message["type"] == "http.disconnect":
                 raise Disconnected
             body += message.get("body", b"")
             if len(body) > limit:
                 raise Refusal(413, f"request bodies are limited to {limit} bytes")
-            if not message.get("more_body", False):
+            # The declared length read is the whole body (the server frames
+            # it by that length): its last, empty message is not waited for,
+            # a wake-up fewer per push.
+            if not message.get("more_body", False) or len(body) == length:
                 return bytes(body)
+            message = None
     raise Refusal(408, f"the request body did not arrive within {limits.body_timeout_s:g} s")
+
+
+def _arrived(receive: Receive) -> Message | None:
+    """The request's next message if the server already holds it, else None.
+
+    hypercorn's trio worker hands the app a trio memory channel's ``receive``:
+    a body that came with its headers (most pushes) is then taken at once,
+    without the timer and the wake-up of a wait (a tenth of the app's own
+    cost of a push). Another server's ``receive`` is simply awaited.
+    """
+    channel = getattr(receive, "__self__", None)
+    if not isinstance(channel, trio.MemoryReceiveChannel):
+        return None
+    try:
+        message: Message = channel.receive_nowait()
+    except (trio.WouldBlock, trio.EndOfChannel):
+        return None  # (awaited, the channel says the same)
+    return message
 
 
 def index_param(name: str, raw: str | None) -> int | None:
