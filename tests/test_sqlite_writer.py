@@ -185,3 +185,34 @@ async def test_an_app_transaction_keeps_queued_writes_out_of_its_block(
         # ... and it committed once the block did.
         assert [e.index for e in await store.read("other")] == [1]
         assert [e.index for e in await store.read("mine")] == [1]
+
+
+async def test_a_write_that_ends_the_transaction_leaves_the_others_to_run_alone(
+    tmp_path: Path,
+) -> None:
+    pool = ConnectionPool(str(tmp_path / "dev.db"))
+    outcomes: dict[str, object] = {}
+
+    def ending(conn: sqlite3.Connection) -> None:
+        # What an interrupt or a full disk does: the whole transaction is gone.
+        conn.execute("rollback")
+        raise sqlite3.OperationalError("the transaction ended")
+
+    async def write(session_id: str, work: Work) -> None:
+        try:
+            outcomes[session_id] = await pool.write(work)
+        except sqlite3.OperationalError as exc:
+            outcomes[session_id] = exc
+
+    try:
+        async with _held_thread(pool) as release, trio.open_nursery() as nursery:
+            for name in ("a", "b", "c"):
+                nursery.start_soon(write, name, _insert(name))
+            nursery.start_soon(write, "ending", ending)
+            await trio.testing.wait_all_tasks_blocked()
+            release.set()
+        assert outcomes["a"] == outcomes["b"] == outcomes["c"] == 1
+        assert isinstance(outcomes["ending"], sqlite3.OperationalError)
+        assert await pool.read(_count) == ["a", "b", "c"]
+    finally:
+        await pool.aclose()

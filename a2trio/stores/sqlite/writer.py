@@ -234,6 +234,7 @@ class Writer:
             carry = None
             if item is _Stop:
                 self._close_raw()
+                self._refuse_queued()
                 return
             assert isinstance(item, Op)
             if item.exclusive:
@@ -251,6 +252,17 @@ class Writer:
                 assert isinstance(more, Op)
                 batch.append(more)
             self._guarded(batch, self._write_batch)
+
+    def _refuse_queued(self) -> None:
+        # The pool queues nothing after its stop; should anything be there,
+        # its caller must not wait forever.
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, Op):
+                self._finish_all([item], trio.ClosedResourceError("the sqlite writer is closed"))
 
     def _guarded(self, ops: list[Op[object]], run: Callable[[list[Op[object]]], None]) -> None:
         # A bug here must not leave callers parked forever.
