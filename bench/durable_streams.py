@@ -1,10 +1,13 @@
 """The Durable Streams lane against the protocol's reference server, side by side.
 
 Each server runs in a subprocess: ``python -m a2trio.serve
-a2trio.transport.durable_streams:app`` on each ``--stores`` store (memory,
-SQLite in a temporary file), and ``@durable-streams/server`` (Node, in
-memory: ``conformance/durable-streams/reference-server.mjs``, installed by
-``npm ci`` there). Three scenarios each:
+bench.durable_streams:lane`` (the lane, on the store ``A2_BENCH_STORE`` names)
+on each ``--stores`` store (memory; SQLite in a temporary file; Postgres in
+a fresh database on ``--dsn``'s server, dropped afterwards; Redis at
+``--redis-url`` under a fresh key prefix whose keys are deleted afterwards,
+as ``bench/stream.py``), and ``@durable-streams/server`` (Node, in memory:
+``conformance/durable-streams/reference-server.mjs``, installed by ``npm ci``
+there). Three scenarios each:
 
 * **append**: ``--writers`` concurrent writers, each its own stream,
   ``--appends`` appends of ``--payload`` bytes one after another:
@@ -21,6 +24,7 @@ Run::
 
     .venv/bin/python bench/durable_streams.py --versions
     .venv/bin/python bench/durable_streams.py --stores memory,sqlite --readers 1000
+    .venv/bin/python bench/durable_streams.py --stores memory,sqlite,postgres,redis
     .venv/bin/python bench/durable_streams.py --tiny        # a smoke run: seconds
 
 It ends with the rows side by side (a column per server) and each lane's
@@ -53,7 +57,34 @@ import httpx
 import trio
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 SUITE = ROOT / "conformance" / "durable-streams"
+
+from a2trio import stores  # noqa: E402
+from a2trio.transport.durable_streams import durable_streams  # noqa: E402
+
+#: The stores a lane row can run on.
+STORES = ("memory", "sqlite", "postgres", "redis")
+
+
+def _served_store() -> stores.Store:
+    """The lane subprocess's store: what ``A2_BENCH_STORE`` names (memory
+    by default), with the ``A2_BENCH_*`` settings ``lane_server`` gives it."""
+    kind = os.environ.get("A2_BENCH_STORE", "memory")
+    if kind == "redis":
+        return stores.redis(
+            os.environ["A2_BENCH_REDIS_URL"], key_prefix=os.environ["A2_BENCH_REDIS_PREFIX"]
+        )
+    if kind == "postgres":
+        return stores.postgres(os.environ["A2_BENCH_DSN"])
+    if kind == "sqlite":
+        return stores.sqlite(os.environ["A2_BENCH_SQLITE"])
+    return stores.memory()
+
+
+#: The app each lane subprocess serves (``python -m a2trio.serve
+#: bench.durable_streams:lane``); construction does no I/O.
+lane = durable_streams(_served_store())
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -92,15 +123,30 @@ async def _read_until(process: trio.Process, marker: bytes, timeout_s: float) ->
 
 
 @asynccontextmanager
-async def lane_server(store: str) -> AsyncIterator[tuple[str, int]]:
-    """The lane on ``store`` (``memory`` or ``sqlite``): its URL and pid."""
-    with tempfile.TemporaryDirectory() as tmp:
-        url = "memory:" if store == "memory" else f"sqlite:///{tmp}/streams.db"
+async def store_env(store: str, args: argparse.Namespace) -> AsyncIterator[dict[str, str]]:
+    """The lane subprocess's ``A2_BENCH_*`` settings for ``store``; creates
+    and removes its data."""
+    if store == "sqlite":
+        with tempfile.TemporaryDirectory() as tmp:
+            yield {"A2_BENCH_STORE": "sqlite", "A2_BENCH_SQLITE": f"{tmp}/streams.db"}
+        return
+    from stream import backend_env
+
+    async with backend_env(store, args) as env:
+        yield env
+
+
+@asynccontextmanager
+async def lane_server(store: str, args: argparse.Namespace) -> AsyncIterator[tuple[str, int]]:
+    """The lane on ``store`` (one of ``STORES``): its URL and pid."""
+    async with store_env(store, args) as store_settings:
         env = {k: v for k, v in os.environ.items() if not k.startswith("A2_")}
-        env["PYTHONPATH"] = str(ROOT)
-        command = [sys.executable, "-m", "a2trio.serve", "a2trio.transport.durable_streams:app"]
-        command += ["--store", url, "--port", "0", "--no-access-log", "--log-level", "warning"]
-        process = await trio.lowlevel.open_process(command, env=env, stdout=subprocess.PIPE)
+        env.update(store_settings, PYTHONPATH=str(ROOT))
+        command = [sys.executable, "-m", "a2trio.serve", "bench.durable_streams:lane"]
+        command += ["--port", "0", "--no-access-log", "--log-level", "warning"]
+        process = await trio.lowlevel.open_process(
+            command, cwd=ROOT, env=env, stdout=subprocess.PIPE
+        )
         try:
             banner = await _read_until(process, b"Ctrl-C", 60)
             line = next(x for x in banner.splitlines() if x.startswith("a2trio serving on"))
@@ -345,7 +391,8 @@ async def main(args: argparse.Namespace) -> None:
     print(f"{'server':<16} {'scenario':<9} {'value':>10} {'unit':<10} detail")
     rows: list[Row] = []
     for store in args.stores:
-        for row in await run_server(f"a2trio/{store}", functools.partial(lane_server, store), args):
+        server = functools.partial(lane_server, store, args)
+        for row in await run_server(f"a2trio/{store}", server, args):
             print(row, flush=True)
             rows.append(row)
     if args.reference:
@@ -400,6 +447,8 @@ def comparison(rows: list[Row]) -> str:
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stores", default="memory,sqlite", type=lambda s: s.split(","))
+    parser.add_argument("--dsn", default="postgresql://root@127.0.0.1:5432/postgres")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--no-reference", dest="reference", action="store_false")
     parser.add_argument("--writers", type=int, default=16)
     parser.add_argument("--appends", type=int, default=200)
@@ -411,6 +460,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tiny", action="store_true", help="a smoke run: a few of each")
     parser.add_argument("--versions", action="store_true", help="print the versions and exit")
     args = parser.parse_args(argv)
+    unknown = [store for store in args.stores if store not in STORES]
+    if unknown:
+        parser.error(f"unknown stores {unknown}: choose from {', '.join(STORES)}")
     if args.tiny:
         args.writers, args.appends, args.catchup_appends = 2, 10, 20
         args.catchup_payload, args.readers, args.rounds = 1024, 5, 2
