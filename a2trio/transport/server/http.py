@@ -189,7 +189,9 @@ def path_segments(scope: Scope) -> list[str]:
         not UTF-8.
     """
     raw = scope.get("raw_path") or scope["path"].encode()
-    path = raw.decode("latin-1").partition("?")[0]
+    path: str = raw.decode("latin-1").partition("?")[0]
+    if "%" not in path:
+        return path.split("/")[1:]  # nothing to decode (most paths)
     if _MALFORMED_ESCAPE.search(path) is not None:
         raise A2Error(
             ErrorCode.INVALID_PAYLOAD,

@@ -43,8 +43,12 @@ def iso_ms(moment: datetime | int) -> str:
     """
     if isinstance(moment, int):
         moment = datetime.fromtimestamp(moment / 1000, UTC)
-    moment = moment.astimezone(UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    elif moment.tzinfo is not UTC:
+        moment = moment.astimezone(UTC)
+    # isoformat truncates to milliseconds as toISOString does; in UTC it
+    # ends "+00:00", written "Z". (A fifth of strftime's cost: every event
+    # on every lane.)
+    return moment.isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
 class WireEvent(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
