@@ -152,7 +152,8 @@ class AccessLog:
         if kind not in ("http", "websocket") or not access_logger.isEnabledFor(logging.INFO):
             await self.app(scope, receive, send)
             return
-        started = trio.current_time()
+        # The wall clock's duration (perf_counter: a third of trio's clock read).
+        started = time.perf_counter()
         status: int | str = "-"
         streaming = False
 
@@ -174,7 +175,7 @@ class AccessLog:
         try:
             await self.app(scope, receive, recording_send)
         finally:
-            seconds = trio.current_time() - started
+            seconds = time.perf_counter() - started
             method = scope.get("method", "GET") if kind == "http" else "WS"
             took = f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.1f} s"
             path = scope.get("path", "")
