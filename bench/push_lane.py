@@ -24,6 +24,7 @@ the bare floor from the same round::
     .venv/bin/python bench/push_lane.py [--store memory,sqlite,postgres] [--repeat 3]
     .venv/bin/python bench/push_lane.py --store memory --profile /tmp/http   # py-spy a2trio
     .venv/bin/python bench/push_lane.py --store sqlite,postgres --workers 2
+    .venv/bin/python bench/push_lane.py --no-access-log   # serve --no-access-log
 
 With ``--workers N`` a2trio runs as ``serve --workers N`` and the floor as N
 bare processes on the one port (each binding it with ``SO_REUSEPORT``, as
@@ -237,9 +238,12 @@ def _cmdline(pid: int) -> bytes:
 
 
 @asynccontextmanager
-async def served(kind: str, store_url: str, workers: int = 1) -> AsyncIterator[tuple[Served, str]]:
+async def served(
+    kind: str, store_url: str, workers: int = 1, access_log: bool = True
+) -> AsyncIterator[tuple[Served, str]]:
     """The a2trio or the bare server on a free port, with its URL: a2trio as
-    ``serve --workers N``, the floor as N bare processes on the port."""
+    ``serve --workers N`` (``--no-access-log`` without ``access_log``), the
+    floor as N bare processes on the port."""
     port = free_port()
     if kind == "a2trio":
         command = [
@@ -251,6 +255,7 @@ async def served(kind: str, store_url: str, workers: int = 1) -> AsyncIterator[t
             str(port),
             "--workers",
             str(workers),
+            *([] if access_log else ["--no-access-log"]),
         ]
         commands = [command]
     else:
@@ -369,7 +374,7 @@ async def measure(store: str, args: argparse.Namespace, round_: int) -> tuple[Re
         fresh_store(store, args.dsn) as bare_url,
         fresh_store(store, args.dsn) as ours_url,
         served("bare", bare_url, args.workers) as (bare, bare_base),
-        served("a2trio", ours_url, args.workers) as (ours, ours_base),
+        served("a2trio", ours_url, args.workers, args.access_log) as (ours, ours_base),
     ):
         await load(bare_base, bare, args, args.warmup)
         await load(ours_base, ours, args, args.warmup)
@@ -431,6 +436,12 @@ if __name__ == "__main__":
         "--workers", type=int, default=1, help="server processes on the port, for both servers"
     )
     parser.add_argument("--sessions", type=int, default=100)
+    parser.add_argument(
+        "--no-access-log",
+        dest="access_log",
+        action="store_false",
+        help="serve a2trio without its access log (one record per request, on by default)",
+    )
     parser.add_argument("--profile", type=Path, help="py-spy the a2trio server into this folder")
     parser.add_argument("--dsn", default="postgresql://root@127.0.0.1:5432/postgres")
     parser.add_argument("--serve-bare", type=int, metavar="PORT", help=argparse.SUPPRESS)
