@@ -259,6 +259,53 @@ async def test_concurrent_calls_share_pipelines_each_with_its_own_verdict() -> N
         await store.aclose()
 
 
+async def test_a_script_error_in_a_batch_fails_only_its_own_call() -> None:
+    async with _prefix() as prefix:
+        store = redis(REDIS_URL, key_prefix=prefix)
+        async with store:
+            async with store._conn.new_client() as raw:
+                # The session's head is a string: HGET on it raises WRONGTYPE.
+                await raw.set(f"{prefix}:bad:head", "x")
+            failed: list[A2Error] = []
+
+            async def bad() -> None:
+                with pytest.raises(A2Error) as caught:
+                    await store.append("bad", [_ev()])
+                failed.append(caught.value)
+
+            async with trio.open_nursery() as nursery:
+                for n in range(30):
+                    nursery.start_soon(store.append, f"s{n}", [_ev(id=f"e{n}")])
+                    if n % 10 == 5:
+                        nursery.start_soon(bad)
+            assert store.pipeline_statistics().largest > 1
+            assert [e.code for e in failed] == [ErrorCode.STORE_UNAVAILABLE] * 3
+            for n in range(30):
+                assert [e.id for e in await store.read(f"s{n}")] == [f"e{n}"]
+        await store.aclose()
+
+
+async def test_cancelled_batched_calls_run_whole_or_not_at_all() -> None:
+    async with _prefix() as prefix:
+        store = redis(REDIS_URL, key_prefix=prefix)
+        async with store:
+            for delay in (0, 1, 2, 5):
+                async with trio.open_nursery() as nursery:
+                    for n in range(20):
+                        nursery.start_soon(store.append, f"s{n}", [_ev(id=f"e{delay}-{n}")])
+                    for _ in range(delay):
+                        await trio.lowlevel.checkpoint()
+                    nursery.cancel_scope.cancel()
+            for n in range(20):
+                rows = await store.read(f"s{n}")
+                # Each cancelled call ran whole (once) or never started.
+                assert len({e.id for e in rows}) == len(rows) <= 4
+            # No caller was left waiting for a batch: the store still answers.
+            with trio.fail_after(GUARD_S):
+                await store.append("after", [_ev()])
+        await store.aclose()
+
+
 async def test_a_pipeline_on_a_fresh_server_loads_its_scripts() -> None:
     """A server that has none of the scripts (new, or restarted) answers a
     whole pipeline NOSCRIPT: each call loads its script and runs again."""

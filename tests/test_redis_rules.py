@@ -82,11 +82,17 @@ def _functions(text: str) -> dict[str, str]:
 
 
 def _scripts() -> dict[str, str]:
+    """The scripts, without ``BATCH``: it is the batched ones, each whole."""
     return {
         name: value
         for name in scripts.__all__
-        if name != "RULES" and isinstance(value := getattr(scripts, name), str)
+        if name not in ("RULES", "BATCH") and isinstance(value := getattr(scripts, name), str)
     }
+
+
+def test_the_batch_script_runs_each_batched_script_whole() -> None:
+    for source, number in scripts.BATCHED.items():
+        assert f"local function script{number}(KEYS, ARGV)\n{source}\nend\n" in scripts.BATCH
 
 
 def test_each_rule_is_one_lua_function_naming_its_rule() -> None:

@@ -70,20 +70,18 @@ class Keys:
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
+        #: Where the concurrency keys' sets live: ``P:flow:K`` for key ``K``.
+        self.flow_prefix = f"{prefix}:flow:"
+        #: Where the throttles' sets live: ``P:throttle:K`` for key ``K``.
+        self.throttle_prefix = f"{prefix}:throttle:"
+        # Built once: every append and completion names them.
+        self._globals = [
+            f"{prefix}:{name}" for name in ("ids", "sessions", "pending:watched", "open-sessions")
+        ]
 
     def key(self, session_id: str, suffix: str) -> str:
         """A session's key, ``P:S:suffix``."""
         return f"{self.prefix}:{session_id}:{suffix}"
-
-    @property
-    def flow_prefix(self) -> str:
-        """Where the concurrency keys' sets live: ``P:flow:K`` for key ``K``."""
-        return f"{self.prefix}:flow:"
-
-    @property
-    def throttle_prefix(self) -> str:
-        """Where the throttles' sets live: ``P:throttle:K`` for key ``K``."""
-        return f"{self.prefix}:throttle:"
 
     def global_key(self, name: str) -> str:
         """A store-wide key or channel, ``P:name``."""
@@ -95,17 +93,23 @@ class Keys:
 
     def session_keys(self, session_id: str) -> list[str]:
         """``KEYS[1..4]`` of the scripts that take the session keys."""
-        return [self.key(session_id, s) for s in ("log", "meta", "open", "head")]
+        at = f"{self.prefix}:{session_id}:"
+        return [at + "log", at + "meta", at + "open", at + "head"]
 
     def write_keys(self, session_id: str) -> list[str]:
         """The keys of the scripts that append (``APPEND``, ``COMPLETE``)."""
+        at = f"{self.prefix}:{session_id}:"
+        ids, sessions, pending_watched, open_sessions = self._globals
         return [
-            *self.session_keys(session_id),
-            self.global_key("ids"),
-            self.global_key("sessions"),
-            self.key(session_id, "watched"),
-            self.global_key("pending:watched"),
-            self.global_key("open-sessions"),
+            at + "log",
+            at + "meta",
+            at + "open",
+            at + "head",
+            ids,
+            sessions,
+            at + "watched",
+            pending_watched,
+            open_sessions,
         ]
 
 

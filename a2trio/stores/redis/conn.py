@@ -9,24 +9,20 @@ is reopened after a backoff); outside it each call opens a short-lived client
 of its own. The client never retries on its own: a lost connection is
 ``STORE_UNAVAILABLE`` (:func:`errors`) and the caller retries.
 
-**Pipelining.** On the store's client, calls that arrive while others are in
-flight go out together, one pipeline of ``EVALSHA`` s (one write, one read,
-one hand-off through coredis' connection tasks), by the group commit the
-Postgres store uses (``stores.group``, in the callers' tasks). coredis costs
-about as much client CPU per call as our whole engine costs per event
-(``docs/performance.md``): most of it per round trip, not per command, so
-under load a pipeline shares it. Each script in a pipeline runs alone and
-answers alone (a pipeline is not a transaction): its verdict or its error is
-its own caller's, as it would be unpipelined. A pipeline whose connection
-fails fails each of its calls with ``STORE_UNAVAILABLE``, each of which may
-or may not have run, as a lone call's would (retries replay). A call that
-finds nothing in flight is one ``EVALSHA`` at once.
+**Batches.** On the store's client, the drain's and the feeds' calls
+(``scripts.BATCHED``) that arrive while others are in flight go out as one
+``EVALSHA`` of ``scripts.BATCH`` (``batch``): coredis' cost is mostly per
+round trip, and under load it was most of the client's CPU. Each call's
+script runs as it would alone and answers alone. A call that finds nothing
+in flight is its own script's ``EVALSHA`` at once.
 
 **Cancellation.** A call's round trip is shielded (coredis loses a pool slot
 to a connection cancelled mid-connect, and outside ``async with store`` its
-own client's connection tasks would be cancelled under it): a cancellation
-lands at the checkpoint after the reply, so a cancelled call either ran whole
-or never started, and waits at most the connect and command timeouts.
+own client's connection tasks would be cancelled under it; a batched call
+waits uncancellably instead: ``batch``): a cancellation lands at the
+checkpoint after the reply, so a cancelled call either ran whole or never
+started, and waits at most the connect and command timeouts (a batched one
+behind the batches ahead of it).
 """
 
 from __future__ import annotations
@@ -34,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import coredis
 import trio
@@ -44,30 +40,19 @@ from coredis.retry import NoRetryPolicy
 
 from ...backoff import STORE_RECONNECT
 from ...errors import store_unavailable
-from ..group import GroupCommit, GroupStatistics
+from ..group import GroupStatistics
+from . import codec
+from .batch import Answer, Batches, Request
+from .scripts import BATCH, BATCHED
 
 __all__ = ["Connection", "errors"]
 
 _log = logging.getLogger("a2trio.stores.redis")
 
-#: Pipelines in flight at once: a second hides the first one's round trip.
-_PIPELINES = 2
-
-
-class _Call(NamedTuple):
-    """One ``EVALSHA`` queued for a pipeline, on the client it found."""
-
-    client: coredis.Redis[bytes]
-    sha: str
-    keys: Sequence[str]
-    args: Sequence[Any]
-
-
-class _Answer(NamedTuple):
-    """A pipelined call's reply, or the error Redis answered it with."""
-
-    reply: Any
-    error: Exception | None
+#: Batches in flight at once: a second hides the first one's round trip.
+_LEADERS = 2
+#: Calls per batch: a batch holds Redis for its scripts' time.
+_MAX_BATCH = 256
 
 
 def errors(what: str) -> store_unavailable:
@@ -114,9 +99,7 @@ class Connection:
         self._shas: dict[str, str] = {}
         self._client: coredis.Redis[bytes] | None = None
         self._closed = False
-        self._pipelines: GroupCommit[int, _Call, _Answer] = GroupCommit(
-            self._pipeline, rejected=(), leaders=_PIPELINES
-        )
+        self._batches = Batches(self._round_trip, leaders=_LEADERS, max_batch=_MAX_BATCH)
 
     @property
     def client(self) -> coredis.Redis[bytes] | None:
@@ -132,9 +115,9 @@ class Connection:
         self._closed = True
 
     def pipeline_statistics(self) -> GroupStatistics:
-        """How calls on the store's client were pipelined (tests, benchmarks):
-        a lone call is a group of one."""
-        return self._pipelines.statistics()
+        """How batched calls on the store's client were sent (tests,
+        benchmarks): ``groups`` round trips for ``members`` calls."""
+        return self._batches.statistics()
 
     def forget(self) -> None:
         """The store's tasks end: calls stop using the client :meth:`serve` held."""
@@ -195,9 +178,15 @@ class Connection:
         # Cancelled. A call is bounded by the connect and command timeouts;
         # a cancellation lands at the checkpoint after it.
         client = self._client
+        if client is not None and source in BATCHED:
+            answer = await self._batches.submit(Request(client, source, keys, args))
+            await trio.lowlevel.checkpoint()
+            if answer.error is not None:
+                raise answer.error
+            return answer.reply
         with trio.CancelScope(shield=True):
             if client is not None:
-                result: Any = await self._pipelined(client, source, keys, args)
+                result: Any = await self._evalsha(client, source, keys, args)
             else:
                 async with self.new_client() as own:
                     result = await self._evalsha(own, source, keys, args)
@@ -210,49 +199,37 @@ class Connection:
             sha = self._shas[source] = hashlib.sha1(source.encode()).hexdigest()
         return sha
 
-    async def _pipelined(
-        self, client: coredis.Redis[bytes], source: str, keys: Sequence[str], args: Sequence[Any]
-    ) -> Any:
-        """``EVALSHA`` through the group of pipelined calls; after a
-        ``NOSCRIPT`` (a new or restarted server), ``SCRIPT LOAD`` and again."""
-        sha = self._sha(source)
-        # Every call has the same key: a pipeline keeps the order of arrival.
-        answer = await self._pipelines.submit(0, _Call(client, sha, keys, args))
-        if isinstance(answer.error, NoScriptError):
-            await client.script_load(source)
-            answer = await self._pipelines.submit(0, _Call(client, sha, keys, args))
-        if answer.error is not None:
-            raise answer.error
-        return answer.reply
-
-    async def _pipeline(self, calls: Sequence[_Call]) -> list[_Answer]:
-        """The group commit's ``run_group``: one ``EVALSHA`` alone, or a
-        pipeline of them (not a transaction) on the first call's client.
-        Redis' answer to each call is that call's; a failed pipeline raises
-        (each call then fails with ``STORE_UNAVAILABLE``)."""
-        client = calls[0].client
-        if len(calls) == 1:
-            [call] = calls
+    async def _round_trip(self, requests: Sequence[Request]) -> list[Answer]:
+        """``Batches``' round trip: a lone call's own script, or ``BATCH``
+        on the first call's client (the store's client when they queued)."""
+        client: coredis.Redis[bytes] = requests[0].client
+        if len(requests) == 1:
+            [request] = requests
             try:
-                return [_Answer(await client.evalsha(call.sha, call.keys, call.args), None)]
+                reply = await self._evalsha(client, request.source, request.keys, request.args)
             except ResponseError as error:
-                return [_Answer(None, error)]
-        async with client.pipeline(transaction=False, raise_on_error=False) as pipe:
-            sent = [pipe.evalsha(call.sha, call.keys, call.args) for call in calls]
-        answers = []
-        for reply in sent:
-            try:
-                answers.append(_Answer(await reply, None))
-            except ResponseError as error:
-                answers.append(_Answer(None, error))
-        return answers
+                return [Answer(None, error)]
+            return [Answer(reply, None)]
+        keys: list[str] = []
+        args: list[Any] = []
+        for request in requests:
+            keys += request.keys
+            args += (BATCHED[request.source], len(request.keys), len(request.args))
+            args += request.args
+        flat = await self._evalsha(client, BATCH, keys, args)
+        return [
+            Answer(flat[at + 1], None)
+            if flat[at] == 1
+            else Answer(None, ResponseError(codec.text(flat[at + 1])))
+            for at in range(0, len(flat), 2)
+        ]
 
     async def _evalsha(
         self, client: coredis.Redis[bytes], source: str, keys: Sequence[str], args: Sequence[Any]
     ) -> Any:
-        """``EVALSHA`` on a client of its own, loading the script after a
-        ``NOSCRIPT``. (Straight to the command: coredis' ``Script`` wrapper
-        costs a fifth more client CPU per call.)"""
+        """``EVALSHA``, loading the script after a ``NOSCRIPT`` (a new or
+        restarted server). (Straight to the command: coredis' ``Script``
+        wrapper costs a fifth more client CPU per call.)"""
         sha = self._sha(source)
         try:
             return await client.evalsha(sha, keys, args)

@@ -75,6 +75,8 @@ from .. import rules
 __all__ = [
     "ACTION_WRITE",
     "APPEND",
+    "BATCH",
+    "BATCHED",
     "CAS_ROUNDS",
     "CLAIM",
     "COMPLETE",
@@ -1062,6 +1064,54 @@ HGETALL = "return redis.call('HGETALL', KEYS[1])"
 HMGET = "return redis.call('HMGET', KEYS[1], unpack(ARGV))"
 HGET = "return redis.call('HGET', KEYS[1], ARGV[1])"
 SET_PX = "return redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])"
+
+#: The scripts a batch runs (``batch``: the drain's and the feeds' calls),
+#: each by its number here.
+BATCHED: dict[str, int] = {
+    source: number
+    for number, source in enumerate(
+        (APPEND, COMPLETE, CLAIM, RENEW, READ, READ_STATES, PUT_SNAPSHOT), 1
+    )
+}
+
+#: Several calls of the ``BATCHED`` scripts in one: each script is a function
+#: of its own ``KEYS`` and ``ARGV``, run in turn under ``pcall`` so a call's
+#: error is its own answer (what it wrote before the error stays, as it would
+#: alone). KEYS: each call's keys in turn. ARGV: per call, its script's
+#: number, its key count and argument count, then its arguments. Returns per
+#: call ``1, reply`` or ``0, error message``.
+BATCH = (
+    "".join(
+        f"local function script{number}(KEYS, ARGV)\n{source}\nend\n"
+        for source, number in BATCHED.items()
+    )
+    + "local scripts = {"
+    + ", ".join(f"script{number}" for number in BATCHED.values())
+    + "}\n"
+    + r"""
+local out, k, a = {}, 0, 1
+while a <= #ARGV do
+  local script, nk, na = scripts[tonumber(ARGV[a])], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local keys, args = {}, {}
+  for j = 1, nk do keys[j] = KEYS[k + j] end
+  for j = 1, na do args[j] = ARGV[a + 2 + j] end
+  k, a = k + nk, a + 3 + na
+  local ok, reply = pcall(script, keys, args)
+  if ok then
+    -- A nil would end the reply's array here.
+    if reply == nil then reply = false end
+    out[#out + 1] = 1
+    out[#out + 1] = reply
+  else
+    -- A failed redis.call raises a table with its error.
+    if type(reply) == 'table' then reply = reply.err end
+    out[#out + 1] = 0
+    out[#out + 1] = tostring(reply)
+  end
+end
+return out
+"""
+)
 
 #: Compare-and-set rounds of a failure before giving up (each loses only to
 #: a concurrent write of the same event's row).

@@ -11,8 +11,8 @@ docstring (``a2trio.stores.redis``) has the theory of operation.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractAsyncContextManager, contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -230,13 +230,13 @@ class RedisStore:
         subscriber skips this store's own wake-ups)."""
         self._wakeups.notify(session_id, rows)
 
-    @contextmanager
-    def _inserting(self, session_id: str) -> Iterator[None]:
-        """Around a write that may insert: if it ends without handing its rows
-        over (an error or cancellation, maybe after the script ran), local
-        feeds read instead."""
+    async def _insert(self, what: str, source: str, session_id: str, args: list[Any]) -> Any:
+        """A write that may insert (``APPEND``, ``COMPLETE``): if it ends
+        without handing its rows over (an error or cancellation, maybe after
+        the script ran), local feeds read instead."""
         try:
-            yield
+            with errors(what):
+                return await self._conn.run(source, self._keys.write_keys(session_id), args)
         except BaseException:
             self._wakeups.notify(session_id)
             raise
@@ -276,8 +276,7 @@ class RedisStore:
             *supplied,
             *codec.append_args(events, ids, now),
         ]
-        with errors("append"), self._inserting(session_id):
-            reply = await self._conn.run(lua.APPEND, self._keys.write_keys(session_id), args)
+        reply = await self._insert("append", lua.APPEND, session_id, args)
         verdict = reply[0]
         if verdict == b"pending":
             return AppendResult([], bool(reply[1]))
@@ -423,8 +422,7 @@ class RedisStore:
             self._keys.flow_prefix,
             *codec.complete_args(events, returned, now, cause),
         ]
-        with errors("complete"), self._inserting(session_id):
-            reply = await self._conn.run(lua.COMPLETE, self._keys.write_keys(session_id), args)
+        reply = await self._insert("complete", lua.COMPLETE, session_id, args)
         outcome = reply[0]
         if outcome == b"missing":
             raise verdicts.no_event(session_id, index)
