@@ -24,6 +24,7 @@ import trio
 from ..contract import AppendInput, Event
 from ..push import PushedEvent
 from ..stores.base import AppendEvent, AppendResult, ClaimRequest, EventCause
+from ..telemetry import NOOP_TELEMETRY
 from .context import Engine, Source, WriteMode, measured
 from .drains import DrainRegistry
 from .handlers import HandlerSpec
@@ -87,15 +88,19 @@ class Writes:
         """
         engine = self.engine
         watchdogs = engine.watchdogs
-        attributes: dict[str, str | int] = {
-            "a2.contract": engine.contract.name,
-            "a2.session_id": session_id,
-            "a2.append.source": source,
-            "a2.append.mode": mode,
-            "a2.append.types": ",".join(str(getattr(e, "type", "?")) for e in events),
-            "a2.append.count": len(events),
-        }
         telemetry = engine.telemetry
+        # The default telemetry records nothing: its attributes are not built
+        # (as for an attempt's span, engine/runs.py).
+        attributes: dict[str, str | int] = {}
+        if telemetry is not NOOP_TELEMETRY:
+            attributes = {
+                "a2.contract": engine.contract.name,
+                "a2.session_id": session_id,
+                "a2.append.source": source,
+                "a2.append.mode": mode,
+                "a2.append.types": ",".join(str(getattr(e, "type", "?")) for e in events),
+                "a2.append.count": len(events),
+            }
         with telemetry.span("a2.append", attributes, parent=trace_parent) as span:
             # Checked before writing: an append's drain needs the nursery.
             engine.background.require_open()
