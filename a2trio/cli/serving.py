@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Final, cast
 
 import hypercorn.config
@@ -343,19 +343,34 @@ def guard_hypercorn() -> None:
     server. The send's bytes are lost either way (the connection is closing),
     so the guard does what hypercorn does for a closed stream. Call it before
     serving an app with hypercorn's trio worker yourself.
+
+    Only a send of bytes meets the race, so only that branch is replaced (as
+    hypercorn 0.18 writes it, ``BusyResourceError`` added); every other event
+    goes to hypercorn's own method. No coroutine wraps hypercorn's: every
+    send of every response (and every wake-up within it) would pay its frame.
     """
     server = hypercorn.trio.tcp_server.TCPServer
     if getattr(server.protocol_send, "a2trio_guarded", False):
         return
     unguarded = server.protocol_send
+    raw_data = hypercorn.events.RawData
 
-    async def protocol_send(
-        self: hypercorn.trio.tcp_server.TCPServer, event: hypercorn.events.Event
+    async def send_bytes(
+        self: hypercorn.trio.tcp_server.TCPServer, event: hypercorn.events.RawData
     ) -> None:
-        try:
-            await unguarded(self, event)
-        except trio.BusyResourceError:
-            await self.protocol.handle(hypercorn.events.Closed())
+        async with self.send_lock:
+            try:
+                with trio.CancelScope(shield=True):
+                    await self.stream.send_all(event.data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
+                await self.protocol.handle(hypercorn.events.Closed())
+
+    def protocol_send(
+        self: hypercorn.trio.tcp_server.TCPServer, event: hypercorn.events.Event
+    ) -> Coroutine[Any, Any, None]:
+        if isinstance(event, raw_data):
+            return send_bytes(self, event)
+        return unguarded(self, event)
 
     protocol_send.a2trio_guarded = True  # type: ignore[attr-defined]
     server.protocol_send = protocol_send  # type: ignore[method-assign]
