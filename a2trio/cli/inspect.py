@@ -9,6 +9,8 @@ the actions that repair them.
     python -m a2trio.inspect --app module:server redrive SESSION INDEX [--reason TEXT]
     python -m a2trio.inspect --app module:server skip SESSION INDEX --reason TEXT
     python -m a2trio.inspect --app module:server retry-now SESSION [--reason TEXT]
+    python -m a2trio.inspect --app module:server wake SESSION INDEX [--reason TEXT]
+    python -m a2trio.inspect --app module:server cancel SESSION INDEX --reason TEXT
     python -m a2trio.inspect --app module:server bulk {redrive,skip} [--type T]... [--error TEXT]
         [--prefix P] [--from TIME] [--until TIME] [--dry-run] [--all] [--limit N] [--reason TEXT]
     python -m a2trio.inspect --app module:server export SESSION
@@ -36,6 +38,11 @@ dead-lettered: ISO 8601 with an offset, or epoch milliseconds; from inclusive,
 until exclusive). ``--dry-run`` lists the matches and touches nothing; acting
 with no filter needs ``--all``; ``--limit`` bounds one run (1,000 by
 default). A refused event is listed as refused; the others go on.
+
+``wake`` and ``cancel`` act on an event whose handler is suspended in a
+durable sleep or ``wait_for`` (state ``waiting`` with no claim): ``wake``
+makes it claimable now (its rerun answers from the journal), ``cancel``
+settles it as ``skip`` does. Any other event is refused ``not_waiting``.
 
 ``export`` prints a session as JSON lines (its events with their
 bookkeeping, snapshots and operator actions; see ``ServerRetention.lines``)
@@ -427,6 +434,12 @@ async def _run(server: Server, args: argparse.Namespace) -> str:
             actions = [
                 await inspect.redrive(args.session, args.index, by=args.by, reason=args.reason)
             ]
+        elif args.command == "wake":
+            actions = [await inspect.wake(args.session, args.index, by=args.by, reason=args.reason)]
+        elif args.command == "cancel":
+            actions = [
+                await inspect.cancel(args.session, args.index, by=args.by, reason=args.reason)
+            ]
         else:
             actions = [await inspect.skip(args.session, args.index, by=args.by, reason=args.reason)]
         return _render(args, wire.actions_to_wire(actions), lambda: _actions_table(actions))
@@ -474,12 +487,15 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m a2trio.ins
         ("redrive", "put a dead letter back in line"),
         ("skip", "mark an event processed without running it"),
         ("retry-now", "wake a stalled session's drain now"),
+        ("wake", "wake a handler suspended in a durable sleep or wait now"),
+        ("cancel", "settle an event whose handler is suspended, without running the rest"),
     ):
         action = commands.add_parser(name, help=text)
         action.add_argument("session")
         if name != "retry-now":
             action.add_argument("index", type=int)
-        action.add_argument("--reason", required=name == "skip", default="", help="why")
+        required = name in ("skip", "cancel")
+        action.add_argument("--reason", required=required, default="", help="why")
         action.add_argument("--by", default=_login(), help="who acts (default: login name)")
     bulk = commands.add_parser("bulk", help="redrive or skip every dead letter a filter matches")
     bulk.add_argument("action", choices=("redrive", "skip"))

@@ -19,6 +19,7 @@ import msgspec
 from ..identifiers import MAX_SAFE_INTEGER, check_session_id
 from ..stores.base import OperatorAction, OperatorActionError, OperatorActions, StoredEvent
 from .context import Engine
+from .durable import waiting
 from .inspection_records import (
     BulkAction,
     BulkFilterError,
@@ -136,13 +137,14 @@ class OperatorDesk:
 
     async def act(
         self,
-        action: Literal["redrive", "skip"],
+        action: Literal["redrive", "skip", "wake", "cancel"],
         session_id: str,
         index: int,
         by: str,
         reason: str,
     ) -> OperatorAction:
-        """See :meth:`ServerInspection.redrive` and :meth:`~ServerInspection.skip`."""
+        """See :meth:`ServerInspection.redrive`, :meth:`~ServerInspection.skip`,
+        :meth:`~ServerInspection.wake` and :meth:`~ServerInspection.cancel`."""
         check_session_id(session_id)
         if (
             isinstance(index, bool)
@@ -154,16 +156,39 @@ class OperatorDesk:
                 f"got {index!r}"
             )
         by = check_words("by", by, MAX_ACTOR_CHARS, required=True)
-        reason = check_words("reason", reason, MAX_REASON_CHARS, required=action == "skip")
+        required = action in ("skip", "cancel")
+        reason = check_words("reason", reason, MAX_REASON_CHARS, required=required)
         operator = self.operator()
         key = self._engine.key(session_id)
         with public_refusal(session_id):
+            if action in ("wake", "cancel"):
+                await self._check_waiting(key, index)
             if action == "redrive":
                 recorded = await operator.redrive(key, index, by=by, reason=reason)
+            elif action == "wake":
+                recorded = await operator.wake(key, index, by=by, reason=reason)
             else:
                 recorded = await operator.skip(key, index, by=by, reason=reason)
         self.woken(session_id)
         return self.public(recorded, session_id)
+
+    async def _check_waiting(self, key: str, index: int) -> None:
+        """Refuse (``not_waiting``) an event no durable sleep or wait of its
+        handler holds back, by its journal (as inspection's ``waiting``)."""
+        store = self._engine.store
+        rows = await store.read(key, after_index=index - 1, through_index=index)
+        if not rows:
+            return  # the store's own fence answers ``no_event``
+        journal = store.journal
+        entries = [] if journal is None else await journal.read_journal(key, index)
+        if rows[0].processed_at_ms is None and waiting(entries, store.clock.now_ms()):
+            return
+        raise OperatorActionError(
+            "not_waiting",
+            key,
+            index,
+            "is not waiting in a durable sleep or wait_for: nothing to wake or cancel",
+        )
 
     async def bulk(
         self,

@@ -13,7 +13,9 @@ Beyond the seed (issue 18), on stores with the operator capability
 SQLite, Postgres, Redis): the dead letters across the contract's sessions, and the operator's
 actions, each durable, fenced against a live claim and recorded with who and
 why (shown on the event's page): :meth:`ServerInspection.redrive`,
-:meth:`~ServerInspection.skip` and :meth:`~ServerInspection.retry_now`. An
+:meth:`~ServerInspection.skip`, :meth:`~ServerInspection.retry_now`, and for a
+handler suspended in a durable sleep or wait :meth:`~ServerInspection.wake`
+and :meth:`~ServerInspection.cancel`. An
 action then wakes this server's drain of the session (when it is open and
 runs handlers); the store wakes other processes' drains where it can.
 
@@ -58,6 +60,7 @@ from .inspection_records import (
     InspectionUnsupportedError,
     SessionEventsPage,
     SessionsPage,
+    dead_cursor,
     event_status,
 )
 
@@ -90,27 +93,6 @@ def _check_index(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SAFE_INTEGER:
         raise TypeError(f"inspection {name} must be a non-negative safe integer, got {value!r}")
     return value
-
-
-def _dead_cursor(cursor: str) -> tuple[str, int]:
-    """``"<index>:<session>"``, as :meth:`ServerInspection.list_dead_letters`
-    hands it out."""
-    index, colon, session_id = cursor.partition(":")
-    # Bounded here, once for every store: past 64 bits SQLite's driver raised
-    # OverflowError, which surfaced as the store being unavailable.
-    if (
-        not colon
-        or not session_id
-        or not index.isdigit()
-        or not index.isascii()
-        or len(index) > len(str(MAX_SAFE_INTEGER))
-        or int(index) > MAX_SAFE_INTEGER
-    ):
-        raise ValueError(
-            f"a dead-letter cursor reads '<index>:<session>' with an index of at most "
-            f"{MAX_SAFE_INTEGER}, got {cursor[:80]!r}"
-        )
-    return check_session_id(session_id), int(index)
 
 
 class ServerInspection:
@@ -315,7 +297,7 @@ class ServerInspection:
         limit = _check_limit(limit)
         after = None
         if cursor is not None:
-            session_id, index = _dead_cursor(cursor)
+            session_id, index = dead_cursor(cursor)
             after = (self._engine.key(session_id), index)
         operator = self._actions.operator()
         engine = self._engine
@@ -384,6 +366,24 @@ class ServerInspection:
         (``settled``).
         """
         return await self._actions.act("skip", session_id, index, by, reason)
+
+    async def wake(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
+        """Make the event at ``index``, whose handler is suspended in a durable
+        sleep or ``wait_for`` (issue 34), claimable at once
+        (``OperatorActions.wake``, recorded as ``wake``); its rerun answers
+        from the journal (a sleep sleeps what is left, a wait looks again).
+
+        Raises:
+          OperatorActionError: ``not_waiting`` (its journal shows no wait or
+            sleep), ``claimed`` (it runs: a short one), ``no_event``, ``settled``.
+        """
+        return await self._actions.act("wake", session_id, index, by, reason)
+
+    async def cancel(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
+        """:meth:`skip` the event at ``index`` once its journal shows its
+        handler suspended (issue 34; recorded as ``skip``, ``reason``
+        required). Raises as :meth:`wake` does."""
+        return await self._actions.act("cancel", session_id, index, by, reason)
 
     async def bulk(
         self,

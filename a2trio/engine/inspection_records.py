@@ -14,6 +14,7 @@ from typing import Any, Literal
 import msgspec
 
 from ..contract import Event
+from ..identifiers import MAX_SAFE_INTEGER, check_session_id
 from ..stores.base import (
     FailedAttempt,
     OperatorAction,
@@ -38,6 +39,7 @@ __all__ = [
     "SessionEventsPage",
     "SessionsPage",
     "State",
+    "dead_cursor",
     "event_status",
 ]
 
@@ -284,3 +286,24 @@ class BulkFilterError(ValueError):
     range that ends before it starts, a limit out of range), or the filter is
     empty on a run that acts without ``all=True``. Nothing was read or
     written."""
+
+
+def dead_cursor(cursor: str) -> tuple[str, int]:
+    """``"<index>:<session>"``, as :meth:`~.inspection.ServerInspection.list_dead_letters`
+    hands it out."""
+    index, colon, session_id = cursor.partition(":")
+    # Bounded here, once for every store: past 64 bits SQLite's driver raised
+    # OverflowError, which surfaced as the store being unavailable.
+    if (
+        not colon
+        or not session_id
+        or not index.isdigit()
+        or not index.isascii()
+        or len(index) > len(str(MAX_SAFE_INTEGER))
+        or int(index) > MAX_SAFE_INTEGER
+    ):
+        raise ValueError(
+            f"a dead-letter cursor reads '<index>:<session>' with an index of at most "
+            f"{MAX_SAFE_INTEGER}, got {cursor[:80]!r}"
+        )
+    return check_session_id(session_id), int(index)

@@ -505,6 +505,16 @@ class OperatorActions(Protocol):
         """
         ...
 
+    async def wake(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
+        """Make a suspended attempt's event claimable at once (issue 34): its
+        not-before and its wake mark cleared (``rules.check_wake``).
+
+        Raises:
+          OperatorActionError: ``no_event``, ``settled``, ``claimed``,
+            ``not_waiting``.
+        """
+        ...
+
     async def retry_now(self, session_id: str, *, by: str, reason: str) -> list[OperatorAction]:
         """Record a retry of every event a claim would take now, ignoring
         failure backoff (unprocessed, alive, lane-ready, no live claim), one

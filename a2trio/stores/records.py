@@ -351,18 +351,22 @@ class SnapshotInfo(msgspec.Struct, frozen=True):
     updated_at_ms: int
 
 
-ActionKind = Literal["redrive", "skip", "retry_now"]
+ActionKind = Literal["redrive", "skip", "retry_now", "wake"]
 
-RefusalReason = Literal["no_event", "not_dead_lettered", "settled", "claimed", "nothing_to_retry"]
+RefusalReason = Literal[
+    "no_event", "not_dead_lettered", "settled", "claimed", "nothing_to_retry", "not_waiting"
+]
 
 
 class OperatorAction(msgspec.Struct, frozen=True):
     """An operator's action on one event, as the store recorded it.
 
     ``action``: ``redrive`` (a dead letter's failures reset, its lane
-    unblocked), ``skip`` (marked processed without running) or ``retry_now``
-    (its session's drain woken). ``by`` and ``reason`` are the operator's
-    words; ``at_ms`` is the store's clock when it committed.
+    unblocked), ``skip`` (marked processed without running), ``retry_now``
+    (its session's drain woken) or ``wake`` (a suspended attempt made
+    claimable at once, its not-before and wake mark cleared). ``by`` and
+    ``reason`` are the operator's words; ``at_ms`` is the store's clock when
+    it committed.
     """
 
     action: ActionKind
@@ -379,8 +383,10 @@ class OperatorActionError(ValueError):
     ``reason``: ``no_event`` (the session has no such index),
     ``not_dead_lettered`` (redrive of an event that is not a dead letter),
     ``settled`` (skip of an event already processed), ``claimed`` (a live
-    claim holds it: wait for the attempt, or for its lease to lapse) or
-    ``nothing_to_retry`` (retry now on a session with nothing claimable).
+    claim holds it: wait for the attempt, or for its lease to lapse),
+    ``nothing_to_retry`` (retry now on a session with nothing claimable) or
+    ``not_waiting`` (wake or cancel of an event no suspended durable sleep
+    or wait holds back).
     The message names the target (``index`` is None for a whole session)
     and then ``detail``.
     """

@@ -45,6 +45,7 @@ from .server.actors import View
 from .server.auth import (
     Authorize,
     CallOperation,
+    CancelOperation,
     EraseOperation,
     HistoryOperation,
     InspectOperation,
@@ -59,6 +60,7 @@ from .server.auth import (
     StreamOperation,
     SubscribeOperation,
     TrimOperation,
+    WakeOperation,
 )
 from .server.cors import Cors, SocketOrigins
 from .server.limits import DEFAULT_LIMITS, Limits
@@ -114,6 +116,7 @@ __all__ = [
     "Backoff",
     "Backscroll",
     "CallOperation",
+    "CancelOperation",
     "Client",
     "Closed",
     "Connecting",
@@ -153,6 +156,7 @@ __all__ = [
     "TokenClaims",
     "TrimOperation",
     "View",
+    "WakeOperation",
     "asgi",
     "issue_token",
     "open_actor_client",

@@ -219,6 +219,7 @@ from .waits import (
     check_a_marked_event_wakes_a_released_attempt,
     check_a_release_sees_what_landed_after_its_read,
     check_a_stale_mark_wakes_nothing,
+    check_operator_wake,
 )
 
 __all__ = [
@@ -288,6 +289,7 @@ __all__ = [
     "check_operator_redrive",
     "check_operator_retry_now",
     "check_operator_skip",
+    "check_operator_wake",
     "check_presence_expiry_and_order",
     "check_presence_last_writer_wins",
     "check_presence_subscribe",
@@ -390,6 +392,7 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_operator_skip,
     check_operator_retry_now,
     check_operator_dead_letters,
+    check_operator_wake,
     check_journal_steps,
     check_journal_fence,
     check_journal_erased_with_its_session,
@@ -438,6 +441,7 @@ REQUIRES: dict[str, frozenset[str]] = {
     check_operator_skip.__name__: frozenset({"operator"}),
     check_operator_retry_now.__name__: frozenset({"operator"}),
     check_operator_dead_letters.__name__: frozenset({"operator"}),
+    check_operator_wake.__name__: frozenset({"operator"}),
     check_rule_table_sweep.__name__: frozenset({"sweep"}),
     check_journal_steps.__name__: frozenset({"journal"}),
     check_journal_fence.__name__: frozenset({"journal"}),

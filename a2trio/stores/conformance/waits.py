@@ -6,12 +6,23 @@ from __future__ import annotations
 
 from ..base import Claimed, ClaimResult, Store
 from ..rules import NEVER_MS
-from .kit import T0, ManualClock, StoreFactory, claim, claimed_events, ev, new_sid
+from .kit import (
+    T0,
+    CapabilityMissing,
+    ManualClock,
+    StoreFactory,
+    claim,
+    claimed_events,
+    ev,
+    new_sid,
+)
+from .operator import refused
 
 __all__ = [
     "check_a_marked_event_wakes_a_released_attempt",
     "check_a_release_sees_what_landed_after_its_read",
     "check_a_stale_mark_wakes_nothing",
+    "check_operator_wake",
 ]
 
 
@@ -109,3 +120,38 @@ async def check_a_stale_mark_wakes_nothing(open_store: StoreFactory) -> None:
         await store.append(sid, [ev("shipped")])
         row = (await store.read(sid))[0]
         assert row.not_before_ms == clock.now_ms() + 30_000, f"a stale mark woke it: {row!r}"
+
+
+async def check_operator_wake(open_store: StoreFactory) -> None:
+    """An operator's wake makes a suspended attempt's event claimable at once
+    (its not-before and its wake mark cleared, the action recorded); an
+    event under a live claim, one no wake time holds back, a dead letter and
+    a missing one are refused and nothing is written."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        ops = store.operator
+        if ops is None:
+            raise CapabilityMissing("operator")
+        sid = new_sid("op-wake")
+        await _suspend(store, sid, delay_ms=None, wake_on=["shipped"])
+        await store.append(sid, [ev("note")])
+        claimed_events(await claim(store, sid, holder="h2"))
+        with refused("claimed"):
+            await ops.wake(sid, 2, by="op", reason="r")
+        clock.advance(1_000)
+        with refused("not_waiting"):
+            await ops.wake(sid, 2, by="op", reason="r")
+        with refused("no_event"):
+            await ops.wake(sid, 9, by="op", reason="r")
+        woke = await ops.wake(sid, 1, by="ann", reason="shipped by hand")
+        assert (woke.action, woke.index, woke.by, woke.at_ms) == ("wake", 1, "ann", T0 + 1_000)
+        row = (await store.read(sid))[0]
+        assert (row.not_before_ms, row.claim_holder) == (None, None), row
+        assert _indexes(await claim(store, sid, holder="h3")) == [1, 2]
+        with refused("claimed"):
+            await ops.wake(sid, 1, by="op", reason="again")
+        actions = await ops.read_actions(sid, after_index=0, through_index=2)
+        assert [(a.action, a.index) for a in actions] == [("wake", 1)], actions
+        await store.fail_attempt(sid, index=1, attempt=2, error="x", max_failures=1)
+        with refused("settled"):
+            await ops.wake(sid, 1, by="op", reason="dead")

@@ -85,6 +85,18 @@ class MemoryOperator:
         settle(self._open[session_id], row, now)
         return self._record(session_id, index, "skip", by, reason, now)
 
+    async def wake(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
+        """See :meth:`OperatorActions.wake` (the session's list of marked
+        rows drops the index at the next append that meets it)."""
+        await trio.lowlevel.checkpoint()
+        now = self._clock.now_ms()
+        row = self._target(session_id, index)
+        rules.check_wake(session_id, index, row, now)
+        assert row is not None
+        row.not_before_ms = None
+        row.wake_on = None
+        return self._record(session_id, index, "wake", by, reason, now)
+
     async def retry_now(self, session_id: str, *, by: str, reason: str) -> list[OperatorAction]:
         """See :meth:`OperatorActions.retry_now`."""
         await trio.lowlevel.checkpoint()

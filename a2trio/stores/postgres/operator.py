@@ -39,6 +39,7 @@ class _Target(NamedTuple):
     failure_count: int
     last_failed_attempt: int | None
     claim_expires_at_ms: int | None
+    not_before_ms: int | None
 
 
 class PostgresOperator:
@@ -59,15 +60,23 @@ class PostgresOperator:
         return [stored_event(row) for row in rows]
 
     async def _act(
-        self, action: Literal["redrive", "skip"], session_id: str, index: int, by: str, reason: str
+        self,
+        action: Literal["redrive", "skip", "wake"],
+        session_id: str,
+        index: int,
+        by: str,
+        reason: str,
     ) -> OperatorAction:
-        statement = sql.REDRIVE if action == "redrive" else sql.SKIP
+        statement = {"redrive": sql.REDRIVE, "skip": sql.SKIP, "wake": sql.WAKE}[action]
         with errors(action):
             for _ in range(_CAS_ROUNDS):
                 found = await self._db.query(sql.ACTION_TARGET, (session_id, index))
                 now = self._clock.now_ms()
                 row = None if not found else _Target(*found[0])
-                verdicts.check_action(action, session_id, index, row, now)
+                if action == "wake":
+                    verdicts.check_wake(session_id, index, row, now)
+                else:
+                    verdicts.check_action(action, session_id, index, row, now)
                 assert row is not None
                 as_read = (
                     row.processed_at_ms,
@@ -84,6 +93,7 @@ class PostgresOperator:
                     reason,
                     now,
                     *self._db.notice(session_id),
+                    *((row.not_before_ms,) if action == "wake" else ()),
                 )
                 [written] = await self._db.transaction([(statement, params)], lock=session_id)
                 if written:
@@ -103,6 +113,11 @@ class PostgresOperator:
         session's append lock (the lane is handed on). Cancellation: all or
         nothing."""
         return await self._act("skip", session_id, index, by, reason)
+
+    async def wake(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
+        """See :meth:`OperatorActions.wake`: as :meth:`redrive`, the
+        not-before as read compared too. Cancellation: all or nothing."""
+        return await self._act("wake", session_id, index, by, reason)
 
     async def retry_now(self, session_id: str, *, by: str, reason: str) -> list[OperatorAction]:
         """See :meth:`OperatorActions.retry_now`: recorded and announced

@@ -1414,7 +1414,7 @@ LIST_SNAPSHOTS = Statement(
 ACTION_TARGET = Statement(
     """
 select processed_at, failed_at, attempt_count, claim_holder, failure_count,
-       last_failed_attempt, claim_expires_at
+       last_failed_attempt, claim_expires_at, not_before
   from a2_events where session_id = $1::text and idx = $2::bigint
 """
 )
@@ -1444,6 +1444,20 @@ with target as (
   returning e.idx
 ),
 {_RECORDED.format(action="redrive")}
+"""
+)
+
+# An operator's wake (issue 34): the not-before and the wake mark cleared,
+# if the row is as read (its not-before too, $13).
+WAKE = Statement(
+    f"""
+with target as (
+  update a2_events e set not_before = null, wake_on = null
+   where e.session_id = $1::text and e.idx = $2::bigint {_AS_READ}
+     and e.not_before is not distinct from $13::bigint
+  returning e.idx
+),
+{_RECORDED.format(action="wake")}
 """
 )
 

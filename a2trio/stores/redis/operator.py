@@ -88,11 +88,21 @@ class RedisOperator:
         open set hands the lane on. Cancellation: recorded or not."""
         return await self._act("skip", session_id, index, by, reason)
 
+    async def wake(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
+        """See :meth:`OperatorActions.wake`: as :meth:`redrive`.
+        Cancellation: recorded or not."""
+        return await self._act("wake", session_id, index, by, reason)
+
     async def _act(
-        self, action: Literal["redrive", "skip"], session_id: str, index: int, by: str, reason: str
+        self,
+        action: Literal["redrive", "skip", "wake"],
+        session_id: str,
+        index: int,
+        by: str,
+        reason: str,
     ) -> OperatorAction:
-        """A redrive or a skip: ``rules.check_action`` over the row as read,
-        then ``ACTION_WRITE``."""
+        """A redrive, a skip or a wake: ``rules.check_action`` (or
+        ``check_wake``) over the row as read, then ``ACTION_WRITE``."""
         keys = self._keys
         with errors(action):
             for _ in range(CAS_ROUNDS):
@@ -107,9 +117,14 @@ class RedisOperator:
                     if raw is None
                     else codec.decode_meta(raw)
                 )
-                verdicts.check_action(action, session_id, index, row, now)
+                if action == "wake":
+                    verdicts.check_wake(session_id, index, row, now)
+                else:
+                    verdicts.check_action(action, session_id, index, row, now)
                 assert row is not None
-                if action == "redrive":
+                if action == "wake":
+                    changed = msgspec.structs.replace(row, not_before_ms=None, wake_on=None)
+                elif action == "redrive":
                     changed = msgspec.structs.replace(row, failure_count=0, failed_at_ms=None)
                 else:
                     changed = msgspec.structs.replace(

@@ -120,7 +120,7 @@ from .table import (
     Rule,
     decide,
 )
-from .waits import NEVER_MS, WakeVerdict, wake_verdict, wakes
+from .waits import NEVER_MS, WakeVerdict, Waking, check_wake, wake_verdict, wakes
 
 __all__ = [
     "CASES",
@@ -155,6 +155,7 @@ __all__ = [
     "Rule",
     "Selection",
     "WakeVerdict",
+    "Waking",
     "alive",
     "busy_until",
     "check_action",
@@ -164,6 +165,7 @@ __all__ = [
     "check_read",
     "check_trim",
     "check_unclaimed",
+    "check_wake",
     "claim_free",
     "claim_order",
     "claimable",

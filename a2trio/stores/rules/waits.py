@@ -12,12 +12,14 @@ it meets one, and never wakes it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Final, Literal
+from typing import Final, Literal, Protocol
 
-from .dispatch import alive
-from .rows import Bookkeeping
+from ..records import OperatorActionError
+from .actions import check_action
+from .dispatch import alive, ripe
+from .rows import ActionTarget, Bookkeeping
 
-__all__ = ["NEVER_MS", "WakeVerdict", "wake_verdict", "wakes"]
+__all__ = ["NEVER_MS", "WakeVerdict", "Waking", "check_wake", "wake_verdict", "wakes"]
 
 #: The not-before of a release with no wake time (a ``wait_for`` without a
 #: timeout): only a marked event, or an operator, wakes it. Below 10^14, as
@@ -41,3 +43,32 @@ def wake_verdict(row: Bookkeeping, wake_on: Sequence[str], types: Iterable[str])
     if not alive(row) or row.claim_holder is not None:
         return "stale"
     return "wake" if wakes(wake_on, types) else "keep"
+
+
+class Waking(ActionTarget, Protocol):
+    """The columns an operator's wake reads."""
+
+    @property
+    def not_before_ms(self) -> int | None: ...
+
+
+def check_wake(session_id: str, index: int, row: Waking | None, now_ms: int) -> None:
+    """The fence of an operator's wake (issue 34): the event is alive, under
+    no live claim (``check_action``'s) and held back by a not-before still
+    to come (a suspended attempt's wake time); the store then clears the
+    not-before and the wake mark, so a claim takes it at once.
+
+    Raises:
+      OperatorActionError: ``no_event``, ``claimed``, ``settled`` (processed
+        or dead-lettered), ``not_waiting``.
+    """
+    check_action("skip", session_id, index, row, now_ms)
+    assert row is not None
+    if row.failed_at_ms is not None:
+        raise OperatorActionError(
+            "settled", session_id, index, "is dead-lettered: redrive it instead"
+        )
+    if ripe(row.not_before_ms, now_ms):
+        raise OperatorActionError(
+            "not_waiting", session_id, index, "is not held back by a wake time: nothing to wake"
+        )

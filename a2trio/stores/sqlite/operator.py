@@ -71,6 +71,21 @@ class SqliteOperator:
 
         return await self._transactions.write(action, work)
 
+    async def wake(self, session_id: str, index: int, *, by: str, reason: str) -> OperatorAction:
+        """A suspended attempt's event claimable at once (``rules.check_wake``):
+        one write transaction. Cancellation: committed entirely or not at all."""
+        now = self._clock.now_ms()
+
+        def work(conn: sqlite3.Connection) -> OperatorAction:
+            found = conn.execute(sql.WAKE_TARGET, (session_id, index)).fetchone()
+            row = None if found is None else sql.Waking(*found)
+            verdicts.check_wake(session_id, index, row, now)
+            conn.execute(sql.UNWAIT, (session_id, index))
+            conn.execute(sql.RECORD_ACTION, (session_id, index, "wake", by, reason, now))
+            return OperatorAction("wake", session_id, index, by, reason, now)
+
+        return await self._transactions.write("wake", work)
+
     async def retry_now(self, session_id: str, *, by: str, reason: str) -> list[OperatorAction]:
         """One ``retry_now`` action per event a claim would take now, rows
         unchanged: one write transaction. Other processes' sweeps find the

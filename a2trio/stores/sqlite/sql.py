@@ -89,13 +89,16 @@ __all__ = [
     "TOP_AND_PENDING",
     "TRIM_FAILURES",
     "TYPES_AFTER",
+    "UNWAIT",
     "WAITING",
     "WAKE",
+    "WAKE_TARGET",
     "Bookkeeping",
     "Completion",
     "Debounce",
     "Dispatch",
     "Target",
+    "Waking",
     "claimable",
     "completion",
     "decode",
@@ -606,6 +609,15 @@ update a2_events set processed_at = ?, failed_at = null, lane_ready = 0,
 where session_id = ? and idx = ?
 """
 
+#: What an operator's wake reads (`rules.check_wake`), and its write.
+WAKE_TARGET: Final = (
+    f"select {BOOKKEEPING}, claim_expires_at, not_before from a2_events "
+    "where session_id = ? and idx = ?"
+)
+UNWAIT: Final = (
+    "update a2_events set not_before = null, wake_on = null where session_id = ? and idx = ?"
+)
+
 RECORD_ACTION: Final = """
 insert into a2_operator_actions (session_id, idx, action, actor, reason, at)
 values (?, ?, ?, ?, ?, ?)
@@ -631,6 +643,19 @@ class Bookkeeping(NamedTuple):
     claim_holder: str | None
     failure_count: int
     last_failed_attempt: int | None
+
+
+class Waking(NamedTuple):
+    """:data:`WAKE_TARGET`'s row (``rules.Waking``)."""
+
+    processed_at_ms: int | None
+    failed_at_ms: int | None
+    attempt_count: int
+    claim_holder: str | None
+    failure_count: int
+    last_failed_attempt: int | None
+    claim_expires_at_ms: int | None
+    not_before_ms: int | None
 
 
 class Target(NamedTuple):

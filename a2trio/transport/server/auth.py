@@ -11,7 +11,8 @@ error's status. The operation is a tagged union, dispatched with ``match``:
 * :class:`HistoryOperation` - a bounded read of the log;
 * :class:`SubscribeOperation` - one lane of a multiplexed socket;
 * :class:`InspectOperation` - an operator's read through ``/_a2/inspect``;
-* :class:`RedriveOperation`, :class:`SkipOperation`,
+* :class:`RedriveOperation`, :class:`SkipOperation`, :class:`WakeOperation`,
+  :class:`CancelOperation`,
   :class:`RetryNowOperation` - an operator's action through ``/_a2/inspect``;
 * :class:`EraseOperation`, :class:`TrimOperation` - an operator's removal of
   a session's data through ``/_a2/inspect`` (retention);
@@ -41,6 +42,7 @@ from ...push import PushedEvent, PushedPresence
 __all__ = [
     "Authorize",
     "CallOperation",
+    "CancelOperation",
     "HistoryOperation",
     "InspectOperation",
     "MetricsOperation",
@@ -53,6 +55,7 @@ __all__ = [
     "StateOperation",
     "StreamOperation",
     "SubscribeOperation",
+    "WakeOperation",
     "check_authorized",
 ]
 
@@ -161,6 +164,30 @@ class RetryNowOperation(msgspec.Struct, frozen=True, tag="retry_now"):
     reason: str
 
 
+class WakeOperation(msgspec.Struct, frozen=True, tag="wake"):
+    """An operator's wake of an event whose handler is suspended in a durable
+    sleep or wait (issue 34) through ``/_a2/inspect`` (refused as
+    :class:`RedriveOperation` is)."""
+
+    contract: str
+    session_id: str
+    index: int
+    by: str
+    reason: str
+
+
+class CancelOperation(msgspec.Struct, frozen=True, tag="cancel"):
+    """An operator's cancel of an event whose handler is suspended in a
+    durable sleep or wait (issue 34; settled as a skip) through
+    ``/_a2/inspect`` (refused as :class:`RedriveOperation` is)."""
+
+    contract: str
+    session_id: str
+    index: int
+    by: str
+    reason: str
+
+
 class EraseOperation(msgspec.Struct, frozen=True, tag="erase"):
     """An operator's erasure of a session through ``/_a2/inspect`` (its
     events and everything derived from them: ``server.retention.erase``),
@@ -200,6 +227,8 @@ _OPERATOR = (
     RedriveOperation,
     SkipOperation,
     RetryNowOperation,
+    WakeOperation,
+    CancelOperation,
     EraseOperation,
     TrimOperation,
     MetricsOperation,
@@ -233,6 +262,8 @@ Operation = (
     | RedriveOperation
     | SkipOperation
     | RetryNowOperation
+    | WakeOperation
+    | CancelOperation
     | EraseOperation
     | TrimOperation
     | MetricsOperation

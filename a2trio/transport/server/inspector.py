@@ -10,6 +10,8 @@ request                                                     answer
 ``GET /_a2/inspect/{contract}/{session}``                   events, status, actions
 ``POST /_a2/inspect/{contract}/{session}/{index}/redrive``  ``{"actions": [...]}``
 ``POST /_a2/inspect/{contract}/{session}/{index}/skip``     ``{"actions": [...]}``
+``POST /_a2/inspect/{contract}/{session}/{index}/wake``     ``{"actions": [...]}``
+``POST /_a2/inspect/{contract}/{session}/{index}/cancel``   ``{"actions": [...]}``
 ``POST /_a2/inspect/{contract}/{session}/retry-now``        ``{"actions": [...]}``
 ``POST /_a2/inspect/{contract}``                            a bulk action's result
 ``GET /_a2/inspect/{contract}/{session}?view=export``       the session, JSON lines
@@ -24,7 +26,9 @@ form cannot send without the browser asking first (no CSRF through a
 cookie). Each data request is authorized first: reads as an
 :class:`~a2trio.transport.InspectOperation`, actions as a
 :class:`~a2trio.transport.RedriveOperation`,
-:class:`~a2trio.transport.SkipOperation` or
+:class:`~a2trio.transport.SkipOperation`,
+:class:`~a2trio.transport.WakeOperation`,
+:class:`~a2trio.transport.CancelOperation` or
 :class:`~a2trio.transport.RetryNowOperation`; without a policy that allows
 them, refused. The page itself is a static file (``inspector.html``, shipped
 in the package) holding no data but the mounted contracts' names: everything
@@ -36,7 +40,7 @@ inspection records, as ``a2trio inspect --json`` prints them):
 throughIndex, nextIndex}``.
 
 A refused action answers 404 (``no_event``) or 409 (``not_dead_lettered``,
-``settled``, ``claimed``, ``nothing_to_retry``) with the error envelope, its
+``settled``, ``claimed``, ``nothing_to_retry``, ``not_waiting``) with the error envelope, its
 ``details`` naming the reason.
 
 Retention (issue 35): ``?view=export`` answers the session as
@@ -80,6 +84,7 @@ from ...stores.base import OperatorAction, OperatorActionError, RetentionError
 from .. import wire
 from .auth import (
     Authorize,
+    CancelOperation,
     EraseOperation,
     InspectOperation,
     RedriveOperation,
@@ -87,6 +92,7 @@ from .auth import (
     RetryNowOperation,
     SkipOperation,
     TrimOperation,
+    WakeOperation,
     check_authorized,
 )
 from .http import Refusal, Send, bad_input, index_param, respond
@@ -197,12 +203,12 @@ async def serve_inspector(
     action = target[-1]
     if not (
         (len(target) == 3 and action == "retry-now")
-        or (len(target) == 4 and action in ("redrive", "skip"))
+        or (len(target) == 4 and action in ("redrive", "skip", "wake", "cancel"))
     ):
         raise Refusal(
             404,
             "inspection actions are POST /_a2/inspect/{contract}/{session}/{index}/redrive "
-            "(or /skip) and /{contract}/{session}/retry-now (or /erase, /trim)",
+            "(or /skip, /wake, /cancel) and /{contract}/{session}/retry-now (or /erase, /trim)",
         )
     if method != "POST":
         raise Refusal(405, f"{action} takes POST")
@@ -276,11 +282,17 @@ async def _act(
         if index < 1:
             raise Refusal(400, "the event index must be a positive integer")
     by, reason = words.by, words.reason
-    operation: RedriveOperation | SkipOperation | RetryNowOperation
+    operation: (
+        RedriveOperation | SkipOperation | RetryNowOperation | WakeOperation | CancelOperation
+    )
     if target[-1] == "retry-now":
         operation = RetryNowOperation(contract, session_id, by, reason)
     elif target[-1] == "redrive":
         operation = RedriveOperation(contract, session_id, index, by, reason)
+    elif target[-1] == "wake":
+        operation = WakeOperation(contract, session_id, index, by, reason)
+    elif target[-1] == "cancel":
+        operation = CancelOperation(contract, session_id, index, by, reason)
     else:
         operation = SkipOperation(contract, session_id, index, by, reason)
     await check_authorized(authorize, request, operation)
@@ -295,6 +307,10 @@ async def _act(
                         return [await inspect.redrive(session_id, index, by=by, reason=reason)]
                     case SkipOperation():
                         return [await inspect.skip(session_id, index, by=by, reason=reason)]
+                    case WakeOperation():
+                        return [await inspect.wake(session_id, index, by=by, reason=reason)]
+                    case CancelOperation():
+                        return [await inspect.cancel(session_id, index, by=by, reason=reason)]
             except OperatorActionError as exc:
                 raise _refused(exc) from None
     except InspectionUnsupportedError as exc:
