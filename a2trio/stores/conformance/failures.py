@@ -224,6 +224,7 @@ def _every_call(store: Store) -> list[tuple[str, Callable[[], Awaitable[object]]
             ("operator.redrive", lambda: operator.redrive(sid, 1, by="op", reason="r")),
             ("operator.skip", lambda: operator.skip(sid, 1, by="op", reason="r")),
             ("operator.retry_now", lambda: operator.retry_now(sid, by="op", reason="r")),
+            ("operator.wake", lambda: operator.wake(sid, 1, by="op", reason="r")),
             (
                 "operator.read_actions",
                 lambda: operator.read_actions(sid, after_index=0, through_index=9),
