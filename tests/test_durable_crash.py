@@ -9,6 +9,10 @@ and Postgres: two worker processes share one store.
 * A handler's durable sleep suspends its attempt (no claim, no failure); the
   worker that ran it is SIGKILLed while it sleeps; at the wake time the other
   worker resumes it, and the step before the sleep is not run again.
+* A durable ``wait_for`` without a timeout suspends its attempt with no
+  wake time and its type as the row's wake mark; the worker that ran it is
+  SIGKILLed; an event of that type appended by a third process (the API
+  tier) makes it claimable in the store, and the other worker answers it.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ import pytest
 import trio
 
 import a2trio
+from a2trio.stores import rules
 from tests.backends.postgres import database_dsn, run_sql
-from tests.durable_workers.worker import NAP_S, Done, Order, Woke, open_store, orders
+from tests.durable_workers.worker import NAP_S, Answered, Done, Order, Woke, open_store, orders
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Hang guard for each wait, generous for a loaded machine: not about speed.
@@ -169,6 +174,64 @@ async def test_a_sleeping_attempt_holds_no_claim_and_another_process_resumes_it(
             # Not before the wake instant (the store's clock: wall time here).
             assert rows[1].created_at_ms >= row.not_before_ms
             assert _effects(tmp_path) == [("before", napping.id, sleeper_pid)]
+    finally:
+        await store.aclose()
+        if backend == "postgres":
+            await run_sql(url, f'drop schema if exists "{schema}" cascade')
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_a_suspended_wait_is_woken_across_processes_by_its_event(
+    backend: str, tmp_path: Path, workers: list[subprocess.Popen[bytes]]
+) -> None:
+    schema = f"du_{secrets.token_hex(6)}"
+    url = await database_dsn() if backend == "postgres" else str(tmp_path / "orders.db")
+    store = open_store(backend, url, schema)
+
+    def start(name: str) -> None:
+        command = [sys.executable, "-m", "tests.durable_workers.worker", backend, url, schema]
+        proc = subprocess.Popen(
+            [*command, str(tmp_path), name], env={**os.environ, "PYTHONPATH": str(ROOT)}
+        )
+        workers.append(proc)
+        _wait(f"{name} to start", lambda: (tmp_path / f"{name}.ready").exists(), workers)
+
+    handlers = {"order": _never, "nap": _never, "wait": _never}
+    api = a2trio.Server(orders, store=store, handlers=handlers, run_handlers=False)
+    key = api.key("wait-1")
+    try:
+        async with api:
+            for name in ("w0", "w1"):
+                await trio.to_thread.run_sync(start, name)
+            await api.session("wait-1").append(orders.event("wait", Order("tea")))
+
+            async def suspended() -> bool:
+                [row] = await store.read(key)
+                return row.attempt_count == 1 and row.not_before_ms == rules.NEVER_MS
+
+            await trio.to_thread.run_sync(
+                _wait, "the suspension", lambda: trio.from_thread.run(suspended), workers
+            )
+            waiter_pid = int((tmp_path / "waiting").read_text())
+            [row] = await store.read(key)
+            assert (row.claim_holder, row.failure_count) == (None, 0)
+            [waiter] = [p for p in workers if p.pid == waiter_pid]
+            [survivor] = [p for p in workers if p.pid != waiter_pid]
+            os.kill(waiter_pid, signal.SIGKILL)
+            waiter.wait()
+            await api.session("wait-1").append(orders.event("arrived", Order("tea")))
+
+            async def completed() -> bool:
+                [row, *_] = await store.read(key)
+                return row.processed_at_ms is not None
+
+            await trio.to_thread.run_sync(
+                _wait, "the wake", lambda: trio.from_thread.run(completed), workers
+            )
+            rows = await store.read(key)
+            assert [row.type for row in rows] == ["wait", "arrived", "answered"]
+            assert (rows[0].attempt_count, rows[0].failure_count) == (2, 0)
+            assert msgspec.convert(rows[2].payload, Answered) == Answered(2, survivor.pid)
     finally:
         await store.aclose()
         if backend == "postgres":

@@ -10,7 +10,10 @@ row in a side table (``effects`` in ``FOLDER/effects.db``, SQLite,
 autocommit: the outside world, which the journal does not roll back), so the
 test counts how often each ran. On its first attempt ``checkout`` stops
 between its two steps and writes its pid to ``FOLDER/between``, so that the
-test can SIGKILL this process there.
+test can SIGKILL this process there. And ``wait``: a durable ``wait_for``
+of an ``arrived`` event without a timeout (the attempt suspends with no wake
+time, and writes its pid to ``FOLDER/waiting`` first), then returns
+``answered`` with the index found.
 BACKEND is ``postgres`` (STORE a DSN, SCHEMA its schema) or ``sqlite``
 (STORE a file).
 """
@@ -42,8 +45,22 @@ class Woke(msgspec.Struct, frozen=True):
     by: int
 
 
+class Answered(msgspec.Struct, frozen=True):
+    index: int
+    by: int
+
+
 orders = a2trio.contract(
-    "durable_orders", events={"order": Order, "done": Done, "nap": Order, "woke": Woke}
+    "durable_orders",
+    events={
+        "order": Order,
+        "done": Done,
+        "nap": Order,
+        "woke": Woke,
+        "wait": Order,
+        "arrived": Order,
+        "answered": Answered,
+    },
 )
 
 #: The durable sleep of ``nap``: longer than the claim ttl, so it suspends.
@@ -93,10 +110,17 @@ async def main(backend: str, url: str, schema: str, folder: str, name: str) -> N
         await ctx.sleep(NAP_S)
         return orders.event("woke", Woke(os.getpid()))
 
+    async def wait(ctx: a2trio.HandlerContext[Order]) -> a2trio.AppendInput:
+        if ctx.attempt == 1:
+            (Path(folder) / "waiting").write_text(str(os.getpid()))
+        found = await ctx.wait_for("arrived")
+        assert found is not None
+        return orders.event("answered", Answered(found.index, os.getpid()))
+
     server = a2trio.Server(
         orders,
         store=open_store(backend, url, schema),
-        handlers={"order": checkout, "nap": nap},
+        handlers={"order": checkout, "nap": nap, "wait": wait},
         timings=TIMINGS,
     )
     async with server:
