@@ -14,9 +14,34 @@ import msgspec
 from ..base import EventCause, StoredEvent
 from .conn import Row
 
-__all__ = ["cause_json", "encode", "stored_event"]
+__all__ = ["BatchRow", "cause_json", "encode", "stored_event"]
 
 encode = msgspec.json.Encoder().encode
+
+
+class BatchRow(msgspec.Struct, omit_defaults=True):
+    """One row of an append's or a completion's ``$batch`` (the statements'
+    ``jsonb_to_recordset``, whose missing keys read as null): the options an
+    event does not use (most of them, most of the time) are left out of the
+    JSON instead of written as nulls."""
+
+    ord: int
+    id: str | None
+    type: str
+    payload: Any
+    settled: bool
+    cause: dict[str, int] | None = None
+    lane: str | None = None
+    trace: str | None = None
+    version: int | None = None
+    flow_key: str | None = None
+    flow_limit: int | None = None
+    delay: int | None = None
+    debounce: str | None = None
+    throttle_key: str | None = None
+    throttle_limit: int | None = None
+    throttle_period: int | None = None
+    priority: int | None = None
 
 
 def cause_json(cause: EventCause) -> dict[str, int]:
@@ -34,39 +59,8 @@ def _cause(raw: Any) -> EventCause | None:
 
 
 def stored_event(row: Row, at: int = 0) -> StoredEvent:
-    """A StoredEvent from ``EVENT_COLUMNS`` starting at ``row[at]``."""
-    r = row[at:]
-    return StoredEvent(
-        id=r[0],
-        type=r[1],
-        payload=r[2],
-        index=r[3],
-        session_id=r[4],
-        created_at_ms=r[5],
-        cause=_cause(r[6]),
-        lane=r[7],
-        processed_at_ms=r[8],
-        processed_by_attempt=r[9],
-        returned_event_ids=r[10],
-        first_claimed_at_ms=r[11],
-        last_claimed_at_ms=r[12],
-        attempt_count=r[13],
-        failure_count=r[14],
-        last_failed_at_ms=r[15],
-        last_failed_attempt=r[16],
-        last_error=r[17],
-        failed_at_ms=r[18],
-        claim_holder=r[19],
-        claim_expires_at_ms=r[20],
-        trace_context=r[21],
-        not_before_ms=r[22],
-        version=r[23],
-        concurrency_key=r[24],
-        concurrency_limit=r[25],
-        debounce_key=r[26],
-        debounced_by=r[27],
-        throttle_key=r[28],
-        throttle_limit=r[29],
-        throttle_period_ms=r[30],
-        priority=r[31],
-    )
+    """A StoredEvent from ``EVENT_COLUMNS`` starting at ``row[at]`` (the
+    record's fields in that order: positional, the cheapest construction)."""
+    fields = list(row[at : at + 32])
+    fields[6] = _cause(fields[6])
+    return StoredEvent(*fields)

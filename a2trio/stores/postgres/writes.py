@@ -44,7 +44,7 @@ from ..feed import Wakeups
 from ..group import GroupCommit, GroupStatistics
 from ..tasks import StoreTasks
 from . import sql as sql
-from .codec import cause_json, encode, stored_event
+from .codec import BatchRow, cause_json, encode, stored_event
 from .conn import Param, PgConnection, PgConnectionError, PgError, Row, Statement, errors
 from .database import GROUPED, Database, Kind, Request, lock_order
 
@@ -174,25 +174,25 @@ class PostgresWrites:
             supplied = verdicts.supplied_ids(events)
             ids = [e.id or self._new_id() for e in events]
             batch = [
-                {
-                    "ord": ord_,
-                    "id": event_id,
-                    "type": e.type,
-                    "payload": e.payload,
-                    "cause": None if e.cause is None else cause_json(e.cause),
-                    "lane": e.lane,
-                    "settled": e.settled,
-                    "trace": e.trace_context,
-                    "version": e.version,
-                    "flow_key": e.concurrency_key,
-                    "flow_limit": e.concurrency_limit,
-                    "delay": e.delay_ms,
-                    "debounce": e.debounce_key,
-                    "throttle_key": e.throttle_key,
-                    "throttle_limit": e.throttle_limit,
-                    "throttle_period": e.throttle_period_ms,
-                    "priority": e.priority,
-                }
+                BatchRow(
+                    ord_,
+                    event_id,
+                    e.type,
+                    e.payload,
+                    e.settled,
+                    None if e.cause is None else cause_json(e.cause),
+                    e.lane,
+                    e.trace_context,
+                    e.version,
+                    e.concurrency_key,
+                    e.concurrency_limit,
+                    e.delay_ms,
+                    e.debounce_key,
+                    e.throttle_key,
+                    e.throttle_limit,
+                    e.throttle_period_ms,
+                    e.priority,
+                )
                 for ord_, (e, event_id) in enumerate(zip(events, ids, strict=True), 1)
             ]
             causes = sorted({e.cause.index for e in events if e.cause is not None})
@@ -394,22 +394,22 @@ class PostgresWrites:
             return await self._finish(session_id, index, attempt)
         returned = verdicts.returned_ids(events)
         batch = [
-            {
-                "ord": ord_,
-                "id": e.id,
-                "type": e.type,
-                "payload": e.payload,
-                "lane": e.lane,
-                "settled": e.settled,
-                "trace": e.trace_context,
-                "version": e.version,
-                "flow_key": e.concurrency_key,
-                "flow_limit": e.concurrency_limit,
-                "throttle_key": e.throttle_key,
-                "throttle_limit": e.throttle_limit,
-                "throttle_period": e.throttle_period_ms,
-                "priority": e.priority,
-            }
+            BatchRow(
+                ord_,
+                e.id,
+                e.type,
+                e.payload,
+                e.settled,
+                lane=e.lane,
+                trace=e.trace_context,
+                version=e.version,
+                flow_key=e.concurrency_key,
+                flow_limit=e.concurrency_limit,
+                throttle_key=e.throttle_key,
+                throttle_limit=e.throttle_limit,
+                throttle_period=e.throttle_period_ms,
+                priority=e.priority,
+            )
             for ord_, e in enumerate(events, 1)
         ]
         params = (
