@@ -3,6 +3,7 @@
     python bench/flow.py                                   # 2,000 events, 3 rows
     python bench/flow.py --events 20000 --sessions 200 --rounds 3
     python bench/flow.py --dsn postgresql://root@127.0.0.1:5432/postgres
+    python bench/regress.py --base main -- bench/flow.py --events 20000 --sessions 200
 
 Appended + handled events/s, a no-op handler on the real clock, in three
 configurations of one handler: with no limit, under a
@@ -23,6 +24,7 @@ for the never-reached one; measure on a quiet machine.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import sys
@@ -60,8 +62,9 @@ def _drop_schema(dsn: str, schema: str) -> None:
 
 async def one_round(
     dsn: str, limit: a2trio.Concurrency | None, events: int, sessions: int, customers: int
-) -> float:
-    """Appended + handled events/s of one round in a fresh schema."""
+) -> tuple[float, float]:
+    """Appended + handled events/s of one round in a fresh schema, and the
+    client's CPU µs per event."""
     schema = f"flowbench_{secrets.token_hex(4)}"
     handled = 0
     done = trio.Event()
@@ -86,7 +89,7 @@ async def one_round(
             await server.session("warm-up").append(jobs.event("job", Job("warm")))
             await server.settle()
             handled = 0
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
 
             async def write(n: int, count: int) -> None:
                 session = server.session(f"s{n}")
@@ -98,7 +101,8 @@ async def one_round(
                 for n, count in enumerate(per_session):
                     nursery.start_soon(write, n, count)
             await done.wait()
-            return events / (time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            return events / elapsed, (time.process_time() - cpu) / events * 1e6
     finally:
         await store.aclose()
         await trio.to_thread.run_sync(_drop_schema, dsn, schema)
@@ -117,12 +121,15 @@ async def main(args: argparse.Namespace) -> None:
         ),
     ]
     results: list[tuple[str, float]] = []
+    cpus: list[float] = []
     for name, limit in rows:
-        best = 0.0
+        best, best_cpu = 0.0, 0.0
         for _ in range(args.rounds):
-            rate = await one_round(args.dsn, limit, args.events, args.sessions, args.customers)
-            best = max(best, rate)
+            rate, cpu = await one_round(args.dsn, limit, args.events, args.sessions, args.customers)
+            if rate > best:
+                best, best_cpu = rate, cpu
         results.append((name, best))
+        cpus.append(best_cpu)
     base = results[0][1]
     width = max(len(name) for name, _ in results)
     print(f"{args.events} events, {args.sessions} sessions, best of {args.rounds}, Postgres")
@@ -130,6 +137,17 @@ async def main(args: argparse.Namespace) -> None:
     print(f"| {'-' * width} | -------: | ----------: |")
     for name, rate in results:
         print(f"| {name:<{width}} | {rate:8.0f} | {rate / base - 1:+10.1%} |")
+    if args.json:
+        figures = {
+            "no limit: events/s": results[0][1],
+            "never reached: events/s": results[1][1],
+            "saturated: events/s": results[2][1],
+            "never reached / no limit": results[1][1] / base,
+            "no limit: client CPU µs/event": cpus[0],
+            "never reached: client CPU µs/event": cpus[1],
+            "saturated: client CPU µs/event": cpus[2],
+        }
+        await trio.Path(args.json).write_text(json.dumps(figures))
 
 
 if __name__ == "__main__":
@@ -143,4 +161,5 @@ if __name__ == "__main__":
     parser.add_argument("--customers", type=int, default=10)
     parser.add_argument("--saturated", type=int, default=2, help="the saturated limit")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--json", help="also write the figures here (bench/regress.py)")
     trio.run(main, parser.parse_args())
