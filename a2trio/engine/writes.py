@@ -249,11 +249,11 @@ class Writes:
                     window.watchdog_at_ms,
                     watchdog_at_ms,
                 )
-            # Keyed and throttled events are claimed by the drain, under their
-            # limits (``rules.claims_at_insert``); a debounced append may have
-            # skipped a lane head, whose lane moved on.
+            # Keyed events not claimed at insert and throttled ones are claimed
+            # by the drain, under their limits (``rules.claims_at_insert``); a
+            # debounced append may have skipped a lane head, whose lane moved on.
             if result.others_claimable or any(
-                e.concurrency_key is not None
+                (e.concurrency_key is not None and adopted < pending)
                 or e.throttle_key is not None
                 or e.debounce_key is not None
                 for e in events

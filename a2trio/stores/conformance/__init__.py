@@ -144,6 +144,7 @@ from .feeds import (
 )
 from .flow import (
     check_concurrency_across_sessions,
+    check_concurrency_at_insert,
     check_concurrency_slots_are_leases,
     check_concurrency_with_lanes_and_the_sweep,
     check_concurrency_within_a_session,
@@ -263,6 +264,7 @@ __all__ = [
     "check_complete_attempt_rejects_a_different_batch",
     "check_complete_attempt_replay_keeps_types",
     "check_concurrency_across_sessions",
+    "check_concurrency_at_insert",
     "check_concurrency_slots_are_leases",
     "check_concurrency_with_lanes_and_the_sweep",
     "check_concurrency_within_a_session",
@@ -367,6 +369,7 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_a_release_sees_what_landed_after_its_read,
     check_a_stale_mark_wakes_nothing,
     check_concurrency_across_sessions,
+    check_concurrency_at_insert,
     check_concurrency_slots_are_leases,
     check_concurrency_within_a_session,
     check_concurrency_with_lanes_and_the_sweep,

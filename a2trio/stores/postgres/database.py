@@ -46,11 +46,14 @@ LOCKING: frozenset[Kind] = frozenset({"complete", "append", "append_fresh"})
 
 
 class Request(NamedTuple):
-    """One group-committed statement: its kind, session and parameters."""
+    """One group-committed statement: its kind, session and parameters, and
+    for an append that may claim keyed rows at insert their concurrency
+    ``keys`` (the group locks them first: ``LOCK_INSERT_KEYS``)."""
 
     kind: Kind
     session_id: str
     params: Sequence[Param]
+    keys: Sequence[str] = ()
 
 
 def lock_order(request: Request) -> tuple[str, int]:
@@ -60,11 +63,14 @@ def lock_order(request: Request) -> tuple[str, int]:
     exactly as serial transactions would, and a claim already sees the lane a
     completion handed on and the events an append added.
 
-    Lock order: sessions ascending; within a session its append lock (taken
-    for appends, completions that return events, and completions of lane
-    events) and then its event rows. Every writer outside a group touches one
-    session, lock before rows, so no two writers wait on each other in a
-    cycle. A hash collision between two session ids could still order two
+    Lock order: the concurrency keys of the group's appends that may claim
+    keyed rows at insert (``LOCK_INSERT_KEYS``, first in the group), then
+    sessions ascending; within a session its append lock (taken for appends,
+    completions that return events, and completions of lane events) and then
+    its event rows. Every writer outside a group touches one session, lock
+    before rows (a keyed claim its keys before the rows, an append alone only
+    tries its keys' locks, ``TRY_KEYS``), so no two writers wait on each other
+    in a cycle. A hash collision between two session ids could still order two
     advisory locks differently; Postgres reports that as a deadlock, and the
     store retries the rolled-back group like any other.
     """
@@ -293,8 +299,9 @@ class Database:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def run_group(self, group: Sequence[Request]) -> list[list[Row]]:
-        """One transaction for a group in lock order: each session's lock before
-        its first writer, then its statements (see :func:`lock_order`). A session's
+        """One transaction for a group in lock order: the keys its appends may
+        claim at insert, each session's lock before its first writer, then its
+        statements (see :func:`lock_order`). A session's
         consecutive ``finish`` members on distinct events share one ``FINISH``
         statement, after the session's lock only if one of them has a lane
         (``LOCK_IF_LANED``); each member gets its own row back."""
@@ -336,6 +343,10 @@ class Database:
                 request.params[3],
             )
             batch.append((sql.FINISH, cast(Sequence[Param], params)))
+        keys = sorted({k for request in group for k in request.keys})
+        if keys:
+            batch.insert(0, (sql.LOCK_INSERT_KEYS, (keys,)))
+            answers = [(position + 1, index) for position, index in answers]
         rows = await self.transaction(batch, lock=None)
         return [
             rows[position] if index is None else [r for r in rows[position] if r[0] == index]

@@ -472,11 +472,22 @@ def has_room(row: str, now: str) -> str:
 
 
 # rules.claims_at_insert, for the row `new` of the CTE `batch` (its lane
-# readiness `ready`): claimable (ripe: no delay still to wait, as
-# `rules.ripe` of `now + delay`) and no concurrency key.
+# readiness `ready`) after `TRY_KEYS` (the keys it locked are
+# `a2.insert_keys`): claimable (ripe: no delay still to wait, as `rules.ripe`
+# of `now + delay`), no throttle, and no concurrency key or (`rules.flow`'s
+# docstring) the key locked, and room under its limit for every alive row of
+# the key (`a2_events_concurrency`'s predicate) and every unsettled row of the
+# batch with it.
 def claims_at_insert(new: str, ready: str) -> str:
+    fits = (
+        f"{new}.flow_key in (select jsonb_array_elements_text("
+        f"coalesce(nullif(current_setting('a2.insert_keys', true), ''), '[]')::jsonb))"
+        f" and (select count(*) from batch f where f.flow_key = {new}.flow_key and not f.settled)"
+        f" + (select count(*) from a2_events h where h.concurrency_key = {new}.flow_key"
+        f" and {alive('h')}) <= {new}.flow_limit"
+    )
     return (
-        f"{ready} and not {new}.settled and {new}.flow_key is null"
+        f"{ready} and not {new}.settled and ({new}.flow_key is null or ({fits}))"
         f" and {new}.throttle_key is null and coalesce({new}.delay, 0) <= 0"
     )
 
@@ -570,6 +581,35 @@ LOCK = Statement(
 )
 
 HAS_PENDING = Statement(f"select {has_pending('$1::text')}")
+
+# Before appends that may claim keyed rows at insert (`rules.flow`): the keys
+# of their concurrency-keyed rows ($1) locked, in key order, with the lock
+# `LOCK_KEYS` takes, and remembered for the transaction (`a2.insert_keys`, read
+# by `APPEND`'s `claims_at_insert`). In its own statement, so that each
+# `APPEND`'s snapshot, taken after it, counts every claim of the keys that
+# committed. A group commit runs it first, before any session's lock
+# (`database.lock_order`): keys, then sessions, then rows, the order
+# `LOCK_KEYS` + `CLAIM_KEYED` also follow.
+LOCK_INSERT_KEYS = Statement(
+    """
+select set_config('a2.insert_keys', coalesce(jsonb_agg(k.key order by k.key), '[]')::text, true)
+  from (select k.key, pg_advisory_xact_lock(hashtextextended('a2:flow:' || k.key, 0))
+          from (select distinct u.key from unnest($1::text[]) as u(key) order by 1) k) k
+"""
+)
+
+# `LOCK_INSERT_KEYS` for an append in a transaction of its own, after its
+# session's lock: a try, which never waits (so it is ordered against no other
+# lock); a key another transaction holds is not in `a2.insert_keys`, and its
+# rows are left to the drain's claim.
+TRY_KEYS = Statement(
+    """
+select set_config('a2.insert_keys', coalesce(jsonb_agg(k.key order by k.key)
+         filter (where pg_try_advisory_xact_lock(hashtextextended('a2:flow:' || k.key, 0))),
+         '[]')::text, true)
+  from unnest($1::text[]) as k(key)
+"""
+)
 
 
 def _append_sql(*, checked: bool) -> str:

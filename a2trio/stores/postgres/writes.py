@@ -129,9 +129,12 @@ class PostgresWrites:
         """How claims and completions were group-committed."""
         return self._groups.statistics()
 
-    async def _submit(self, kind: Kind, session_id: str, params: Sequence[Param]) -> list[Row]:
-        """One statement through the group commit: its rows."""
-        request = Request(kind, session_id, params)
+    async def _submit(
+        self, kind: Kind, session_id: str, params: Sequence[Param], keys: Sequence[str] = ()
+    ) -> list[Row]:
+        """One statement through the group commit (its group locks ``keys``
+        first, ``LOCK_INSERT_KEYS``): its rows."""
+        request = Request(kind, session_id, params, keys)
         return await self._groups.submit(lock_order(request), request)
 
     def _wrote(self, session_id: str, rows: list[StoredEvent]) -> None:
@@ -218,6 +221,14 @@ class PostgresWrites:
                 )
             )
             debounced = [i for e, i in zip(events, ids, strict=True) if e.debounce_key is not None]
+            # The keys whose rows a claim at insert may take: locked by the
+            # group, tried by an append alone (`TRY_KEYS`).
+            keys = (
+                sorted({e.concurrency_key for e in events if e.concurrency_key is not None})
+                if claim is not None
+                else []
+            )
+            tried = [(sql.TRY_KEYS, (keys,))] if keys else []
             with self._inserting(session_id):
                 if on is not None:
                     lock = (sql.LOCK, (session_id, self._db.origin))
@@ -227,14 +238,20 @@ class PostgresWrites:
                     [_, rows, *_] = await on.run(run)
                 elif debounced:
                     # Its skips in the append's transaction (`DEBOUNCE`).
-                    [rows, _] = await self._db.transaction(
-                        [(GROUPED[kind], params), (sql.DEBOUNCE, (session_id, now, debounced))],
+                    [*_, rows, _] = await self._db.transaction(
+                        [
+                            *tried,
+                            (GROUPED[kind], params),
+                            (sql.DEBOUNCE, (session_id, now, debounced)),
+                        ],
                         lock=session_id,
                     )
                 elif self._locks_alone(session_id):
-                    [rows] = await self._db.transaction([(GROUPED[kind], params)], lock=session_id)
+                    [*_, rows] = await self._db.transaction(
+                        [*tried, (GROUPED[kind], params)], lock=session_id
+                    )
                 else:
-                    rows = await self._submit(kind, session_id, params)
+                    rows = await self._submit(kind, session_id, params, keys)
         if fresh:
             had_pending, base, claimed_indexes, others_claimable = rows[0]
         else:

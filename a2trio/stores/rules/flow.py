@@ -26,10 +26,14 @@ throttled row's wait has a known end (its throttle's earliest start's
 expiry), which a ``Busy`` answer's ``retry_at_ms`` carries. The same key
 serialization applies.
 
-An append never claims a keyed row at insert (:func:`claims_at_insert`): the
-claim at insert writes under the session's lock only, and taking key locks
-there too would order them against the group commit's session locks. A
-keyed row is claimed by ``claim_available``, one round trip later.
+An append with a claim request may claim a concurrency-keyed row at insert
+only while every alive row of its key, in any session, and every unsettled
+row of the append with it fit its limit: then no row
+of the key waits, so the new one overtakes none, and the count needs only the
+key serialized. Postgres does (its group commit takes the keys' locks before
+any session's); the memory store, SQLite and Redis leave keyed rows to
+``claim_available``, one round trip later. A throttled row is never claimed
+at insert: its start is recorded by the claim.
 """
 
 from __future__ import annotations
@@ -98,8 +102,9 @@ def live_start(expires_at_ms: int, now_ms: int) -> bool:
 
 
 def claims_at_insert(row: KeyedDispatch, now_ms: int) -> bool:
-    """Whether an append with a claim request writes ``row`` claimed:
-    claimable, and no concurrency or throttle key (see the module docstring)."""
+    """Whether an append with a claim request writes ``row`` claimed, on a
+    store that claims no keyed row at insert: claimable, and no concurrency
+    or throttle key (see the module docstring)."""
     return row.concurrency_key is None and row.throttle_key is None and claimable(row, now_ms)
 
 
