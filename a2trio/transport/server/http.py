@@ -118,7 +118,8 @@ async def read_body(request: Request, receive: Receive, limits: Limits) -> bytes
     length = int(declared) if declared.isdigit() else -1
     if length > limit:
         raise Refusal(413, f"request bodies are limited to {limit} bytes")
-    message = _arrived(receive)
+    channel = _channel(receive)
+    message = _arrived(channel) if channel is not None else None
     if message is not None and message["type"] == "http.request":
         chunk: bytes = message.get("body", b"")
         if len(chunk) <= limit and (not message.get("more_body", False) or len(chunk) == length):
@@ -133,31 +134,36 @@ async def read_body(request: Request, receive: Receive, limits: Limits) -> bytes
             body += message.get("body", b"")
             if len(body) > limit:
                 raise Refusal(413, f"request bodies are limited to {limit} bytes")
-            # The declared length read is the whole body (the server frames
-            # it by that length): its last, empty message is not waited for,
-            # a wake-up fewer per push.
-            if not message.get("more_body", False) or len(body) == length:
+            # On hypercorn's channel the declared length read is the whole
+            # body (the server frames it by that length): its last, empty
+            # message is not waited for, a wake-up fewer per push. Another
+            # server's receive is read to its end: httpx's ASGITransport
+            # leaves its body iterator unclosed otherwise.
+            more = message.get("more_body", False)
+            if not more or (channel is not None and len(body) == length):
                 return bytes(body)
             message = None
     raise Refusal(408, f"the request body did not arrive within {limits.body_timeout_s:g} s")
 
 
-def _arrived(receive: Receive) -> Message | None:
+def _channel(receive: Receive) -> trio.MemoryReceiveChannel[Message] | None:
+    """hypercorn's trio worker hands the app a trio memory channel's
+    ``receive``: the channel, else None (another server)."""
+    channel = getattr(receive, "__self__", None)
+    return channel if isinstance(channel, trio.MemoryReceiveChannel) else None
+
+
+def _arrived(channel: trio.MemoryReceiveChannel[Message]) -> Message | None:
     """The request's next message if the server already holds it, else None.
 
-    hypercorn's trio worker hands the app a trio memory channel's ``receive``:
-    a body that came with its headers (most pushes) is then taken at once,
+    A body that came with its headers (most pushes) is then taken at once,
     without the timer and the wake-up of a wait (a tenth of the app's own
-    cost of a push). Another server's ``receive`` is simply awaited.
+    cost of a push).
     """
-    channel = getattr(receive, "__self__", None)
-    if not isinstance(channel, trio.MemoryReceiveChannel):
-        return None
     try:
-        message: Message = channel.receive_nowait()
+        return channel.receive_nowait()
     except (trio.WouldBlock, trio.EndOfChannel):
         return None  # (awaited, the channel says the same)
-    return message
 
 
 def index_param(name: str, raw: str | None) -> int | None:
