@@ -12,7 +12,8 @@ is far above what runs at once), and under a saturated one
 (``Concurrency(--saturated, key=customer)`` over ``--customers`` customers:
 at most their product runs at once). ``--events`` single-event appends
 spread over ``--sessions`` sessions, appended concurrently (one writer task
-per session), timed until every handler has run; the best of ``--rounds``.
+per session), timed until every handler has run; the best of ``--rounds``,
+which interleave the rows.
 Each round runs in a fresh schema, dropped afterwards.
 
 What the limit costs by design (``rules.flow``): an append claims a keyed
@@ -122,16 +123,19 @@ async def main(args: argparse.Namespace) -> None:
             a2trio.Concurrency(args.saturated, key=customer),
         ),
     ]
-    results: list[tuple[str, float]] = []
-    cpus: list[float] = []
-    for name, limit in rows:
-        best, best_cpu = 0.0, 0.0
-        for _ in range(args.rounds):
-            rate, cpu = await one_round(args.dsn, limit, args.events, args.sessions, args.customers)
-            if rate > best:
-                best, best_cpu = rate, cpu
-        results.append((name, best))
-        cpus.append(best_cpu)
+    # Rounds interleave the rows, alternating their order (ABC, CBA, ...), so
+    # a drift of the machine during the run weighs on every row alike.
+    best = [0.0] * len(rows)
+    cpus = [0.0] * len(rows)
+    for round_ in range(args.rounds):
+        order = range(len(rows)) if round_ % 2 == 0 else reversed(range(len(rows)))
+        for n in order:
+            rate, cpu = await one_round(
+                args.dsn, rows[n][1], args.events, args.sessions, args.customers
+            )
+            if rate > best[n]:
+                best[n], cpus[n] = rate, cpu
+    results = [(name, rate) for (name, _), rate in zip(rows, best, strict=True)]
     base = results[0][1]
     width = max(len(name) for name, _ in results)
     print(f"{args.events} events, {args.sessions} sessions, best of {args.rounds}, Postgres")
