@@ -348,8 +348,17 @@ class Database:
             batch.insert(0, (sql.LOCK_INSERT_KEYS, (keys,)))
             answers = [(position + 1, index) for position, index in answers]
         rows = await self.transaction(batch, lock=None)
+        # A FINISH answers a row per member, keyed by its index: split once
+        # per statement (a scan per member was quadratic in the group).
+        by_index: dict[int, dict[int, list[Row]]] = {}
+        for position, index in answers:
+            if index is not None and position not in by_index:
+                split: dict[int, list[Row]] = {}
+                for row in rows[position]:
+                    split.setdefault(row[0], []).append(row)
+                by_index[position] = split
         return [
-            rows[position] if index is None else [r for r in rows[position] if r[0] == index]
+            rows[position] if index is None else by_index[position].get(index, [])
             for position, index in answers
         ]
 
