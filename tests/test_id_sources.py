@@ -8,6 +8,7 @@ spelling, the default, a factory that does not take ``ids``, and the engine.
 from __future__ import annotations
 
 import itertools
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -40,6 +41,17 @@ def test_the_default_and_any_callable_are_id_sources() -> None:
     assert source() != source()
     ids = counting("e")
     assert [ids(), ids()] == ["e-1", "e-2"]
+
+
+def test_random_ids_are_version_4_uuids_as_uuid_writes_them() -> None:
+    drawn = [random_id() for _ in range(2_000)]
+    assert len(set(drawn)) == len(drawn)
+    for text in drawn:
+        parsed = uuid.UUID(text)
+        assert (parsed.version, parsed.variant) == (4, uuid.RFC_4122)
+        assert str(parsed) == text
+    # Every variant digit turns up: the two random bits are not dropped.
+    assert {text[19] for text in drawn} == set("89ab")
 
 
 async def test_the_memory_and_sqlite_factories_take_ids(tmp_path: Path) -> None:
