@@ -21,6 +21,7 @@ Run::
     .venv/bin/python bench/stream.py --store memory,postgres --scenarios sse
     .venv/bin/python bench/stream.py --profile /tmp/fanout   # py-spy the server
     .venv/bin/python bench/stream.py --baseline /tmp/before --repeat 3
+    .venv/bin/python bench/stream.py --scenarios sse --floor   # against the floor
 
 The client runs in this process, the server in another: on a 2-core machine
 they share the cores, so compare rows of one run, not absolute values. The
@@ -28,7 +29,13 @@ they share the cores, so compare rows of one run, not absolute values. The
 µs/dlv`` the server's CPU time (user + system) during the timed rounds per
 delivery. ``--baseline DIR`` runs the same scenarios against the ``a2trio``
 package of another checkout (``git worktree add --detach DIR REV``), before
-this one's, ``--repeat`` times alternating.
+this one's, ``--repeat`` times alternating. ``idle KiB`` is the server's
+resident memory per follower once every stream is open, before the first
+append.
+
+``--floor`` runs the sse scenario against ``bench/sse_floor.py`` too (a raw
+``trio.serve_tcp`` broadcaster writing the same bytes, no store and no
+ASGI) and ends with a table of a2trio's figures against the floor's.
 """
 
 from __future__ import annotations
@@ -144,6 +151,24 @@ async def served(
         finally:
             process.terminate()
             await process.wait()
+
+
+@asynccontextmanager
+async def served_floor() -> AsyncIterator[tuple[trio.Process, str]]:
+    """``bench/sse_floor.py`` in a subprocess: the raw broadcaster."""
+    command = [sys.executable, str(ROOT / "bench" / "sse_floor.py"), "--port", "0"]
+    process = await trio.lowlevel.open_process(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    try:
+        assert process.stdout is not None
+        lines = LineReader(process.stdout)
+        url = (await lines.next()).split()[-1]
+        assert await lines.next() == "Ctrl-C to stop"
+        yield process, url
+    finally:
+        process.terminate()
+        await process.wait()
 
 
 @asynccontextmanager
@@ -303,9 +328,11 @@ async def run_fanout(
     subscribers: int,
     rounds: int,
     timed: Callable[[], AbstractAsyncContextManager[None]],
-) -> list[float]:
+    pid: int,
+) -> tuple[list[float], float]:
     """``subscribers`` of one session in a subscribers' process; ``rounds``
-    appends one at a time, each waiting until every subscriber has it."""
+    appends one at a time, each waiting until every subscriber has it. Returns
+    the latencies and the server's resident KiB per idle subscriber."""
     host, port = url.removeprefix("http://").split(":")
     session = f"{scenario}-{subscribers}-{secrets.token_hex(2)}"
     request = subscribe_request(scenario, session)
@@ -319,9 +346,11 @@ async def run_fanout(
     assert process.stdout is not None
     lines = LineReader(process.stdout)
     started: list[float] = []
+    before = rss_mib(pid)
     try:
         with trio.fail_after(300):
             assert await lines.next() == "open"
+        idle_kib = (rss_mib(pid) - before) * 1024 / subscribers
         async with httpx.AsyncClient(base_url=url, timeout=120) as client, timed():
             for n in range(rounds):
                 started.append(time.perf_counter())
@@ -334,7 +363,7 @@ async def run_fanout(
         with trio.move_on_after(5):
             await process.wait()
         process.kill()
-    return [(t - started[n]) * 1000 for n, row in enumerate(arrivals) for t in row]
+    return [(t - started[n]) * 1000 for n, row in enumerate(arrivals) for t in row], idle_kib
 
 
 class LineReader:
@@ -397,48 +426,65 @@ async def run_ws_mux(
     return latencies
 
 
-Row = tuple[str, str, str, int, int, list[float], float, float, float]
+Row = tuple[str, str, str, int, int, list[float], float, float, float, float]
 
 
 async def run_store(
     store: str, args: argparse.Namespace, rows: list[Row], label: str, source: Path | None
 ) -> None:
-    import pyspy
-
     async with served(store, args, source) as (process, url):
         for scenario in args.scenarios:
             counts = [args.mux_sessions] if scenario == "ws-mux" else args.subscribers
             for subs in counts:
                 if scenario == "ws" and subs > args.ws_max:
                     continue
-                name = f"{label}-{store}-{scenario}-{subs}.txt"
-                profile = args.profile / name if args.profile else None
-                cpu: list[float] = []
+                await run_scenario(process, url, args, rows, (label, store, scenario, subs))
 
-                @asynccontextmanager
-                async def timed(
-                    profile: Path | None = profile, cpu: list[float] = cpu
-                ) -> AsyncIterator[None]:
-                    async with pyspy.recording(process.pid, profile):
-                        cpu.append(cpu_s(process.pid))
-                        yield
-                        cpu.append(cpu_s(process.pid))
 
-                t0 = time.perf_counter()
-                if scenario in ("sse", "ws"):
-                    values = await run_fanout(url, scenario, subs, args.rounds, timed)
-                    rounds = args.rounds
-                else:
-                    values = await run_ws_mux(url, subs, args.mux_rounds, args.posters, timed)
-                    rounds = args.mux_rounds
-                wall = time.perf_counter() - t0
-                per_delivery = (cpu[1] - cpu[0]) / len(values) * 1e6
-                rss = rss_mib(process.pid)
-                row = (label, store, scenario, subs, rounds, values, wall, rss, per_delivery)
-                rows.append(row)
-                print("row:", format_row(row), flush=True)
-                if profile is not None:
-                    print(pyspy.summary(profile), flush=True)
+async def run_floor(args: argparse.Namespace, rows: list[Row]) -> None:
+    """The sse scenario against the raw broadcaster (``bench/sse_floor.py``)."""
+    async with served_floor() as (process, url):
+        for subs in args.subscribers:
+            await run_scenario(process, url, args, rows, ("floor", "-", "sse", subs))
+
+
+async def run_scenario(
+    process: trio.Process,
+    url: str,
+    args: argparse.Namespace,
+    rows: list[Row],
+    what: tuple[str, str, str, int],
+) -> None:
+    import pyspy
+
+    label, store, scenario, subs = what
+    name = f"{label}-{store}-{scenario}-{subs}.txt"
+    profile = args.profile / name if args.profile else None
+    cpu: list[float] = []
+
+    @asynccontextmanager
+    async def timed() -> AsyncIterator[None]:
+        async with pyspy.recording(process.pid, profile):
+            cpu.append(cpu_s(process.pid))
+            yield
+            cpu.append(cpu_s(process.pid))
+
+    t0 = time.perf_counter()
+    idle = float("nan")
+    if scenario in ("sse", "ws"):
+        values, idle = await run_fanout(url, scenario, subs, args.rounds, timed, process.pid)
+        rounds = args.rounds
+    else:
+        values = await run_ws_mux(url, subs, args.mux_rounds, args.posters, timed)
+        rounds = args.mux_rounds
+    wall = time.perf_counter() - t0
+    per_delivery = (cpu[1] - cpu[0]) / len(values) * 1e6
+    rss = rss_mib(process.pid)
+    row = (label, store, scenario, subs, rounds, values, wall, rss, per_delivery, idle)
+    rows.append(row)
+    print("row:", format_row(row), flush=True)
+    if profile is not None:
+        print(pyspy.summary(profile), flush=True)
 
 
 def cpu_s(pid: int) -> float:
@@ -456,22 +502,51 @@ async def main(args: argparse.Namespace) -> None:
         for store in args.store:
             for label, source in sides:
                 await run_store(store, args, rows, label, source)
+        if args.floor:
+            await run_floor(args, rows)
     print(
         f"{'code':<5} {'store':<9} {'scenario':<8} {'subs':>6} {'rounds':>6} {'deliveries':>10} "
         f"{'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'wall s':>7} {'rss MiB':>8} "
-        f"{'srv µs/dlv':>10}"
+        f"{'srv µs/dlv':>10} {'idle KiB':>8}"
     )
     for row in rows:
         print(format_row(row))
+    if args.floor:
+        print_against_floor(rows)
 
 
 def format_row(row: Row) -> str:
-    label, store, name, subs, rounds, values, wall, rss, per_delivery = row
+    label, store, name, subs, rounds, values, wall, rss, per_delivery, idle = row
     return (
         f"{label:<5} {store:<9} {name:<8} {subs:>6} {rounds:>6} {len(values):>10} "
         f"{statistics.median(values):>8.1f} {percentile(values, 0.99):>8.1f} "
-        f"{max(values):>8.1f} {wall:>7.1f} {rss:>8.1f} {per_delivery:>10.1f}"
+        f"{max(values):>8.1f} {wall:>7.1f} {rss:>8.1f} {per_delivery:>10.1f} {idle:>8.1f}"
     )
+
+
+def print_against_floor(rows: list[Row]) -> None:
+    """Each sse row's p50, p99, server µs per delivery and KiB per idle
+    follower beside the floor's (medians over ``--repeat``), and the ratio."""
+
+    def figures(picked: list[Row]) -> list[float]:
+        return [
+            statistics.median(statistics.median(r[5]) for r in picked),
+            statistics.median(percentile(r[5], 0.99) for r in picked),
+            statistics.median(r[8] for r in picked),
+            statistics.median(r[9] for r in picked),
+        ]
+
+    print(f"\n{'':<20} {'p50 ms':>14} {'p99 ms':>14} {'srv µs/dlv':>14} {'idle KiB':>14}")
+    for subs in sorted({r[3] for r in rows if r[0] == "floor"}):
+        floor = figures([r for r in rows if r[0] == "floor" and r[3] == subs])
+        print(f"{f'floor {subs}':<20} " + " ".join(f"{v:>14.1f}" for v in floor))
+        for label, store in sorted({(r[0], r[1]) for r in rows if r[0] != "floor"}):
+            picked = [r for r in rows if (r[0], r[1], r[2], r[3]) == (label, store, "sse", subs)]
+            if picked:
+                cells = [
+                    f"{v:.1f} ({v / f:.2f}x)" for v, f in zip(figures(picked), floor, strict=True)
+                ]
+                print(f"{f'{label} {store} {subs}':<20} " + " ".join(f"{c:>14}" for c in cells))
 
 
 def _ints(text: str) -> list[int]:
@@ -493,6 +568,7 @@ if __name__ == "__main__":
         "--baseline", type=Path, help="another checkout: its a2trio runs first, side by side"
     )
     parser.add_argument("--repeat", type=int, default=1, help="rounds of every configuration")
+    parser.add_argument("--floor", action="store_true", help="sse against bench/sse_floor.py too")
     parser.add_argument("--dsn", default="postgresql://root@127.0.0.1:5432/postgres")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--versions", action="store_true", help="print versions first")
