@@ -135,8 +135,14 @@ async def served(
             *(sys.executable, "-m", "a2trio.serve", "bench.stream:server"),
             *("--port", "0", "--keep-alive-timeout", "120"),
         ]
+        # In the path's first folder: ``-m`` puts the working directory first on
+        # ``sys.path``, which from ROOT would shadow the other checkout's package.
         process = await trio.lowlevel.open_process(
-            command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+            command,
+            cwd=path.split(os.pathsep)[0],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
         )
         try:
             assert process.stdout is not None
