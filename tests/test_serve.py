@@ -2,26 +2,33 @@
 
 from __future__ import annotations
 
+import datetime
+import functools
 import gc
+import ipaddress
 import json
 import logging
 import os
 import signal
+import ssl
 import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import httpx
+import hypercorn.config
+import hypercorn.trio
+import hypercorn.typing
 import msgspec
 import pytest
 import trio
 
 import a2trio
-from a2trio.serve import AccessLog, lanes, load_target
+from a2trio.serve import AccessLog, guard_hypercorn, lanes, load_target
 from a2trio.stores import memory
 from a2trio.transport import App, asgi
 from a2trio.transport.sse import SSEDecoder
@@ -216,3 +223,117 @@ async def test_the_access_log_names_method_path_status_and_duration_only(
     with caplog.at_level(logging.WARNING, logger="a2trio.access"):
         await AccessLog(app)(scope, receive, send)
     assert caplog.records == []
+
+
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, as PEM files in ``folder``."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    certfile, keyfile = folder / "cert.pem", folder / "key.pem"
+    certfile.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    keyfile.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return certfile, keyfile
+
+
+@asynccontextmanager
+async def hypercorn_serving(app: App, tls: tuple[Path, Path] | None = None) -> AsyncIterator[str]:
+    """``app`` on hypercorn's trio worker, guarded as ``serve`` guards it: its URL."""
+    guard_hypercorn()
+    config = hypercorn.config.Config()
+    config.bind = ["127.0.0.1:0"]
+    config.graceful_timeout = 0.2
+    config.loglevel = "WARNING"
+    if tls is not None:
+        config.certfile, config.keyfile = (str(path) for path in tls)
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        serve = functools.partial(
+            hypercorn.trio.serve,
+            cast("hypercorn.typing.ASGIFramework", app),
+            config,
+            shutdown_trigger=stop.wait,
+        )
+        binds: list[str] = await nursery.start(serve)
+        try:
+            yield binds[0]
+        finally:
+            stop.set()
+
+
+async def test_a_keep_alive_connection_outlives_pushes_refused_from_their_first_read() -> None:
+    # A push body read to its declared length is answered without waiting for
+    # hypercorn's last empty message, and a refused one without a yield; the
+    # guard's send, which takes a free lock without one, must not then finish
+    # the answer before hypercorn has read the request's end (hypercorn would
+    # close the connection rather than keep it alive, and the client's next
+    # request on it would find it gone).
+    server = a2trio.Server(notes, store=memory())
+    limits = httpx.Limits(max_connections=1)
+    async with (
+        hypercorn_serving(asgi(server)) as url,
+        httpx.AsyncClient(base_url=url, limits=limits, timeout=5) as c,
+    ):
+        for _ in range(50):
+            refused = await c.post("/notes/s1", content=b"[]")
+            assert refused.json()["error"]["code"] == "INVALID_PAYLOAD"
+            assert (await c.get("/notes/s1")).json()["events"] == []
+
+
+@pytest.mark.filterwarnings(r"ignore:Async generator 'http(x|core)\..*:ResourceWarning")
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+async def test_streams_and_bodies_larger_than_a_socket_buffer_arrive_whole(
+    tls: bool, tmp_path: Path
+) -> None:
+    # The guard writes a plain socket's bytes by os.write and goes on with
+    # send_all only for what the buffer did not take; TLS always by send_all.
+    server = a2trio.Server(notes, store=memory())
+    text = "x" * 1000
+    pair = self_signed(tmp_path) if tls else None
+    context = ssl.create_default_context(cafile=pair[0]) if pair is not None else True
+    async with (
+        hypercorn_serving(asgi(server), pair) as url,
+        httpx.AsyncClient(base_url=url, verify=context, timeout=10) as c,
+    ):
+        assert url.startswith("https://" if tls else "http://")
+        events = [{"type": "note", "payload": {"text": text}}] * 100
+        for _ in range(5):
+            (await c.post("/notes/s1", json={"events": events})).raise_for_status()
+        history = (await c.get("/notes/s1")).json()["events"]
+        assert [e["index"] for e in history] == list(range(1, 501))
+        decoder = SSEDecoder()
+        frames: list[dict[str, Any]] = []
+        headers = {"accept": "text/event-stream"}
+        async with c.stream("GET", "/notes/s1?startAfter=0", headers=headers) as response:
+            async for chunk in response.aiter_raw():
+                frames += [json.loads(f.data) for f in decoder.feed(chunk) if f.event == "event"]
+                if len(frames) == 500:
+                    break
+        assert [f["index"] for f in frames] == list(range(1, 501))
+        assert {f["payload"]["text"] for f in frames} == {text}

@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Final, cast
 
+import h11
 import hypercorn.config
 import hypercorn.events
 import hypercorn.trio
@@ -348,6 +349,20 @@ def guard_hypercorn() -> None:
     hypercorn 0.18 writes it, ``BusyResourceError`` added); every other event
     goes to hypercorn's own method. No coroutine wraps hypercorn's: every
     send of every response (and every wake-up within it) would pay its frame.
+
+    The replacement also skips two trips through Trio's scheduler per send,
+    most of a fan-out's cost (issue 30: one SSE frame to 1,000 followers, 72
+    against 38 µs of server CPU per delivery). On a plain socket the bytes go
+    out by one non-blocking ``os.write`` rather than ``send_all``'s yield
+    after a send that succeeded; only a partial write (the socket's buffer is
+    full) or TLS goes on to the shielded ``send_all``. A free send lock is
+    taken at once (``acquire_nowait``) rather than by ``acquire``'s yield once
+    hypercorn has read the whole request: before that, a response sent
+    without a single yield can end before hypercorn's reader takes the
+    request's end from its buffer, and hypercorn then closes the connection
+    instead of keeping it alive (a push answered from a body read to its
+    declared length, ``read_body``). A cancelled caller still gets
+    ``Cancelled`` before anything is written, as ``acquire`` gave it.
     """
     server = hypercorn.trio.tcp_server.TCPServer
     if getattr(server.protocol_send, "a2trio_guarded", False):
@@ -358,12 +373,22 @@ def guard_hypercorn() -> None:
     async def send_bytes(
         self: hypercorn.trio.tcp_server.TCPServer, event: hypercorn.events.RawData
     ) -> None:
-        async with self.send_lock:
-            try:
+        lock = self.send_lock
+        if lock.locked() or not _request_read(self):
+            await lock.acquire()
+        else:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            lock.acquire_nowait()
+        try:
+            data = event.data
+            sent = _write_now(self.stream, data)
+            if sent < len(data):
                 with trio.CancelScope(shield=True):
-                    await self.stream.send_all(event.data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
-                await self.protocol.handle(hypercorn.events.Closed())
+                    await self.stream.send_all(memoryview(data)[sent:])
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
+            await self.protocol.handle(hypercorn.events.Closed())
+        finally:
+            lock.release()
 
     def protocol_send(
         self: hypercorn.trio.tcp_server.TCPServer, event: hypercorn.events.Event
@@ -374,6 +399,36 @@ def guard_hypercorn() -> None:
 
     protocol_send.a2trio_guarded = True  # type: ignore[attr-defined]
     server.protocol_send = protocol_send  # type: ignore[method-assign]
+
+
+def _request_read(server: hypercorn.trio.tcp_server.TCPServer) -> bool:
+    """Whether hypercorn has read the whole of the HTTP/1.1 request being
+    answered (h11's ``their_state``; HTTP/2 and WebSocket connections have
+    none, so they keep the lock's yield)."""
+    connection = getattr(server.protocol.protocol, "connection", None)
+    return getattr(connection, "their_state", None) is h11.DONE
+
+
+def _write_now(stream: object, data: bytes) -> int:
+    """Write what a plain socket takes of ``data`` now, without blocking: the
+    count written (0 for TLS, whose stream encrypts first, or a full buffer).
+
+    Raises:
+      trio.ClosedResourceError: the socket is closed or shut for writing.
+      trio.BrokenResourceError: the peer is gone.
+    """
+    if not isinstance(stream, trio.SocketStream):
+        return 0
+    sock = stream.socket
+    fd = sock.fileno()
+    if fd == -1 or sock.did_shutdown_SHUT_WR:
+        raise trio.ClosedResourceError("the connection is closed")
+    try:
+        return os.write(fd, data)
+    except BlockingIOError:
+        return 0
+    except OSError as exc:
+        raise trio.BrokenResourceError(f"the peer is gone: {exc}") from exc
 
 
 def innermost(error: BaseException) -> BaseException:
