@@ -40,7 +40,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar, cast
+from typing import Any, NoReturn, TypeVar, cast
 
 import trio
 
@@ -127,16 +127,17 @@ class SessionFanout:
         self.readers = 0
         self.error: BaseException | None = None
         self.done = False
-        # Each waiting reader's own wake-up (so one can be woken alone: see
-        # Subscription.interrupt), in arrival order.
-        self.waiting: dict[trio.Event, None] = {}
+        # The tasks of the waiting readers, parked on their own (no Event per
+        # wait; one can be woken alone: see Subscription.interrupt), in
+        # arrival order.
+        self.waiting: dict[trio.lowlevel.Task, None] = {}
         self._scope = trio.CancelScope()
         self._stopped = trio.Event()
 
     def _wake_all(self) -> None:
         waiting, self.waiting = self.waiting, {}
-        for wake in waiting:
-            wake.set()
+        for task in waiting:
+            trio.lowlevel.reschedule(task)
 
     async def pump(self, start_after: int, *, task_status: trio.TaskStatus[None]) -> None:
         """Follow the store's feed after ``start_after`` into the ring until
@@ -226,12 +227,15 @@ class _Shared(Subscription):
         self._joined = False
         self._page: list[FeedEntry] = []
         self._interrupted = False
-        self._wake: trio.Event | None = None
+        self._parked: trio.lowlevel.Task | None = None
 
     def interrupt(self) -> None:
         self._interrupted = True
-        if self._wake is not None:
-            self._wake.set()
+        task, waiting = self._parked, self._hub.waiting
+        # Not in the list once the pump has woken it: it is woken once.
+        if task is not None and task in waiting:
+            del waiting[task]
+            trio.lowlevel.reschedule(task)
 
     async def receive_run(self) -> list[FeedEntry]:
         hub = self._hub
@@ -270,15 +274,19 @@ class _Shared(Subscription):
             await self._wait()
 
     async def _wait(self) -> None:
-        wake = self._wake = trio.Event()
-        waiting = self._hub.waiting
-        waiting[wake] = None
+        task = self._parked = trio.lowlevel.current_task()
+        self._hub.waiting[task] = None
         try:
-            await wake.wait()
+            await trio.lowlevel.wait_task_rescheduled(self._abort)
         finally:
-            # Cancelled, it leaves the list; woken, the pump already emptied it.
-            waiting.pop(wake, None)
-            self._wake = None
+            self._parked = None
+
+    def _abort(self, _: Callable[[], NoReturn]) -> trio.lowlevel.Abort:
+        # Cancelled while parked: it leaves the list (whichever the pump holds
+        # now; a woken task is no longer parked, so this is not called).
+        assert self._parked is not None
+        self._hub.waiting.pop(self._parked, None)
+        return trio.lowlevel.Abort.SUCCEEDED
 
 
 class _Unshared(Subscription):
