@@ -18,8 +18,10 @@ every stream:
 
 Heartbeats are the source's: a source that waits on its feed under
 ``move_on_after(heartbeat_s)`` returns :data:`PING` when the wait lapses; the
-session lane's shared subscription is interrupted by a :class:`Heartbeat` task
-instead (no timer around every wait), which the writer runs beside the loop.
+session lane's shared subscription is interrupted by a :class:`Heartbeat`
+instead (no timer around every wait), which the disconnect watch times: the
+watch waits on the client under the next ping's deadline, so a stream runs one
+task beside its loop, not two.
 """
 
 from __future__ import annotations
@@ -44,9 +46,9 @@ Headers = Sequence[tuple[bytes, bytes]]
 
 
 class Heartbeat:
-    """A stream's heartbeat task: after ``interval`` seconds without a write,
-    call ``interrupt`` (which makes the source's pending wait return
-    :data:`PING`)."""
+    """A stream's heartbeat, timed by its disconnect watch: after ``interval``
+    seconds without a write, call ``interrupt`` (which makes the source's
+    pending wait return :data:`PING`)."""
 
     def __init__(self, interrupt: Callable[[], None], interval: float) -> None:
         self.interrupt = interrupt
@@ -57,10 +59,16 @@ class Heartbeat:
         """A chunk was written: the interval starts again."""
         self.last = trio.current_time()
 
-    async def run(self) -> None:
-        """Interrupt the source after each silent interval (until cancelled)."""
+    async def watch(self, receive: Receive, scope: trio.CancelScope) -> None:
+        """:func:`~.http.watch_disconnect` (cancel ``scope`` once the client
+        leaves) that interrupts the source after each silent interval."""
         while True:
-            await trio.sleep_until(self.last + self.interval)
+            with trio.move_on_at(self.last + self.interval):
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    scope.cancel(reason="client disconnected")
+                    return
+                continue
             if trio.current_time() >= self.last + self.interval:
                 self.interrupt()
                 self.last = trio.current_time()  # the ping is on its way
@@ -118,9 +126,10 @@ async def write_sse(
         next_chunk, beat = chunks.next_chunk, chunks.heartbeat
         async with trio.open_nursery() as nursery:
             withdrawn = Withdrawal(nursery.cancel_scope)
-            nursery.start_soon(watch_disconnect, receive, nursery.cancel_scope)
             if beat is not None:
-                nursery.start_soon(beat.run)
+                nursery.start_soon(beat.watch, receive, nursery.cancel_scope)
+            else:
+                nursery.start_soon(watch_disconnect, receive, nursery.cancel_scope)
             with under_review(
                 nursery, grants, authorize, request, operation, reauthorize_s, withdrawn
             ):
