@@ -181,6 +181,17 @@ async def test_a_sigkilled_workers_event_is_taken_up_without_a_scheduler(
             assert sorted(id for id, _ in _attempts(tmp_path, "first")) == sorted(
                 [*early, stuck.id]
             )
+            # The files mark the attempts' starts: their completions commit
+            # after, in another process (no trio.Event crosses it).
+            sessions = [api.key(f"s{n}") for n in [*range(5), 9]]
+
+            async def all_processed() -> bool:
+                rows = [(await store.read(s))[0] for s in sessions]
+                return all(row.processed_at_ms is not None for row in rows)
+
+            with trio.fail_after(60):
+                while not await all_processed():  # noqa: ASYNC110
+                    await trio.sleep(0.05)
             for n in [*range(5), 9]:
                 [row] = await store.read(api.key(f"s{n}"))
                 expected = 2 if n == 9 else 1
