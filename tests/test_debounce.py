@@ -88,6 +88,39 @@ async def test_only_the_last_event_of_a_key_runs_once_the_period_passed(
         assert wire["events"][0]["status"]["debouncedBy"] == 3
 
 
+async def test_a_handlers_returned_events_are_debounced_in_its_completion(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    runs = Runs()
+
+    async def noted(ctx: a2trio.HandlerContext[Note]) -> list[a2trio.AppendInput]:
+        return [orders.event("ordered", Ordered(item)) for item in ("a2", "a3", "b1")]
+
+    handlers = {
+        "ordered": a2trio.handler(runs.ordered, debounce=a2trio.Debounce(5, key=_by_item)),
+        "note": a2trio.handler(noted),
+    }
+    async with open_harness(orders, handlers=handlers) as app:
+        session = app.session("s1")
+        start = trio.current_time()
+        await session.append(orders.event("ordered", Ordered("a1")))
+        await app.advance(1)
+        await session.append(orders.event("note", Note("import")))
+        await app.advance(4.9)
+        assert runs.log == [], "a returned event ran before its period passed"
+        await app.advance(10)
+        # a1 skipped by a2 (returned), a2 by a3 (in the same completion).
+        assert sorted((item, round(at - start, 6)) for item, _, at in runs.log) == [
+            ("a3", 6.0),
+            ("b1", 6.0),
+        ]
+        await app.assert_outcome(session, 1, "skipped", attempts=0)
+        await app.assert_outcome(session, 2, "processed", attempts=1)
+        await app.assert_outcome(session, 3, "skipped", attempts=0)
+        page = await app.server.inspect.read_session_page("s1")
+        assert [e.status.debounced_by for e in page.events] == [3, None, 4, None, None]
+
+
 async def test_without_a_key_the_handler_has_one_and_the_session_scopes_it(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -46,16 +46,15 @@ def validate(
     events: Sequence[AppendInput | PushedEvent],
     *,
     dispatch: bool = True,
-    debounce: bool = True,
     trace_context: str | None = None,
 ) -> list[AppendEvent]:
     """Validate append inputs into store records, resolving lanes and
     concurrency keys (:mod:`.flow`) and debounce keys.
 
     With ``dispatch=False`` (schedules) no lane is resolved and nothing is
-    marked settled: the events are appended later, by a scheduler. With
-    ``debounce=False`` (a handler's returned events, committed with its
-    completion) no event is debounced. ``trace_context`` is stored with every
+    marked settled: the events are appended later, by a scheduler. A
+    handler's returned events are debounced as appended ones are (the
+    completion's transaction skips what they debounce). ``trace_context`` is stored with every
     event (the appender's span), and each event's version is its type's
     current one (``contract.versions``). A debounce key that raises or
     returns a non-string leaves its event undebounced: its attempt
@@ -113,7 +112,7 @@ def validate(
                         priority = priority_value(ranked, AppendInput(event.type, typed, event.id))
         delay_ms: int | None = None
         key: str | None = None
-        debounced = engine.debounces.get(event.type) if dispatch and debounce else None
+        debounced = engine.debounces.get(event.type) if dispatch else None
         if debounced is not None:
             with contextlib.suppress(DebounceKeyError):
                 key = debounced.key_of(AppendInput(event.type, typed, event.id))
@@ -180,7 +179,6 @@ def returned(engine: Engine, trigger: StoredEvent, result: Any) -> list[AppendEv
         engine,
         session_id,
         with_ids,
-        debounce=False,
         trace_context=engine.telemetry.trace_context(),
     )
 

@@ -296,13 +296,14 @@ class AttemptRunner:
                 self.key, index=event.index, attempt=event.attempt_count, events=events
             )
             metrics = self.engine.metrics
-            if metrics is None:
-                return await call
-            answer = await measured(metrics, "complete", call)
-            # The returned events, appended by the completion.
-            contract = self.engine.contract.name
-            for row in answer.events:
-                metrics.appended(contract, row.type, "handler")
+            answer = await (call if metrics is None else measured(metrics, "complete", call))
+            if answer.events:
+                # The returned events, appended by the completion.
+                self.engine.watchdogs.wake_delayed(self.session_id, answer.events)
+                if metrics is not None:
+                    contract = self.engine.contract.name
+                    for row in answer.events:
+                        metrics.appended(contract, row.type, "handler")
             return answer
         except Exception as exc:
             span.record_error(exc)

@@ -18,12 +18,14 @@ again.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import msgspec
 import trio
 
 from ..clock import Clock
 from ..scheduler import DrainTask, Scheduler
+from ..stores.records import StoredEvent
 from ..timings import Timings
 from .background import Background
 
@@ -160,6 +162,14 @@ class Watchdogs:
             return
         if self.claim_slot(session_id, at_ms):
             self.background.spawn(self._arm_background, session_id, at_ms)
+
+    def wake_delayed(self, session_id: str, rows: Iterable[StoredEvent]) -> None:
+        """:meth:`wake` at the not-before of each of ``rows`` (just written:
+        an append's, a completion's returned events) that waits for one, a
+        debounce's period."""
+        for row in rows:
+            if row.not_before_ms is not None and row.processed_at_ms is None:
+                self.wake(session_id, row.not_before_ms)
 
     async def _arm_background(self, session_id: str, slot_ms: int) -> None:
         try:

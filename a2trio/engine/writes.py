@@ -123,10 +123,7 @@ class Writes:
             result = await self._store_append(
                 session_id, validated, mode, window, watchdog_at, expected_index
             )
-            for row in result.events:
-                # A debounced event: a drain when its period ends.
-                if row.not_before_ms is not None and row.processed_at_ms is None:
-                    watchdogs.wake(session_id, row.not_before_ms)
+            watchdogs.wake_delayed(session_id, result.events)
             appended = [engine.to_public(row) for row in result.events]
             metrics = engine.metrics
             if metrics is not None:

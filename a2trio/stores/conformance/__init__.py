@@ -123,6 +123,7 @@ from .completions import (
     check_fail_attempt,
 )
 from .debounce import (
+    check_debounce_applies_to_returned_events,
     check_debounce_hands_lanes_on_and_replays,
     check_debounce_leaves_running_events_alone,
     check_debounce_skips_earlier_events_of_its_key,
@@ -268,6 +269,7 @@ __all__ = [
     "check_concurrency_slots_are_leases",
     "check_concurrency_with_lanes_and_the_sweep",
     "check_concurrency_within_a_session",
+    "check_debounce_applies_to_returned_events",
     "check_debounce_hands_lanes_on_and_replays",
     "check_debounce_leaves_running_events_alone",
     "check_debounce_skips_earlier_events_of_its_key",
@@ -378,6 +380,7 @@ CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_debounce_skips_earlier_events_of_its_key,
     check_debounce_leaves_running_events_alone,
     check_debounce_hands_lanes_on_and_replays,
+    check_debounce_applies_to_returned_events,
     check_throttle_across_sessions,
     check_throttle_within_a_session_and_the_sweep,
     check_priority_orders_a_claim,

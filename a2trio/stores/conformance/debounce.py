@@ -1,6 +1,7 @@
 """Debounced appends (issue 33): ``AppendEvent(delay_ms=..., debounce_key=...)``
 settles the session's earlier events of its type and key as skipped, in the
-append's transaction (``rules.debounces``), and waits out its delay."""
+append's transaction (``rules.debounces``), and waits out its delay; so does
+a completion's returned event, in the completion's transaction."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from .kit import (
 )
 
 __all__ = [
+    "check_debounce_applies_to_returned_events",
     "check_debounce_hands_lanes_on_and_replays",
     "check_debounce_leaves_running_events_alone",
     "check_debounce_skips_earlier_events_of_its_key",
@@ -125,3 +127,42 @@ async def check_debounce_hands_lanes_on_and_replays(open_store: StoreFactory) ->
         assert indexes_of(replay.events) == [3, 4], replay
         _alive((await _rows(store, sid))[3])
         assert indexes_of(claimed_events(await claim(store, sid))) == [4]
+
+
+async def check_debounce_applies_to_returned_events(open_store: StoreFactory) -> None:
+    """A completion's debounced returned event skips the earlier alive events
+    of its type and key and waits out its delay, as an append's does; the
+    completed trigger is never skipped, even of the same type and key with
+    its claim lapsed; a replayed completion skips nothing more."""
+    clock = ManualClock()
+    async with open_store(clock) as store:
+        sid = new_sid("debounce-returned")
+        await store.append(sid, [_bounce("a"), _bounce("b")])
+        clock.advance(1_000)
+        assert indexes_of(claimed_events(await claim(store, sid))) == [1, 2]
+        clock.advance(500)
+        # Under #1's live claim: #4 leaves it alone.
+        await store.append(sid, [_bounce("a", type="other"), _bounce("a")])
+        clock.advance(600)
+        # #1's claim has lapsed (untaken): its attempt still completes it, and
+        # its returned event of #1's own type and key skips #4, not #1.
+        returned = [_bounce("a", id=new_uid("returned"))]
+        done = await store.complete_attempt(sid, index=1, attempt=1, events=returned)
+        assert done.outcome == "completed", done
+        [row5] = done.events
+        assert (row5.index, row5.debounce_key) == (5, "a"), row5
+        assert row5.not_before_ms == T0 + 2_100 + 1_000, row5
+        one, two, three, four, five = await _rows(store, sid)
+        assert (one.processed_by_attempt, one.debounced_by) == (1, None), one
+        _alive(two)
+        _alive(three)
+        _skipped_by(four, 5)
+        assert five == row5, f"read {five!r}, returned {row5!r}"
+        again = await store.complete_attempt(sid, index=1, attempt=1, events=returned)
+        assert indexes_of(again.events) == [5], again
+        _alive((await _rows(store, sid))[4])
+        assert indexes_of(claimed_events(await claim(store, sid, "h2", 10_000))) == [2]
+        clock.advance(400)
+        assert indexes_of(claimed_events(await claim(store, sid, holder="h3"))) == [3]
+        clock.advance(600)
+        assert indexes_of(claimed_events(await claim(store, sid, holder="h4"))) == [5]

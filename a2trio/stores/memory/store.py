@@ -467,6 +467,10 @@ class MemoryStore:
             raise rules.returned_id_taken()
         now = self.clock.now_ms()
         cause = EventCause(index, attempt)
+        open_rows = self._open[session_id]
+        settle(open_rows, parent, now)  # first: a returned event never debounces it
+        parent.processed_by_attempt = attempt
+        parent.returned_event_ids = ids
         written = [
             self._insert(session_id, rows, e, event_id, cause, now)
             for e, event_id in zip(events, ids, strict=True)
@@ -474,10 +478,6 @@ class MemoryStore:
         if written and session_id in self._waiting:
             self._wake(session_id, rows, written)
         inserted = [row.stored() for row in written]
-        open_rows = self._open[session_id]
-        settle(open_rows, parent, now)
-        parent.processed_by_attempt = attempt
-        parent.returned_event_ids = ids
         if inserted:
             self._wakeups.notify(session_id, inserted)
         return CompleteResult("completed", inserted, rules.drained(open_rows.values()))

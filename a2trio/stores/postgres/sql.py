@@ -1055,20 +1055,21 @@ verdict as (
 batch as (
   select * from jsonb_to_recordset($5::jsonb)
     as b(ord bigint, id text, type text, payload jsonb, lane text, settled boolean,
-         trace text, version int, flow_key text, flow_limit integer,
-         throttle_key text, throttle_limit integer, throttle_period bigint, priority integer)
+         trace text, version int, flow_key text, flow_limit integer, delay bigint,
+         debounce text, throttle_key text, throttle_limit integer, throttle_period bigint,
+         priority integer)
 ),
 inserted as (
   insert into a2_events
     (session_id, idx, event_type, payload, event_id, created_at, cause, lane,
      lane_ready, processed_at, trace_context, version, concurrency_key, concurrency_limit,
-     throttle_key, throttle_limit, throttle_period_ms, priority)
+     not_before, debounce_key, throttle_key, throttle_limit, throttle_period_ms, priority)
   select $1::text, v.base + b.ord, b.type, coalesce(b.payload, 'null'::jsonb), b.id,
          $6::bigint, $7::jsonb, b.lane,
          {ready_at_insert("b", "$1::text", "<> $2::bigint")},
          case when b.settled then $6::bigint end,
-         b.trace, b.version, b.flow_key, b.flow_limit, b.throttle_key, b.throttle_limit,
-         b.throttle_period, b.priority
+         b.trace, b.version, b.flow_key, b.flow_limit, $6::bigint + b.delay, b.debounce,
+         b.throttle_key, b.throttle_limit, b.throttle_period, b.priority
     from batch b, verdict v
    where v.outcome = 'completed'
   returning *

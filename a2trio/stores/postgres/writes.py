@@ -422,6 +422,8 @@ class PostgresWrites:
                 version=e.version,
                 flow_key=e.concurrency_key,
                 flow_limit=e.concurrency_limit,
+                delay=e.delay_ms,
+                debounce=e.debounce_key,
                 throttle_key=e.throttle_key,
                 throttle_limit=e.throttle_limit,
                 throttle_period=e.throttle_period_ms,
@@ -429,18 +431,27 @@ class PostgresWrites:
             )
             for ord_, e in enumerate(events, 1)
         ]
+        now = self._clock.now_ms()
         params = (
             session_id,
             index,
             returned,
             attempt,
             encode(batch),
-            self._clock.now_ms(),
+            now,
             encode(cause_json(EventCause(index, attempt))),
             encode(returned),
         )
+        debounced = [i for e, i in zip(events, returned, strict=True) if e.debounce_key is not None]
         with errors("complete"), self._inserting(session_id):
-            if self._locks_alone(session_id):
+            if debounced:
+                # Its skips in the completion's transaction, after it (so the
+                # trigger, processed by then, is never one of them).
+                [rows, _] = await self._db.transaction(
+                    [(sql.COMPLETE, params), (sql.DEBOUNCE, (session_id, now, debounced))],
+                    lock=session_id,
+                )
+            elif self._locks_alone(session_id):
                 [rows] = await self._db.transaction([(sql.COMPLETE, params)], lock=session_id)
             else:
                 rows = await self._submit("complete", session_id, params)

@@ -361,7 +361,8 @@ def complete_args(
     events: Sequence[AppendEvent], ids: Sequence[str], now: int, cause: EventCause
 ) -> list[Any]:
     """``COMPLETE``'s arguments per returned event: id, entry, lane, settled,
-    concurrency key and limit, throttle key, limit and period, priority."""
+    concurrency key and limit, throttle key, limit and period, priority, the
+    delay, the debounce key (as a lane) and the type."""
     args: list[Any] = []
     for event, event_id in zip(events, ids, strict=True):
         args += [
@@ -375,6 +376,9 @@ def complete_args(
             event.throttle_limit or "",
             event.throttle_period_ms or "",
             "" if event.priority is None else event.priority,
+            "" if event.delay_ms is None else event.delay_ms,
+            lane_arg(event.debounce_key),
+            event.type,
         ]
     return args
 
@@ -451,6 +455,8 @@ def returned_rows(
             version=event.version,
             concurrency_key=event.concurrency_key,
             concurrency_limit=event.concurrency_limit,
+            not_before_ms=None if event.delay_ms is None else now + event.delay_ms,
+            debounce_key=event.debounce_key,
             throttle_key=event.throttle_key,
             throttle_limit=event.throttle_limit,
             throttle_period_ms=event.throttle_period_ms,

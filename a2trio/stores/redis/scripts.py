@@ -700,7 +700,9 @@ return {renewed, superseded}
 #: origin, returned ids (JSON text), notify channel, pending channel, n, the
 #: flow sets' prefix, then per event: id, entry, lane, settled, concurrency
 #: key, concurrency limit, throttle key, throttle limit, throttle period,
-#: priority.
+#: priority, delay ms ('' for none), debounce key ('' or '=' .. key), type.
+#: A debounced returned event settles the open events it debounces as
+#: ``APPEND``'s does, after the trigger settled (never one of them).
 #:
 #: Returns ``{'missing'}``, ``{'superseded'}``, ``{'duplicate'}``,
 #: ``{'replay', processed_by_attempt, returned ids, stored rows...}`` or
@@ -717,7 +719,7 @@ local raw = redis.call('HGET', META, idx)
 if not raw then return {'superseded'} end
 local m = cjson.decode(raw)
 local ids = {}
-for k = 0, n - 1 do ids[k + 1] = ARGV[11 + k * 10] end
+for k = 0, n - 1 do ids[k + 1] = ARGV[11 + k * 13] end
 if m.p then
   local out = {'replay', m.pb or false, m.r or false}
   return stored_rows(KEYS[5], sid, ids, out)
@@ -726,27 +728,42 @@ if not holds_claim(m, attempt) then return {'superseded'} end
 for _, id in ipairs(ids) do
   if redis.call('HEXISTS', KEYS[5], id) == 1 then return {'duplicate'} end
 end
+-- The trigger settles first: a debounced returned event never skips it.
+m.p, m.pb, m.r, m.h, m.x = now, attempt, ARGV[6], nil, nil
+redis.call('HSET', META, idx, cjson.encode(m))
+if m.ck then redis.call('ZREM', ARGV[10] .. m.ck, META .. '#' .. idx) end
+redis.call('ZREM', OPEN, idx)
 local unsettled = false
 for k = 0, n - 1 do
-  local b = 11 + k * 10
+  local b = 11 + k * 13
+  local at = front + k + 1
   local settled = ARGV[b + 3] == '1'
+  if ARGV[b + 11] ~= '' and not settled then
+    local key, type = string.sub(ARGV[b + 11], 2), ARGV[b + 12]
+    for _, r in ipairs(open_rows()) do
+      if debounces(r[2], type, key, now) then
+        local om = r[2]
+        om.p, om.db, om.h, om.x = now, at, nil, nil
+        redis.call('HSET', META, r[1], cjson.encode(om))
+        redis.call('ZREM', OPEN, r[1])
+      end
+    end
+  end
   local mm = insert(
-    KEYS[5], sid, front + k + 1, ARGV[b], ARGV[b + 1], ARGV[b + 2], settled,
+    KEYS[5], sid, at, ARGV[b], ARGV[b + 1], ARGV[b + 2], settled,
     ARGV[b + 4], ARGV[b + 5], ARGV[b + 6], ARGV[b + 7], ARGV[b + 8], ARGV[b + 9])
   if mm then
     unsettled = true
-    redis.call('HSET', META, front + k + 1, cjson.encode(mm))
+    if ARGV[b + 10] ~= '' then mm.nb = now + tonumber(ARGV[b + 10]) end
+    if ARGV[b + 11] ~= '' then mm.t, mm.k = ARGV[b + 12], string.sub(ARGV[b + 11], 2) end
+    redis.call('HSET', META, at, cjson.encode(mm))
   end
 end
-m.p, m.pb, m.r, m.h, m.x = now, attempt, ARGV[6], nil, nil
-redis.call('HSET', META, idx, cjson.encode(m))
 if n > 0 and redis.call('HEXISTS', HEAD, 'w') == 1 then
   local entries = {}
-  for k = 0, n - 1 do entries[k + 1] = ARGV[11 + k * 10 + 1] end
+  for k = 0, n - 1 do entries[k + 1] = ARGV[11 + k * 13 + 1] end
   wake_marked(entries)
 end
-if m.ck then redis.call('ZREM', ARGV[10] .. m.ck, META .. '#' .. idx) end
-redis.call('ZREM', OPEN, idx)
 index_open(KEYS[9], sid)
 advance_head(sid, KEYS[6], front, n, ARGV[4])
 if n > 0 then wake(KEYS[7], ARGV[7], ARGV[5], KEYS[8], ARGV[8], sid, unsettled) end

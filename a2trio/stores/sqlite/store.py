@@ -209,15 +209,15 @@ def _complete_rows(
     if sql.rows_by_ids(conn, returned_ids):
         raise verdicts.returned_id_taken()
     base, waiting = conn.execute(sql.NEXT_AND_WAITING, (session_id,)).fetchone()
-    cause = EventCause(index, attempt)
+    # The trigger first: a returned event never debounces it.
+    conn.execute(sql.COMPLETE, (now, attempt, sql.text(returned_ids), session_id, index))
+    sql.hand_on(conn, session_id, parent)
     inserted = [
-        sql.insert(conn, session_id, base + i, e, returned_ids[i], cause, now)
+        sql.insert(conn, session_id, base + i, e, returned_ids[i], EventCause(index, attempt), now)
         for i, e in enumerate(events)
     ]
     if waiting and events:
         sql.wake(conn, session_id, [e.type for e in events])
-    conn.execute(sql.COMPLETE, (now, attempt, sql.text(returned_ids), session_id, index))
-    sql.hand_on(conn, session_id, parent)
     return CompleteResult("completed", inserted, sql.drained(conn, session_id)), bool(inserted)
 
 
