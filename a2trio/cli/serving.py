@@ -411,13 +411,15 @@ def _request_read(server: hypercorn.trio.tcp_server.TCPServer) -> bool:
 
 def _write_now(stream: object, data: bytes) -> int:
     """Write what a plain socket takes of ``data`` now, without blocking: the
-    count written (0 for TLS, whose stream encrypts first, or a full buffer).
+    count written (0 for TLS, whose stream encrypts first, a full buffer, or
+    a platform whose sockets are not file descriptors).
 
     Raises:
       trio.ClosedResourceError: the socket is closed or shut for writing.
       trio.BrokenResourceError: the peer is gone.
     """
-    if not isinstance(stream, trio.SocketStream):
+    # Elsewhere than POSIX a socket is no file descriptor ``os.write`` takes.
+    if os.name != "posix" or not isinstance(stream, trio.SocketStream):
         return 0
     sock = stream.socket
     fd = sock.fileno()
