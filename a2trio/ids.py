@@ -112,13 +112,13 @@ class IdSource(Protocol):
         """A fresh id."""
 
 
+#: The RFC 4122 variant's first hex digit, by the two random bits it keeps.
+_VARIANT = "89ab"
+
+
 def random_id() -> str:
     """A fresh random id for an event appended without one: a version 4
     UUID's text, as ``str(uuid.uuid4())`` writes it."""
     # Formatted from the bytes directly: 1.0 against 2.5 µs, once per event.
     h = os.urandom(16).hex()
     return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[int(h[16], 16) & 3]}{h[17:20]}-{h[20:]}"
-
-
-#: The RFC 4122 variant's first hex digit, by the two random bits it keeps.
-_VARIANT = "89ab"

@@ -54,11 +54,11 @@ def validate(
     With ``dispatch=False`` (schedules) no lane is resolved and nothing is
     marked settled: the events are appended later, by a scheduler. A
     handler's returned events are debounced as appended ones are (the
-    completion's transaction skips what they debounce). ``trace_context`` is stored with every
-    event (the appender's span), and each event's version is its type's
-    current one (``contract.versions``). A debounce key that raises or
-    returns a non-string leaves its event undebounced: its attempt
-    dead-letters it (``pacing``).
+    completion's transaction skips what they debounce). ``trace_context``
+    is stored with every event (the appender's span), and each event's
+    version is its type's current one (``contract.versions``). A debounce
+    key that raises or returns a non-string leaves its event undebounced:
+    its attempt dead-letters it (``pacing``).
 
     Raises:
       TypeError: no events, or an input not built with ``contract.event``.

@@ -319,6 +319,20 @@ local function open_rows()
   return out, seen
 end
 
+-- rules.debounces over the open events: each one that a debounced event of
+-- type and key at idx settles is skipped by it (processed, debounced by idx).
+-- Before the new event is inserted, so it never skips itself.
+local function skip_debounced(type, key, idx, now)
+  for _, r in ipairs(open_rows()) do
+    if debounces(r[2], type, key, now) then
+      local m = r[2]
+      m.p, m.db, m.h, m.x = now, idx, nil, nil
+      redis.call('HSET', META, r[1], cjson.encode(m))
+      redis.call('ZREM', OPEN, r[1])
+    end
+  end
+end
+
 -- A stored id's location "<index>:<session>", split.
 local function locate(loc)
   local colon = string.find(loc, ':', 1, true)
@@ -459,15 +473,7 @@ for k = 0, n - 1 do
   local lane = ARGV[b + 2]
   local settled = ARGV[b + 3] == '1'
   if ARGV[b + 9] ~= '' and not settled then
-    local key, type = string.sub(ARGV[b + 9], 2), ARGV[b + 10]
-    for _, r in ipairs(open_rows()) do
-      if debounces(r[2], type, key, now) then
-        local m = r[2]
-        m.p, m.db, m.h, m.x = now, idx, nil, nil
-        redis.call('HSET', META, r[1], cjson.encode(m))
-        redis.call('ZREM', OPEN, r[1])
-      end
-    end
+    skip_debounced(ARGV[b + 10], string.sub(ARGV[b + 9], 2), idx, now)
   end
   local mm = insert(
     KEYS[5], sid, idx, ARGV[b], ARGV[b + 1], lane, settled, ARGV[b + 6], ARGV[b + 7],
@@ -739,15 +745,7 @@ for k = 0, n - 1 do
   local at = front + k + 1
   local settled = ARGV[b + 3] == '1'
   if ARGV[b + 11] ~= '' and not settled then
-    local key, type = string.sub(ARGV[b + 11], 2), ARGV[b + 12]
-    for _, r in ipairs(open_rows()) do
-      if debounces(r[2], type, key, now) then
-        local om = r[2]
-        om.p, om.db, om.h, om.x = now, at, nil, nil
-        redis.call('HSET', META, r[1], cjson.encode(om))
-        redis.call('ZREM', OPEN, r[1])
-      end
-    end
+    skip_debounced(ARGV[b + 12], string.sub(ARGV[b + 11], 2), at, now)
   end
   local mm = insert(
     KEYS[5], sid, at, ARGV[b], ARGV[b + 1], ARGV[b + 2], settled,

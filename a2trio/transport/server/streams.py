@@ -64,11 +64,8 @@ class Heartbeat:
         leaves) that interrupts the source after each silent interval."""
         while True:
             with trio.move_on_at(self.last + self.interval):
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    scope.cancel(reason="client disconnected")
-                    return
-                continue
+                await watch_disconnect(receive, scope)
+                return
             if trio.current_time() >= self.last + self.interval:
                 self.interrupt()
                 self.last = trio.current_time()  # the ping is on its way
